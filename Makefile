@@ -1,0 +1,33 @@
+# Every target bootstraps .venv itself, so a fresh machine needs only Python 3.11.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: test lint serve bench clean
+
+$(BIN)/python:
+	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agent-gateway needs Python >= 3.11, got " + sys.version' 
+	$(PYTHON) -m venv $(VENV) || { echo "could not create $(VENV): on Debian install python3-venv (apt-get install python3.11-venv)"; exit 2; }
+
+$(STAMP): $(BIN)/python pyproject.toml
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+lint: $(STAMP)
+	$(BIN)/ruff check gateway tests bench
+	$(BIN)/ruff format --check gateway tests bench
+	$(BIN)/mypy
+
+test: lint
+	$(BIN)/pytest -q
+
+serve: $(STAMP)
+	$(BIN)/gateway serve
+
+bench: $(STAMP)
+	$(BIN)/python bench/analysis.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,0 +1,295 @@
+"""Constructs the analyser models but refuses, because they hide or change what would run.
+
+Each check takes the complete list of commands (wrappers already unwrapped) and raises
+`Unmodelled` with a stable code. The lists below are the contract documented in
+docs/analysis.md; change both together.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+
+from gateway.analysis.model import Assignment, Command, Word
+from gateway.analysis.primary import Unmodelled, Walk
+
+# Builtins that run text as code, or change how later names resolve.
+FORBIDDEN_BUILTINS: dict[str, str] = {
+    "eval": "eval runs a string as shell code, which cannot be checked",
+    "source": "source runs a file as shell code, which cannot be checked",
+    ".": "'.' runs a file as shell code, which cannot be checked",
+    "alias": "aliases change what a command name runs",
+    "trap": "trap runs a string as shell code later, which cannot be checked",
+    "enable": "enable loads or disables builtins, changing what a command name runs",
+    "fc": "fc re-runs commands from history, which cannot be checked",
+}
+
+# Variables that change which program bash runs for a name, or make bash run code of its own.
+# Program-level variables (PAGER, GIT_SSH_COMMAND...) are the policy's allowed-env list.
+PROTECTED_VARIABLES = frozenset(
+    {
+        "PATH",
+        "BASH_ENV",
+        "ENV",
+        "SHELLOPTS",
+        "BASHOPTS",
+        "PS0",
+        "PS1",
+        "PS2",
+        "PS3",
+        "PS4",
+        "PROMPT_COMMAND",
+        "BASH_LOADABLES_PATH",
+        "EXECIGNORE",
+        "CDPATH",
+        "HISTFILE",
+        "BASH_XTRACEFD",
+        "BASH_COMPAT",
+        "POSIXLY_CORRECT",
+        "GLOBIGNORE",
+        "INPUTRC",
+    }
+)
+PROTECTED_PREFIXES = ("LD_", "BASH_FUNC_")
+
+# Builtins that evaluate a literal word as arithmetic or as a variable name with a subscript,
+# where `a[$(cmd)]` runs cmd.
+_SUBSCRIPT_EVALUATORS = frozenset(
+    {
+        "let",
+        "declare",
+        "typeset",
+        "local",
+        "export",
+        "readonly",
+        "unset",
+        "read",
+        "printf",
+        "mapfile",
+        "readarray",
+        "test",
+        "[",
+        "[[",
+        "((",
+        "getopts",
+        "wait",
+    }
+)
+_DECLARATIONS = frozenset({"declare", "typeset", "local", "export", "readonly"})
+
+BASH_KEYWORDS_AND_BUILTINS = frozenset(
+    {
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "case",
+        "esac",
+        "for",
+        "select",
+        "while",
+        "until",
+        "do",
+        "done",
+        "in",
+        "function",
+        "time",
+        "coproc",
+        "{",
+        "}",
+        "!",
+        "[[",
+        "]]",
+        "alias",
+        "bg",
+        "bind",
+        "break",
+        "builtin",
+        "caller",
+        "cd",
+        "command",
+        "compgen",
+        "complete",
+        "compopt",
+        "continue",
+        "declare",
+        "dirs",
+        "disown",
+        "echo",
+        "enable",
+        "eval",
+        "exec",
+        "exit",
+        "export",
+        "false",
+        "fc",
+        "fg",
+        "getopts",
+        "hash",
+        "help",
+        "history",
+        "jobs",
+        "kill",
+        "let",
+        "local",
+        "logout",
+        "mapfile",
+        "popd",
+        "printf",
+        "pushd",
+        "pwd",
+        "read",
+        "readarray",
+        "readonly",
+        "return",
+        "set",
+        "shift",
+        "shopt",
+        "source",
+        "suspend",
+        "test",
+        "times",
+        "trap",
+        "true",
+        "type",
+        "typeset",
+        "ulimit",
+        "umask",
+        "unalias",
+        "unset",
+        "wait",
+        "command_not_found_handle",
+        ".",
+        ":",
+        "[",
+    }
+)
+STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
+
+
+@lru_cache(maxsize=4096)
+def is_program_name(name: str) -> bool:
+    """Does `name` name a builtin, keyword or a program on the standard PATH?"""
+    if name in BASH_KEYWORDS_AND_BUILTINS or "/" in name:
+        return True
+    return any(os.access(os.path.join(d, name), os.X_OK) for d in STANDARD_PATH)
+
+
+def check(commands: list[Command], walk: Walk) -> None:
+    for name in walk.functions:
+        if is_program_name(name):
+            raise Unmodelled(
+                "function_shadows_program",
+                f"function '{name}' would shadow the program or builtin of that name",
+                name,
+            )
+    for name in walk.loop_variables:
+        _check_variable(name, "loop variable")
+    for cmd in commands:
+        for a in cmd.assignments:
+            _check_assignment(a)
+        if not cmd.argv:
+            continue
+        head = cmd.argv[0]
+        if not head.literal:
+            raise Unmodelled(
+                "dynamic_command_name",
+                f"the command name '{head.raw or head.value}' is not a literal word, so what it "
+                "runs is only known at run time",
+                head.raw or head.value,
+            )
+        program = head.value
+        if program in FORBIDDEN_BUILTINS:
+            raise Unmodelled("forbidden_builtin", f"{program}: {FORBIDDEN_BUILTINS[program]}", program)
+        if program == "hash" and any(w.value.startswith("-") and "p" in w.value for w in cmd.argv[1:]):
+            raise Unmodelled("forbidden_builtin", "hash -p binds a command name to another program", "hash -p")
+        if program in _SUBSCRIPT_EVALUATORS:
+            _check_subscripts(cmd)
+        _check_variable_targets(cmd)
+
+
+def _check_assignment(a: Assignment) -> None:
+    _check_variable(a.name.split("[", 1)[0], "assignment")
+
+
+def _check_variable(name: str, how: str) -> None:
+    if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES):
+        raise Unmodelled(
+            "protected_variable",
+            f"{how} to {name} is refused: it changes which program the shell runs or makes the "
+            "shell run code of its own",
+            name,
+        )
+
+
+def _check_subscripts(cmd: Command) -> None:
+    for w in cmd.argv[1:]:
+        v = w.value
+        bracket = v.find("[")
+        if bracket >= 0 and any(s in v[bracket:] for s in ("$(", "`", "${")):
+            raise Unmodelled(
+                "subscript_substitution",
+                f"{cmd.program}: '{v}' holds a substitution in a subscript, which bash would run "
+                "when it evaluates the name",
+                v,
+            )
+
+
+def _names_of(words: tuple[Word, ...], who: str) -> list[str]:
+    names = []
+    for w in words:
+        if not w.literal and "=" not in w.value.split("$", 1)[0]:
+            raise Unmodelled(
+                "dynamic_variable_name",
+                f"{who}: variable name '{w.raw}' is not a literal word",
+                w.raw,
+            )
+        names.append(w.value.split("=", 1)[0].split("+", 1)[0].split("[", 1)[0])
+    return names
+
+
+def _check_variable_targets(cmd: Command) -> None:
+    """Variables a builtin assigns: declare/export/... operands, unset, read, printf -v..."""
+    program = cmd.program
+    args = cmd.argv[1:]
+    if program in _DECLARATIONS or program == "unset":
+        options = [w for w in args if w.value.startswith(("-", "+"))]
+        if program in _DECLARATIONS and any("n" in w.value[1:] for w in options):
+            raise Unmodelled(
+                "forbidden_builtin",
+                f"{program} -n makes a name reference, which can assign any variable",
+                program,
+            )
+        operands = tuple(w for w in args if not w.value.startswith(("-", "+")))
+        for name in _names_of(operands, program):
+            _check_variable(name, program)
+    elif program == "read":
+        operands = _operands_after_options(args, "adinNptu")
+        for name in _names_of(operands, "read"):
+            _check_variable(name, "read")
+    elif program in ("mapfile", "readarray"):
+        operands = _operands_after_options(args, "dnOsuC c")
+        for name in _names_of(operands, program):
+            _check_variable(name, program)
+    elif program == "printf":
+        for i, w in enumerate(args[:-1]):
+            if w.value == "-v":
+                for name in _names_of((args[i + 1],), "printf -v"):
+                    _check_variable(name, "printf -v")
+    elif program == "getopts" and len(args) >= 2:
+        for name in _names_of((args[1],), "getopts"):
+            _check_variable(name, "getopts")
+
+
+def _operands_after_options(args: tuple[Word, ...], with_arg: str) -> tuple[Word, ...]:
+    i = 0
+    while i < len(args):
+        v = args[i].value
+        if v == "--":
+            return args[i + 1 :]
+        if not v.startswith("-") or v == "-":
+            break
+        last = v[-1]
+        i += 2 if last in with_arg and len(v) == 2 else 1
+    return args[i:]

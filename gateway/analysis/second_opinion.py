@@ -1,0 +1,216 @@
+"""bashlex as an independent second opinion on the primary (tree-sitter) analysis.
+
+bashlex runs in a worker process (bashlex_worker.py) with a CPU limit per request and a wall
+timeout here: it can loop forever and raises many exception types, and neither may reach the
+gateway. Whatever goes wrong with it ends in a status that is not AGREED, never in an allow.
+
+The comparison is made on simple commands as written (before wrappers are unwrapped): for every
+command each parser found, the other must have found one starting at the same place, with the
+same words at the same places and the same values. Where bashlex is known to be blind (see
+`BLIND_SPOTS` and docs/analysis.md) a difference is recorded as a blind spot (PARTIAL) rather
+than a disagreement.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import select
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.analysis.model import OpinionStatus, SecondOpinion
+from gateway.analysis.primary import SyntacticCommand, Walk
+
+CPU_SECONDS = 0.5
+WALL_SECONDS = 5.0
+
+BLIND_QUOTES = "bashlex quote removal after a quoted part (\"a\"'b')"
+BLIND_ANSI_C = "ANSI-C quoting $'...'"
+BLIND_TRANSLATED = 'locale translation $"..."'
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    opinion: SecondOpinion
+    bashlex_view: list[list[str]] | None = None
+
+
+class Worker:
+    """One bashlex worker process, used by one caller at a time."""
+
+    def __init__(self, cpu_seconds: float = CPU_SECONDS, wall_seconds: float = WALL_SECONDS) -> None:
+        self.cpu_seconds = cpu_seconds
+        self.wall_seconds = wall_seconds
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._buffer = b""
+
+    def _start(self) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "gateway.analysis.bashlex_worker",
+                "--cpu-seconds",
+                str(self.cpu_seconds),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            close_fds=True,
+        )
+        self._buffer = b""
+        return proc
+
+    def stop(self) -> None:
+        with self._lock:
+            self._kill()
+
+    def _kill(self) -> None:
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+            for stream in (proc.stdin, proc.stdout):
+                if stream is not None:
+                    stream.close()
+
+    def parse(self, text: str) -> dict[str, Any]:
+        """bashlex's view of `text`: a reply of the worker protocol, never an exception."""
+        with self._lock:
+            try:
+                return self._exchange(text)
+            except Exception as exc:  # any failure here is a missing opinion, not an allow
+                self._kill()
+                return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+
+    def _exchange(self, text: str) -> dict[str, Any]:
+        if self._proc is None or self._proc.poll() is not None:
+            self._kill()
+            self._proc = self._start()
+        proc = self._proc
+        assert proc.stdin is not None and proc.stdout is not None
+        proc.stdin.write(json.dumps({"text": text}).encode() + b"\n")
+        proc.stdin.flush()
+        fd = proc.stdout.fileno()
+        deadline = time.monotonic() + self.wall_seconds
+        while b"\n" not in self._buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                self._kill()
+                return {"status": "timeout", "error": f"no answer within {self.wall_seconds}s"}
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                self._kill()
+                return {"status": "failed", "error": "worker exited"}
+            self._buffer += chunk
+        line, _, self._buffer = self._buffer.partition(b"\n")
+        reply: dict[str, Any] = json.loads(line)
+        if reply.get("status") == "timeout":
+            self._kill()  # it exits after a timeout; reap it now
+        return reply
+
+
+_default: Worker | None = None
+_default_lock = threading.Lock()
+
+
+def default_worker() -> Worker:
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = Worker()
+            atexit.register(_default.stop)
+        return _default
+
+
+def judge(text: str, walk: Walk, worker: Worker | None = None) -> Verdict:
+    """Ask bashlex about `text` and compare its view with the primary walk."""
+    reply = (worker or default_worker()).parse(text)
+    status = reply.get("status")
+    if status == "ok":
+        return compare(text, walk, reply)
+    if status == "unparsed":
+        return Verdict(SecondOpinion(OpinionStatus.UNPARSED, str(reply.get("error", ""))))
+    if status == "timeout":
+        return Verdict(SecondOpinion(OpinionStatus.TIMEOUT, str(reply.get("error", "bashlex ran out of CPU time"))))
+    return Verdict(SecondOpinion(OpinionStatus.FAILED, str(reply.get("error", "no reply"))))
+
+
+def _view(commands: list[dict[str, Any]]) -> list[list[str]]:
+    return [[w[2] for w in c["words"]] for c in commands]
+
+
+def _primary_view(walk: Walk) -> list[list[str]]:
+    return [[w.value for w in c.argv] for c in walk.syntactic]
+
+
+def compare(text: str, walk: Walk, reply: dict[str, Any]) -> Verdict:
+    theirs: list[dict[str, Any]] = reply["commands"]
+    blind: set[str] = set(reply.get("blind", []))
+    ours: dict[int, SyntacticCommand] = {c.spans[0][0]: c for c in walk.syntactic if c.spans}
+    mixed_quoting = set(walk.raw_quoted_words)
+    problems: list[str] = []
+    seen: set[int] = set()
+
+    for cmd in theirs:
+        words = cmd["words"]
+        start = words[0][0]
+        mine = ours.get(start)
+        if mine is None:
+            problems.append(f"bashlex sees a command {_quote(words)} at offset {start} that tree-sitter does not")
+            continue
+        seen.add(start)
+        if len(words) != len(mine.spans):
+            problems.append(
+                f"command at offset {start}: bashlex sees {len(words)} words {_quote(words)}, "
+                f"tree-sitter {len(mine.spans)} {[w.value for w in mine.argv]}"
+            )
+            continue
+        for (b_start, b_end, b_value, _kinds), span, word in zip(words, mine.spans, mine.argv, strict=True):
+            if (b_start, b_end) != span:
+                problems.append(f"word {b_value!r} at {b_start}-{b_end}: tree-sitter has a word at {span[0]}-{span[1]}")
+                break
+            if b_value == word.value:
+                continue
+            raw = word.raw
+            if "$'" in raw:
+                blind.add(BLIND_ANSI_C)
+            elif '$"' in raw:
+                blind.add(BLIND_TRANSLATED)
+            elif span in mixed_quoting and _unquoted(b_value) == _unquoted(word.value):
+                blind.add(BLIND_QUOTES)
+            else:
+                problems.append(f"word at {b_start}-{b_end}: bashlex reads {b_value!r}, tree-sitter {word.value!r}")
+
+    for start, mine in ours.items():
+        if start in seen:
+            continue
+        if mine.blind:
+            blind.add(mine.blind)
+        else:
+            problems.append(
+                f"tree-sitter sees a command {[w.value for w in mine.argv]} at offset {start} that bashlex does not"
+            )
+
+    view = _view(theirs)
+    if problems:
+        detail = "; ".join(problems[:5])
+        return Verdict(SecondOpinion(OpinionStatus.DISAGREED, detail), view)
+    if blind:
+        return Verdict(SecondOpinion(OpinionStatus.PARTIAL, "", tuple(sorted(blind))), view)
+    return Verdict(SecondOpinion(OpinionStatus.AGREED), view)
+
+
+def _quote(words: list[list[Any]]) -> list[str]:
+    return [str(w[2]) for w in words]
+
+
+def _unquoted(value: str) -> str:
+    return value.replace("'", "").replace('"', "")
