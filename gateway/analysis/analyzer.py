@@ -152,6 +152,7 @@ def _commands(text: str, scripts: list[_Script], depth: int) -> list[Command]:
         )
     walk = primary.walk(text)
     _check_backticks(text, walk)
+    _check_continuations(text, walk)
     scripts.append(_Script(text, walk))
     out: list[Command] = []
     for cmd in walk.commands:
@@ -191,3 +192,26 @@ def _check_backticks(text: str, walk: Walk) -> None:
                 text[max(0, pos - 20) : pos + 20],
             )
         pos = text.find("`", pos + 1)
+
+
+def _check_continuations(text: str, walk: Walk) -> None:
+    """bash deletes backslash-newline before it splits words, so `r\\<newline>m` is `rm`;
+    tree-sitter reads two words there. Refuse a continuation with no blank on either side."""
+    pos = text.find("\\\n")
+    while pos >= 0:
+        run = pos
+        while run > 0 and text[run - 1] == "\\":
+            run -= 1
+        escaped_backslash = (pos - run) % 2 == 1  # `\\<newline>`: a literal backslash, then a newline
+        before = text[pos - 1] if pos > 0 else " "
+        after = text[pos + 2] if pos + 2 < len(text) else " "
+        joins = before not in " \t\n" and after not in " \t\n"
+        if joins and not escaped_backslash and not any(a <= pos < b for a, b in walk.safe_spans):
+            line = text.count("\n", 0, pos) + 1
+            raise Unmodelled(
+                "line_continuation_in_word",
+                f"a backslash-newline inside a word at line {line} joins two words into one; "
+                "put a blank before the backslash",
+                text[max(0, pos - 20) : pos + 20],
+            )
+        pos = text.find("\\\n", pos + 2)

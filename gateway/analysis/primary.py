@@ -11,6 +11,7 @@ Besides the commands, the walk records for each simple command the source span o
 
 from __future__ import annotations
 
+import re
 import threading
 from dataclasses import dataclass, field
 
@@ -75,6 +76,7 @@ class Walk:
     loop_variables: list[str] = field(default_factory=list)
     safe_spans: list[tuple[int, int]] = field(default_factory=list)
     raw_quoted_words: list[tuple[int, int]] = field(default_factory=list)
+    arithmetic_regions: list[tuple[int, int]] = field(default_factory=list)
 
 
 # Statement kinds and the context they give the commands inside them.
@@ -152,7 +154,7 @@ _FILE_REDIRECT_MODES = {
     ">&-": RedirectMode.CLOSE,
     "<&-": RedirectMode.CLOSE,
 }
-_STATEMENT_SEPARATORS = frozenset({";", "&", "\n", ";;", ";&", ";;&"})
+_NAMED_FD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
 def parse_tree(text: str) -> Node:
@@ -168,6 +170,7 @@ class Walker:
         self.ascii = len(self.data) == len(text)
         self._char_at: list[int] | None = None
         self.out = Walk()
+        self.continuations: list[tuple[Node, Context]] = []
 
     # -- positions --------------------------------------------------------------------------
 
@@ -290,6 +293,7 @@ class Walker:
     ) -> None:
         body = node.child_by_field_name("body")
         own: list[Redirect] = []
+        outer_continuations, self.continuations = self.continuations, []
         for child in node.children:
             if child.type in _REDIRECT:
                 own.extend(self.redirect(child, ctx, blind))
@@ -300,6 +304,23 @@ class Walker:
                     self.src(child)[:80],
                 )
         all_redirects = redirects + tuple(own)
+        continuations, self.continuations = self.continuations, outer_continuations
+        if continuations:
+            if body is None or len(continuations) > 1:
+                raise Unmodelled(
+                    "unsupported_construct", f"unsupported here-document continuation at {self.where(node)}"
+                )
+            cont, how = continuations[0]
+            self.statement(body, ctx + (how,), all_redirects, blind)
+            if how is Context.PIPELINE:
+                for child in cont.children:
+                    if child.is_named:
+                        self.statement(child, ctx + (how,), (), blind)
+                    elif child.type not in ("|", "|&"):
+                        raise Unmodelled("unsupported_construct", f"unexpected '{child.type}' at {self.where(child)}")
+            else:
+                self.statement(cont, ctx + (how,), (), blind)
+            return
         if body is None:
             # `> file` alone runs no program but truncates the file: report it.
             self.emit(Command(argv=(), redirects=all_redirects, context=ctx))
@@ -461,6 +482,16 @@ class Walker:
         argv: list[Word] = []
         spans: list[tuple[int, int]] = []
         for group in groups:
+            end = group[-1].end_byte
+            if self.data[end : end + 1] in (b"<", b">") and _NAMED_FD.fullmatch(
+                self.data[group[0].start_byte : end].decode()
+            ):
+                # `{name}>file` opens a descriptor and assigns its number to `name` (even PATH)
+                raise Unmodelled(
+                    "unsupported_redirect",
+                    f"named descriptor redirect at {self.where(group[0])} is not supported (it assigns a variable)",
+                    self.data[group[0].start_byte : end + 1].decode(),
+                )
             argv.append(self.word_group(group, ctx, blind))
             spans.append((self.char(group[0].start_byte), self.char(group[-1].end_byte)))
         self.out.syntactic.append(SyntacticCommand(tuple(spans), tuple(argv), blind))
@@ -510,6 +541,21 @@ class Walker:
     def arithmetic_command(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
     ) -> None:
+        inner_text = self.data[node.children[0].end_byte : node.children[-1].start_byte].decode("utf-8")
+        depth = 0
+        for ch in inner_text:
+            depth += {"(": 1, ")": -1}.get(ch, 0)
+            if depth < 0:
+                break
+        if depth != 0 or node.children[-1].type != "))":
+            # bash reads `((a)|(b))` as two subshells, not arithmetic
+            raise Unmodelled(
+                "ambiguous_arithmetic",
+                f"'((' at {self.where(node)} could be arithmetic or nested subshells; "
+                "write '( (' for subshells or balance the parentheses",
+                self.src(node)[:80],
+            )
+        self.out.arithmetic_regions.append(self.span(node))
         here = ctx + (Context.ARITHMETIC,)
         for child in node.children:
             if child.is_named:
@@ -606,6 +652,7 @@ class Walker:
 
     def heredoc(self, node: Node, ctx: tuple[Context, ...], blind: str) -> list[Redirect]:
         start = body = end = None
+        op = ""
         extra: list[Redirect] = []
         strip_tabs = False
         fd = self.fd_of(node)
@@ -620,6 +667,14 @@ class Walker:
                 strip_tabs = True
             elif child.type in _REDIRECT:
                 extra.extend(self.redirect(child, ctx, blind))
+            elif child.type == "pipeline":
+                # `cat <<EOF | cmd`: tree-sitter hangs the rest of the pipeline off the redirect
+                self.continuations.append((child, Context.PIPELINE))
+            elif child.type in ("&&", "||"):
+                op = child.type
+            elif node.field_name_for_child(node.children.index(child)) == "right" and op:
+                self.continuations.append((child, Context.AND if op == "&&" else Context.OR))
+                op = ""
             elif child.type in ("<<", "file_descriptor"):
                 continue
             else:
@@ -814,6 +869,10 @@ class Walker:
             return Word(text, (Expansion.GLOB,), raw)
         if kind == "brace_expression":
             return Word(raw, (Expansion.BRACE,), raw)
+        if kind == "variable_assignment":  # an operand of export / declare / local ...
+            a = self.assignment(node, ctx, blind)
+            op = "+=" if a.append else "="
+            return Word(a.name + op + a.value.value, a.value.expansions, raw)
         if kind == "array":
             kinds: set[Expansion] = set()
             for child in node.children:

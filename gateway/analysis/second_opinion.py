@@ -33,6 +33,7 @@ WALL_SECONDS = 5.0
 BLIND_QUOTES = "bashlex quote removal after a quoted part (\"a\"'b')"
 BLIND_ANSI_C = "ANSI-C quoting $'...'"
 BLIND_TRANSLATED = 'locale translation $"..."'
+BLIND_ARITHMETIC = "arithmetic command (( )), which bashlex reads as nested subshells"
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,6 +164,9 @@ def compare(text: str, walk: Walk, reply: dict[str, Any]) -> Verdict:
         words = cmd["words"]
         start = words[0][0]
         mine = ours.get(start)
+        if mine is None and any(a <= start < b for a, b in walk.arithmetic_regions):
+            blind.add(BLIND_ARITHMETIC)
+            continue
         if mine is None:
             problems.append(f"bashlex sees a command {_quote(words)} at offset {start} that tree-sitter does not")
             continue
