@@ -49,7 +49,7 @@ def describe(trees: list[Any]) -> dict[str, Any]:
             blind.append("command substitution inside ${...}")
         if kind == "heredoc" and ("$(" in node.value or "`" in node.value or "$((" in node.value):
             blind.append("substitution in a here-document")
-        for attr in ("parts", "list"):
+        for attr in ("parts", "list", "redirects"):
             for child in getattr(node, attr, None) or []:
                 visit(child, hidden)
         for attr in ("command", "output", "heredoc"):

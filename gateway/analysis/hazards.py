@@ -266,7 +266,10 @@ def _check_variable_targets(cmd: Command) -> None:
             _check_variable(name, program)
     elif program == "read":
         operands = _operands_after_options(args, "adinNptu")
-        for name in _names_of(operands, "read"):
+        arrays = tuple(
+            args[i + 1] for i, w in enumerate(args[:-1]) if w.value.startswith("-") and w.value.endswith("a")
+        )
+        for name in _names_of(operands + arrays, "read"):
             _check_variable(name, "read")
     elif program in ("mapfile", "readarray"):
         operands = _operands_after_options(args, "dnOsuC c")

@@ -77,6 +77,7 @@ class Walk:
     safe_spans: list[tuple[int, int]] = field(default_factory=list)
     raw_quoted_words: list[tuple[int, int]] = field(default_factory=list)
     arithmetic_regions: list[tuple[int, int]] = field(default_factory=list)
+    heredoc_bodies: list[tuple[int, int]] = field(default_factory=list)  # verified like bash
 
 
 # Statement kinds and the context they give the commands inside them.
@@ -171,6 +172,8 @@ class Walker:
         self._char_at: list[int] | None = None
         self.out = Walk()
         self.continuations: list[tuple[Node, Context]] = []
+        self.dropped_dash: dict[int, tuple[int, int]] = {}  # command node id -> byte span of `-`
+        self.repaired: list[tuple[int, int]] = []
 
     # -- positions --------------------------------------------------------------------------
 
@@ -305,6 +308,15 @@ class Walker:
                 )
         all_redirects = redirects + tuple(own)
         continuations, self.continuations = self.continuations, outer_continuations
+        if body is not None and body.type == "command":
+            nxt = body.next_sibling
+            if nxt is not None and nxt.type == "heredoc_redirect":
+                gap = self.data[body.end_byte : nxt.start_byte]
+                if gap.strip() == b"-":
+                    # tree-sitter-bash drops a lone `-` right before `<<` (python - <<'EOF')
+                    at = body.end_byte + gap.index(b"-")
+                    self.dropped_dash[body.id] = (at, at + 1)
+                    self.repaired.append((at, at + 1))
         if continuations:
             if body is None or len(continuations) > 1:
                 raise Unmodelled(
@@ -473,6 +485,7 @@ class Walker:
     ) -> None:
         """Emit one simple command from its word nodes. Adjacent nodes (no blank between them)
         are one shell word, whatever tree-sitter made of them (e.g. `$` + `"..."`)."""
+        dash = self.dropped_dash.get(node.id)
         groups: list[list[Node]] = []
         for w in word_nodes:
             if groups and groups[-1][-1].end_byte == w.start_byte:
@@ -494,6 +507,9 @@ class Walker:
                 )
             argv.append(self.word_group(group, ctx, blind))
             spans.append((self.char(group[0].start_byte), self.char(group[-1].end_byte)))
+        if dash is not None:
+            argv.append(Word("-", (), "-"))
+            spans.append((self.char(dash[0]), self.char(dash[1])))
         self.out.syntactic.append(SyntacticCommand(tuple(spans), tuple(argv), blind))
         self.emit(Command(argv=tuple(argv), assignments=assigns, redirects=redirects, context=ctx, flags=flags))
 
@@ -693,13 +709,30 @@ class Walker:
                 f"here-document ends with '{self.src(end)}', expected '{delimiter}'",
             )
         body_text = self.src(body) if body is not None else ""
-        for line in body_text.split("\n"):
+        # Where bash starts the body: right after the newline that ends the redirect's line.
+        line_end = self.data.find(b"\n", start.end_byte)
+        first = body if body is not None else end
+        lead = self.data[line_end + 1 : first.start_byte] if line_end >= 0 else b""
+        # tree-sitter starts the body after its leading empty lines; those cannot end it
+        if not delimiter:
+            raise Unmodelled("heredoc_mismatch", f"here-document with an empty delimiter at {self.where(node)}")
+        if line_end < 0 or first.start_byte < line_end + 1 or lead.strip(b"\t\n" if strip_tabs else b"\n"):
+            raise Unmodelled(
+                "heredoc_mismatch",
+                f"here-document at {self.where(node)} does not start on the line after its redirect",
+            )
+        # Where bash ends it: the first line equal to the delimiter, after joining
+        # backslash-newlines in an unquoted body (`E\<newline>OF` ends a body at EOF).
+        lines = (body_text if quoted else lex.join_continuations(body_text)).split("\n")
+        for line in lines:
             if (line.lstrip("\t") if strip_tabs else line) == delimiter:
                 raise Unmodelled(
                     "heredoc_mismatch",
                     f"here-document body holds its delimiter '{delimiter}' on a line of its own; "
                     "bash would end it there",
                 )
+        if body is not None:
+            self.out.heredoc_bodies.append(self.span(body))
         if quoted or body is None:
             if body is not None:
                 self.out.safe_spans.append(self.span(body))
@@ -753,10 +786,16 @@ class Walker:
         try:
             return fn(text)  # type: ignore[operator, no-any-return]
         except lex.UnmodelledSubstitution:
+            if "`" in text:
+                raise Unmodelled(
+                    "backtick_substitution",
+                    f"backtick at {self.where(node)}: backtick substitution is not supported, use $(...) "
+                    "(a literal backtick must be inside single quotes)",
+                    text[:80],
+                ) from None
             raise Unmodelled(
                 "hidden_substitution",
-                f"a command substitution at {self.where(node)} that the parser did not model "
-                "(backticks are not supported: use $(...))",
+                f"a command substitution at {self.where(node)} that the parser did not model",
                 text[:80],
             ) from None
 
@@ -963,6 +1002,61 @@ def first_error(root: Node) -> Node | None:
     return root
 
 
+# Nodes whose whole text the walker reads itself (gaps inside them are handled as text).
+_ATOMIC_FOR_COVERAGE = frozenset(
+    {
+        "word",
+        "string",
+        "raw_string",
+        "ansi_c_string",
+        "translated_string",
+        "heredoc_body",
+        "heredoc_start",
+        "heredoc_end",
+        "comment",
+        "number",
+        "regex",
+        "extglob_pattern",
+        "variable_name",
+        "special_variable_name",
+        "test_operator",
+        "file_descriptor",
+        "string_content",
+        "heredoc_content",
+    }
+)
+_CONTINUATION = re.compile(rb"[ \t\n]*(?:\\\n[ \t\n]*)*")
+
+
+def check_coverage(data: bytes, root: Node, repaired: list[tuple[int, int]]) -> None:
+    """Every non-blank byte must lie inside a node: tree-sitter can drop a token without an
+    ERROR node (a lone `-` before `<<`), and a dropped word is a word nobody checked."""
+    pos = 0
+    stack = [root]
+    leaves: list[tuple[int, int]] = list(repaired)
+    while stack:
+        node = stack.pop()
+        if node.child_count == 0 or node.type in _ATOMIC_FOR_COVERAGE:
+            leaves.append((node.start_byte, node.end_byte))
+        else:
+            stack.extend(reversed(node.children))
+    for start, end in sorted(leaves):
+        if start > pos:
+            gap = data[pos:start]
+            m = _CONTINUATION.fullmatch(gap)
+            if m is None:
+                row = data.count(b"\n", 0, pos) + 1
+                raise Unmodelled(
+                    "unparsed_text",
+                    f"text the parser skipped at line {row}: {gap.strip().decode('utf-8', 'replace')[:40]!r}",
+                    gap.decode("utf-8", "replace")[:80],
+                )
+        pos = max(pos, end)
+    tail = data[pos:]
+    if _CONTINUATION.fullmatch(tail) is None:
+        raise Unmodelled("unparsed_text", f"text the parser skipped at the end: {tail.strip()[:40]!r}")
+
+
 def walk(text: str) -> Walk:
     """Walk `text` with the closed vocabulary. Raises `Unmodelled` for anything outside it."""
     root = parse_tree(text)
@@ -974,4 +1068,5 @@ def walk(text: str) -> Walk:
         raise Unmodelled("syntax_error", f"{what} at line {row + 1}, column {col + 1}", near[:80])
     walker = Walker(text)
     walker.statement(root, ())
+    check_coverage(walker.data, root, walker.repaired)
     return walker.out

@@ -33,6 +33,8 @@ WALL_SECONDS = 5.0
 BLIND_QUOTES = "bashlex quote removal after a quoted part (\"a\"'b')"
 BLIND_ANSI_C = "ANSI-C quoting $'...'"
 BLIND_TRANSLATED = 'locale translation $"..."'
+BLIND_HEREDOC = "here-document body, which bashlex misreads inside functions"
+BLIND_BACKSLASH = 'bashlex drops backslashes inside double quotes ("\\(" is \\( in bash)'
 BLIND_ARITHMETIC = "arithmetic command (( )), which bashlex reads as nested subshells"
 
 
@@ -167,6 +169,9 @@ def compare(text: str, walk: Walk, reply: dict[str, Any]) -> Verdict:
         if mine is None and any(a <= start < b for a, b in walk.arithmetic_regions):
             blind.add(BLIND_ARITHMETIC)
             continue
+        if mine is None and any(a <= start < b for a, b in walk.heredoc_bodies):
+            blind.add(BLIND_HEREDOC)
+            continue
         if mine is None:
             problems.append(f"bashlex sees a command {_quote(words)} at offset {start} that tree-sitter does not")
             continue
@@ -190,6 +195,8 @@ def compare(text: str, walk: Walk, reply: dict[str, Any]) -> Verdict:
                 blind.add(BLIND_TRANSLATED)
             elif span in mixed_quoting and _unquoted(b_value) == _unquoted(word.value):
                 blind.add(BLIND_QUOTES)
+            elif '"' in raw and "\\" in raw and b_value.replace("\\", "") == word.value.replace("\\", ""):
+                blind.add(BLIND_BACKSLASH)
             else:
                 problems.append(f"word at {b_start}-{b_end}: bashlex reads {b_value!r}, tree-sitter {word.value!r}")
 
@@ -217,4 +224,4 @@ def _quote(words: list[list[Any]]) -> list[str]:
 
 
 def _unquoted(value: str) -> str:
-    return value.replace("'", "").replace('"', "")
+    return value.replace("'", "").replace('"', "").replace("\\", "")

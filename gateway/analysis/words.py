@@ -244,3 +244,21 @@ def heredoc_delimiter(start: str) -> tuple[str, bool]:
             out.append(c)
         i += 1
     return "".join(out), True
+
+
+def join_continuations(text: str) -> str:
+    """Remove backslash-newline pairs as bash does in an unquoted here-document body
+    (a backslash escaped by another backslash does not start a continuation)."""
+    if "\\\n" not in text:
+        return text
+    out: list[str] = []
+    i, n = 0, len(text)
+    while i < n:
+        if text[i] == "\\" and i + 1 < n:
+            if text[i + 1] != "\n":
+                out.append(text[i : i + 2])
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
