@@ -24,8 +24,10 @@ from gateway.analysis.model import (
     Command,
     Context,
     Denial,
+    Expansion,
     OpinionStatus,
     SecondOpinion,
+    Word,
 )
 from gateway.analysis.primary import Unmodelled, Walk
 from gateway.analysis.screen import screen
@@ -158,7 +160,7 @@ def _commands(text: str, scripts: list[_Script], depth: int) -> list[Command]:
     for cmd in walk.commands:
         _expand(cmd, out, scripts, depth)
     hazards.check(out, walk)
-    return out
+    return [_mark_arithmetic(c) for c in out]
 
 
 def _expand(cmd: Command, out: list[Command], scripts: list[_Script], depth: int) -> None:
@@ -215,3 +217,36 @@ def _check_continuations(text: str, walk: Walk) -> None:
                 text[max(0, pos - 20) : pos + 20],
             )
         pos = text.find("\\\n", pos + 2)
+
+
+_ARITHMETIC_TESTS = frozenset({"-eq", "-ne", "-lt", "-le", "-gt", "-ge"})
+_DECLARATIONS = frozenset({"declare", "typeset", "local", "export", "readonly"})
+
+
+def _mark_arithmetic(cmd: Command) -> Command:
+    """Mark words bash evaluates as arithmetic: such evaluation expands variables recursively,
+    and `a[$(cmd)]` held in a variable runs cmd, so their value is never known at check time."""
+    if not cmd.argv or not cmd.argv[0].literal:
+        return cmd
+    program = cmd.program
+    argv = list(cmd.argv)
+    marks: set[int] = set()
+    if program in ("[", "[[", "test"):
+        for i, w in enumerate(argv):
+            if w.literal and w.value in _ARITHMETIC_TESTS:
+                marks.update((i - 1, i + 1))
+            elif w.literal and w.value == "-v":
+                marks.add(i + 1)
+    elif program == "let":
+        marks.update(range(1, len(argv)))
+    elif program in _DECLARATIONS and any(
+        w.value.startswith("-") and "i" in w.value[1:] for w in argv[1:] if w.literal
+    ):
+        marks.update(i for i in range(1, len(argv)) if not argv[i].value.startswith("-"))
+    marks = {i for i in marks if 0 < i < len(argv)}
+    if not marks:
+        return cmd
+    for i in marks:
+        w = argv[i]
+        argv[i] = Word(w.value, tuple(sorted({*w.expansions, Expansion.ARITHMETIC})), w.raw)
+    return replace(cmd, argv=tuple(argv))

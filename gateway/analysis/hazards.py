@@ -8,9 +8,10 @@ docs/analysis.md; change both together.
 from __future__ import annotations
 
 import os
+import unicodedata
 from functools import lru_cache
 
-from gateway.analysis.model import Assignment, Command, Word
+from gateway.analysis.model import Assignment, Command, Flag, Word
 from gateway.analysis.primary import Unmodelled, Walk
 
 # Builtins that run text as code, or change how later names resolve.
@@ -22,7 +23,35 @@ FORBIDDEN_BUILTINS: dict[str, str] = {
     "trap": "trap runs a string as shell code later, which cannot be checked",
     "enable": "enable loads or disables builtins, changing what a command name runs",
     "fc": "fc re-runs commands from history, which cannot be checked",
+    "bind": "bind -x runs a string as shell code on a key, which cannot be checked",
 }
+# Options that make a builtin run a string as a command: {builtin: option letters}
+_COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CF", "complete": "CF"}
+# Words tree-sitter may leave as a command name when it misreads `time { ...; }` and the like.
+RESERVED_WORDS = frozenset(
+    [
+        "{",
+        "}",
+        "!",
+        "if",
+        "then",
+        "else",
+        "elif",
+        "fi",
+        "case",
+        "esac",
+        "for",
+        "select",
+        "while",
+        "until",
+        "do",
+        "done",
+        "function",
+        "in",
+        "[[",
+        "]]",
+    ]
+)
 
 # Variables that change which program bash runs for a name, or make bash run code of its own.
 # Program-level variables (PAGER, GIT_SSH_COMMAND...) are the policy's allowed-env list.
@@ -200,10 +229,34 @@ def check(commands: list[Command], walk: Walk) -> None:
                 head.raw or head.value,
             )
         program = head.value
+        if any(unicodedata.category(ch) in ("Cc", "Cf") for ch in program):
+            raise Unmodelled(
+                "invalid_character",
+                f"command name {program!r} holds a control or invisible character",
+                program,
+            )
+        if program in RESERVED_WORDS and not (Flag.BUILTIN in cmd.flags and program == "[["):
+            raise Unmodelled(
+                "reserved_word_as_command",
+                f"'{program}' stands where a command name should be: the parser could not model this "
+                "construct (e.g. `time` or `coproc` before a compound command)",
+                program,
+            )
         if program in FORBIDDEN_BUILTINS:
             raise Unmodelled("forbidden_builtin", f"{program}: {FORBIDDEN_BUILTINS[program]}", program)
         if program == "hash" and any(w.value.startswith("-") and "p" in w.value for w in cmd.argv[1:]):
             raise Unmodelled("forbidden_builtin", "hash -p binds a command name to another program", "hash -p")
+        letters = _COMMAND_OPTIONS.get(program, "")
+        if letters and any(w.value.startswith("-") and set(w.value[1:]) & set(letters) for w in cmd.argv[1:]):
+            raise Unmodelled("forbidden_builtin", f"{program} -{letters[0]} runs a string as a command", program)
+        if program == "set" and any(
+            (w.value.startswith(("-", "+")) and "k" in w.value[1:] and not w.value.startswith("--"))
+            or w.value == "keyword"
+            for w in cmd.argv[1:]
+        ):
+            raise Unmodelled(
+                "forbidden_builtin", "set -k puts assignments in argument position into the environment", "set -k"
+            )
         if program in _SUBSCRIPT_EVALUATORS:
             _check_subscripts(cmd)
         _check_variable_targets(cmd)
@@ -226,6 +279,13 @@ def _check_variable(name: str, how: str) -> None:
 def _check_subscripts(cmd: Command) -> None:
     for w in cmd.argv[1:]:
         v = w.value
+        if w.literal and "=(" in v and any(s in v for s in ("$(", "`", "${")):
+            # declare -a 'a=($(cmd))': the quoted text is parsed again as a compound assignment
+            raise Unmodelled(
+                "subscript_substitution",
+                f"{cmd.program}: '{v}' is a quoted compound assignment holding a substitution, which bash would run",
+                v,
+            )
         bracket = v.find("[")
         if bracket >= 0 and any(s in v[bracket:] for s in ("$(", "`", "${")):
             raise Unmodelled(
@@ -276,10 +336,15 @@ def _check_variable_targets(cmd: Command) -> None:
         for name in _names_of(operands, program):
             _check_variable(name, program)
     elif program == "printf":
-        for i, w in enumerate(args[:-1]):
-            if w.value == "-v":
-                for name in _names_of((args[i + 1],), "printf -v"):
-                    _check_variable(name, "printf -v")
+        for i, w in enumerate(args):
+            if w.value == "-v" and i + 1 < len(args):
+                targets: tuple[Word, ...] = (args[i + 1],)
+            elif w.value.startswith("-v") and len(w.value) > 2:  # printf -vNAME
+                targets = (Word(w.value[2:], w.expansions, w.raw),)
+            else:
+                continue
+            for name in _names_of(targets, "printf -v"):
+                _check_variable(name, "printf -v")
     elif program == "getopts" and len(args) >= 2:
         for name in _names_of((args[1],), "getopts"):
             _check_variable(name, "getopts")

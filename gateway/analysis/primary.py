@@ -230,11 +230,12 @@ class Walker:
         redirects: tuple[Redirect, ...],
         blind: str,
         skip: frozenset[str] = frozenset(),
+        sequence: bool = True,
     ) -> None:
         """Statements that are children of `node`, with `&` (background) and `;` noted."""
         children = [c for c in node.children if c.is_named and c.type not in skip]
         statements = [c for c in children if c.type != "comment"]
-        seq = ctx + (Context.SEQUENCE,) if len(statements) > 1 else ctx
+        seq = ctx + (Context.SEQUENCE,) if sequence and len(statements) > 1 else ctx
         for child in children:
             if child.type == "comment":
                 self.out.safe_spans.append(self.span(child))
@@ -345,7 +346,7 @@ class Walker:
     def _st_if_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
     ) -> None:
-        self.body(node, ctx + (Context.IF,), redirects, blind)
+        self.body(node, ctx + (Context.IF,), redirects, blind, sequence=False)
 
     _st_elif_clause = _st_do_group
     _st_else_clause = _st_do_group
@@ -353,7 +354,7 @@ class Walker:
     def _st_while_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
     ) -> None:
-        self.body(node, ctx + (Context.LOOP,), redirects, blind)
+        self.body(node, ctx + (Context.LOOP,), redirects, blind, sequence=False)
 
     def _st_for_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
@@ -376,15 +377,25 @@ class Walker:
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
     ) -> None:
         here = ctx + (Context.LOOP,)
+        opened = next(c for c in node.children if c.type == "((")
+        closed = next(c for c in node.children if c.type == "))")
+        header = self.data[opened.end_byte : closed.start_byte].decode("utf-8").strip()
         for child in node.children:
-            if not child.is_named:
+            if not child.is_named or child.start_byte >= closed.start_byte:
                 continue
-            if child.type == "do_group" or child.type == "compound_statement":
-                self.statement(child, here, redirects, blind)
-            elif child.type == "variable_assignment":
+            if child.type == "variable_assignment":
                 self.assignment(child, here, blind)
             else:
                 self.expression(child, here + (Context.ARITHMETIC,), blind)
+        # the header is arithmetic evaluated on every pass: report it like `(( ... ))`
+        argv = (Word("((", (), "(("), Word(header, (Expansion.ARITHMETIC,), header))
+        self.emit(Command(argv=argv, context=here, flags=(Flag.BUILTIN,)))
+        for child in node.children:
+            if child.is_named and child.start_byte >= closed.end_byte:
+                if child.type == "comment":
+                    self.out.safe_spans.append(self.span(child))
+                else:
+                    self.statement(child, here, redirects, blind)
 
     def _st_case_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
@@ -825,6 +836,11 @@ class Walker:
         for i, part in enumerate(parts):
             if i + 1 < len(parts) and part.type == "$" and parts[i + 1].type == "string":
                 continue  # $"..." : the string part notes the translation
+            if part.type == "$" and not part.is_named and part.end_byte < end:
+                values.append("$")
+                kinds.add(Expansion.PARAMETER)  # bash reads `$0`, `$-`, `$!` here
+                skeleton.append("x")
+                continue
             if part.type == "word" or (not part.is_named and part.type in ("$", "{", "}")):
                 raw = self.src(part)
                 text, k = self.lexed(
@@ -877,7 +893,15 @@ class Walker:
             return Word(raw[1:-1], (), raw)
         if kind == "ansi_c_string":
             self.out.safe_spans.append(self.span(node))
-            return Word(lex.ansi_c(raw[2:-1]), (), raw)
+            try:
+                return Word(lex.ansi_c(raw[2:-1]), (), raw)
+            except lex.UnmodelledEscape as exc:
+                raise Unmodelled(
+                    "unsupported_escape",
+                    f"$'...' escape {exc} at {self.where(node)} gives a raw byte or depends on the locale; "
+                    "write the character itself",
+                    raw[:80],
+                ) from None
         if kind == "string" or kind == "translated_string":
             return self.string(node, ctx, blind, translated=kind == "translated_string")
         if kind == "concatenation":
@@ -947,8 +971,9 @@ class Walker:
             parts.append(text)
             kinds |= k
             pos = child.end_byte
-        if last.start_byte > pos:
-            text, k = self.lexed(lex.double_quoted, self.data[pos : last.start_byte].decode("utf-8"), node)
+        close = node.end_byte - 1  # the closing quote; tree-sitter's token can include blanks before it
+        if last.type == '"' and close > pos:
+            text, k = self.lexed(lex.double_quoted, self.data[pos:close].decode("utf-8"), node)
             parts.append(text)
             kinds |= k
         return Word("".join(parts), tuple(sorted(kinds)), self.src(node))

@@ -13,6 +13,16 @@ import re
 from gateway.analysis.model import Expansion
 
 
+class UnmodelledEscape(ValueError):
+    """An ANSI-C escape whose value depends on the locale or is not a character (a raw byte)."""
+
+
+def _byte(value: int) -> str:
+    if value > 0x7F:
+        raise UnmodelledEscape(f"byte 0x{value:02x}")  # bash emits a raw byte, not a character
+    return chr(value)
+
+
 class UnmodelledSubstitution(ValueError):
     """Text that tree-sitter called plain content contains a live `$(` or backtick."""
 
@@ -140,7 +150,7 @@ def ansi_c(body: str) -> str:
             j = i + 1
             while j < n and j < i + 4 and body[j] in _OCT:
                 j += 1
-            out.append(chr(int(body[i + 1 : j], 8) & 0xFF))
+            out.append(_byte(int(body[i + 1 : j], 8) & 0xFF))
             i = j
         elif e == "x":
             j = i + 2
@@ -150,7 +160,7 @@ def ansi_c(body: str) -> str:
                 out.append("\\x")
                 i += 2
             else:
-                out.append(chr(int(body[i + 2 : j], 16)))
+                out.append(_byte(int(body[i + 2 : j], 16)))
                 i = j
         elif e in "uU":
             width = 4 if e == "u" else 8
@@ -162,7 +172,10 @@ def ansi_c(body: str) -> str:
                 i += 2
             else:
                 code = int(body[i + 2 : j], 16)
-                out.append(chr(code) if code <= 0x10FFFF else "\ufffd")
+                if code > 0x7F:
+                    # bash converts \u above ASCII by the locale (literally under LC_ALL=C)
+                    raise UnmodelledEscape(f"\\{e}{body[i + 2 : j]}")
+                out.append(chr(code))
                 i = j
         elif e == "c" and i + 2 < n:
             ch = body[i + 2]
@@ -170,7 +183,10 @@ def ansi_c(body: str) -> str:
                 out.append(chr(0x1C))
                 i += 4
             else:
-                out.append(chr(ord(ch.upper()) ^ 0x40) if ch != "?" else "\x7f")
+                # bash: TOCTRL(c) is DEL for '?', else toupper(c) & 0x1f
+                out.append("\x7f" if ch == "?" else chr(ord(ch.upper()) & 0x1F) if ch.isascii() else "")
+                if not ch.isascii():
+                    raise UnmodelledEscape(f"\\c{ch}")
                 i += 3
         else:
             out.append("\\" + e)

@@ -60,7 +60,6 @@ TIMEOUT = Options(
     long_with_arg=frozenset({"--kill-after", "--signal"}),
 )
 STDBUF = Options(short_with_arg="ioe", long_with_arg=frozenset({"--input", "--output", "--error"}))
-TIME = Options(short_flags="p")
 TIME_BIN = Options(
     short_flags="apqvV",
     short_with_arg="fo",
@@ -279,8 +278,10 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
         i = _option_words(argv, 1, STDBUF, "stdbuf")
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name == "time":
-        spec = TIME if cmd.argv[0].value == "time" else TIME_BIN  # bash keyword, or GNU time
-        i = _option_words(argv, 1, spec, "time")
+        if cmd.argv[0].value == "time":  # the bash keyword takes one -p, nothing else
+            i = 2 if len(argv) > 1 and argv[1].literal and argv[1].value == "-p" else 1
+        else:  # GNU time
+            i = _option_words(argv, 1, TIME_BIN, "time")
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name in ("command", "exec", "builtin", "coproc") and cmd.argv[0].value == name:
         spec = {"command": COMMAND, "exec": EXEC, "builtin": Options(), "coproc": Options()}[name]
@@ -334,12 +335,72 @@ def _placeholder(w: Word, marker: str) -> Word:
 _FIND_EXEC = frozenset({"-exec", "-execdir", "-ok", "-okdir"})
 
 
+# find tests and options that take the next word as their argument (a value, never an action)
+_FIND_WITH_ARG = frozenset(
+    [
+        "-name",
+        "-iname",
+        "-path",
+        "-ipath",
+        "-wholename",
+        "-iwholename",
+        "-regex",
+        "-iregex",
+        "-lname",
+        "-ilname",
+        "-newer",
+        "-anewer",
+        "-cnewer",
+        "-type",
+        "-xtype",
+        "-user",
+        "-group",
+        "-uid",
+        "-gid",
+        "-perm",
+        "-size",
+        "-mtime",
+        "-mmin",
+        "-atime",
+        "-amin",
+        "-ctime",
+        "-cmin",
+        "-used",
+        "-maxdepth",
+        "-mindepth",
+        "-inum",
+        "-links",
+        "-samefile",
+        "-fstype",
+        "-printf",
+        "-fprint",
+        "-fprint0",
+        "-fls",
+        "-regextype",
+        "-context",
+        "-files0-from",
+    ]
+)
+
+
 def find_all(cmd: Command) -> list[Command]:
-    """One inner command per -exec / -execdir / -ok / -okdir action."""
+    """One inner command per -exec / -execdir / -ok / -okdir action.
+
+    A non-literal word could expand to an action (`$x` = `-exec`) or end an -exec early (`$x` =
+    `;`), which would turn the words after it into actions nobody checked; such texts are denied.
+    """
     argv = cmd.argv
     out: list[Command] = []
+    terminators = any(w.literal and w.value in (";", "+") for w in argv[1:])
     i = 1
     while i < len(argv):
+        if not argv[i].literal and terminators and not (i > 1 and argv[i - 1].value in _FIND_WITH_ARG):
+            raise Unmodelled(
+                "dynamic_find_expression",
+                f"find: '{argv[i].raw or argv[i].value}' is not a literal word and could expand to an "
+                "action such as -exec; write it literally",
+                argv[i].value,
+            )
         if argv[i].value in _FIND_EXEC and argv[i].literal:
             j = i + 1
             while j < len(argv):
@@ -352,6 +413,13 @@ def find_all(cmd: Command) -> list[Command]:
                     "unterminated_find_exec",
                     f"find {argv[i].value} without a terminating ';' or '+'",
                     argv[i].value,
+                )
+            dynamic = [k for k in range(i + 1, j) if not argv[k].literal]
+            if dynamic and any(argv[k].value in _FIND_EXEC for k in range(dynamic[0] + 1, j)):
+                raise Unmodelled(
+                    "dynamic_find_expression",
+                    f"find: '{argv[dynamic[0]].raw}' could end {argv[i].value} early and start the next action",
+                    argv[dynamic[0]].value,
                 )
             inner = tuple(_placeholder(w, "{}") for w in argv[i + 1 : j])
             if not inner:
