@@ -11,6 +11,7 @@ Besides the commands, the walk records for each simple command the source span o
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 from dataclasses import dataclass, field
@@ -202,6 +203,20 @@ class Walker:
         row, col = node.start_point
         return f"line {row + 1}, column {col + 1}"
 
+    def same_line(self, nodes: list[Node]) -> None:
+        """Consecutive parts of one simple command or redirect must not be split by a newline
+        (other than a backslash continuation): tree-sitter can swallow a newline without an ERROR
+        node and turn the next line's command into arguments (`... | uniq -c<newline>rm x`)."""
+        for a, b in itertools.pairwise(nodes):
+            gap = self.data[a.end_byte : b.start_byte]
+            if b"\n" in gap.replace(b"\\\n", b""):
+                raise Unmodelled(
+                    "joined_lines",
+                    f"the parser joined line {a.end_point[0] + 1} and line {b.start_point[0] + 1} into one "
+                    "command; bash would run them as separate commands",
+                    self.data[a.start_byte : b.end_byte].decode("utf-8", "replace")[:80],
+                )
+
     # -- statements -------------------------------------------------------------------------
 
     def statement(
@@ -298,6 +313,7 @@ class Walker:
         body = node.child_by_field_name("body")
         own: list[Redirect] = []
         outer_continuations, self.continuations = self.continuations, []
+        self.same_line(self.line_parts(node, body))
         for child in node.children:
             if child.type in _REDIRECT:
                 own.extend(self.redirect(child, ctx, blind))
@@ -342,6 +358,17 @@ class Walker:
         self.statement(body, ctx, all_redirects, blind)
         if len(self.out.commands) == before and own:
             self.emit(Command(argv=(), redirects=all_redirects, context=ctx))
+
+    def line_parts(self, node: Node, body: Node | None) -> list[Node]:
+        """The pieces of a redirected statement that must sit on one line: the end of its body
+        (a compound body may span lines) and each redirect."""
+        parts: list[Node] = []
+        for child in node.children:
+            if child == body:
+                parts.append(_last_leaf(child))
+            elif child.type in _REDIRECT:
+                parts.append(child)
+        return parts
 
     def _st_if_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str
@@ -462,6 +489,7 @@ class Walker:
         assigns: list[Assignment] = []
         own: list[Redirect] = []
         word_nodes: list[Node] = []
+        self.same_line([c for c in node.children if c.type != "comment"])
         for i, child in enumerate(node.children):
             fname = node.field_name_for_child(i)
             if child.type == "variable_assignment" and fname is None:
@@ -630,6 +658,7 @@ class Walker:
         op = ""
         destinations: list[Node] = []
         fd: int | None = None
+        self.same_line(list(node.children))
         for i, child in enumerate(node.children):
             fname = node.field_name_for_child(i)
             if fname == "descriptor":
@@ -1011,6 +1040,12 @@ class Walker:
                 "unsupported_construct",
                 f"unsupported construct '{node.type}' in arithmetic at {self.where(node)}",
             )
+
+
+def _last_leaf(node: Node) -> Node:
+    while node.child_count:
+        node = node.children[-1]
+    return node
 
 
 def first_error(root: Node) -> Node | None:

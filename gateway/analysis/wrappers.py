@@ -296,6 +296,13 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
         i = _option_words(argv, 1, spec, name)
         i, assigns = _env_assignments(argv, i) if name == "sudo" else (i, ())
         if i >= len(argv):
+            if _short_options_used(argv, 1, i) & {"-s", "-i", "--shell", "--login"}:
+                raise Unmodelled(
+                    "shell_reads_stdin",
+                    f"{name} -s/-i without a command opens a root shell that reads its commands from "
+                    "standard input, which cannot be checked",
+                    name,
+                )
             return None
         return _inner(cmd, argv[i:], assigns, (Flag.PRIVILEGE,))
     if name == "xargs":

@@ -48,6 +48,12 @@ DENIED = [
     ("zork{$0", "dynamic_command_name"),
     ("zork}$1", "dynamic_command_name"),
     ("zork}$!b", "dynamic_command_name"),
+    # tree-sitter swallows a newline (no ERROR node) and makes the next line's command arguments
+    (
+        'cargo build 2>&1 | grep -E "^(error|warning)" | sort | uniq -c\n'
+        'echo "export NODE_ENV=development" >> .envrc\necho "*.log" >> .gitignore && git add .gitignore',
+        "joined_lines",
+    ),
     # $'...' escapes: \cX, raw bytes, locale-dependent \u
     ("./$'l\\c3' -la", "invalid_character"),
     ("$'\\xff'", "unsupported_escape"),

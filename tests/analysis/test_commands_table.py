@@ -276,7 +276,10 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("sudo rm -rf /", [["sudo", "rm", "-rf", "/"], ["rm", "-rf", "/"]]),
     ("sudo -u root -E rm x", [["sudo", "-u", "root", "-E", "rm", "x"], ["rm", "x"]]),
     ("sudo --user=root FOO=1 id", [["sudo", "--user=root", "FOO=1", "id"], ["id"]]),
-    ("sudo -i", [["sudo", "-i"]]),
+    ("sudo -i", Deny("shell_reads_stdin")),
+    ("echo rm | sudo -s", Deny("shell_reads_stdin")),
+    ("doas -s", Deny("shell_reads_stdin")),
+    ("sudo -l", [["sudo", "-l"]]),
     ("doas -u root rm x", [["doas", "-u", "root", "rm", "x"], ["rm", "x"]]),
     (
         "env nice timeout 5 nohup ls",
