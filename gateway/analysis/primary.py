@@ -159,8 +159,24 @@ _FILE_REDIRECT_MODES = {
 _NAMED_FD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
+# Every byte of a multi-byte UTF-8 character becomes `_` in the text tree-sitter parses.
+_ASCII_IMAGE = bytes(range(128)) + b"_" * 128
+
+
+def ascii_image(data: bytes) -> bytes:
+    """The bytes tree-sitter parses: `data` with every non-ASCII byte replaced by `_`.
+
+    tree-sitter-bash's scanner passes code points to <ctype.h> functions (`isalpha(lookahead)`),
+    which is undefined above 255: glibc reads past its table and the process can segfault,
+    depending on memory layout (found by hypothesis). The image keeps every byte offset, so the
+    walker reads values from the original bytes; bash treats non-ASCII characters as ordinary
+    word characters, as `_` is, and `_` cannot form a reserved word.
+    """
+    return data.translate(_ASCII_IMAGE)
+
+
 def parse_tree(text: str) -> Node:
-    return _parser().parse(text.encode("utf-8")).root_node
+    return _parser().parse(ascii_image(text.encode("utf-8"))).root_node
 
 
 class Walker:
@@ -863,9 +879,10 @@ class Walker:
         skeleton: list[str] = []
         kinds: set[Expansion] = set()
         for i, part in enumerate(parts):
-            if i + 1 < len(parts) and part.type == "$" and parts[i + 1].type == "string":
+            bare_dollar = part.type == "$" and not part.is_named and self.src(part) == "$"  # not `\$`
+            if bare_dollar and i + 1 < len(parts) and parts[i + 1].type == "string":
                 continue  # $"..." : the string part notes the translation
-            if part.type == "$" and not part.is_named and part.end_byte < end:
+            if bare_dollar and part.end_byte < end:
                 values.append("$")
                 kinds.add(Expansion.PARAMETER)  # bash reads `$0`, `$-`, `$!` here
                 skeleton.append("x")
@@ -888,6 +905,7 @@ class Walker:
                     part.type == "string"
                     and i > 0
                     and parts[i - 1].type == "$"
+                    and self.src(parts[i - 1]) == "$"
                     and parts[i - 1].end_byte == part.start_byte
                 ):
                     w = Word(w.value, tuple(sorted({*w.expansions, Expansion.TRANSLATION})), w.raw)
@@ -913,6 +931,8 @@ class Walker:
             if lex.has_brace_expansion(lex.escape_mask(raw)):
                 k.add(Expansion.BRACE)
             return Word(text, tuple(sorted(k)), raw)
+        if not node.is_named and kind == "$":  # a lone `$` or `\$` word
+            return self.concatenation([node], node.start_byte, node.end_byte, ctx, blind, assignment)
         if kind in ("number", "variable_name", "test_operator") or (
             not node.is_named and kind not in ("`", "$`", "``")
         ):

@@ -17,10 +17,8 @@ MAX_TEXT_BYTES = 64 * 1024
 # zero-width space/joiners, soft hyphen, BOM...), lone surrogates, line/paragraph separators,
 # and unassigned and private-use code points, which mean nothing in a command.
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp", "Cn", "Co"})
-# tree-sitter-bash 0.25.1 segfaults on `{` followed by some unassigned or private-use code
-# points from about U+50000 up (found by hypothesis). Nothing a command needs lives above
-# plane 3, so the parser never sees those planes; tests/analysis/test_screen.py checks that
-# every character still allowed parses without a crash.
+# Nothing a command needs lives above plane 3. (The parser itself only ever sees ASCII: see
+# primary.ascii_image for the tree-sitter crash this guards against.)
 MAX_CODE_POINT = 0x3FFFF
 _ALLOWED_CONTROLS = frozenset({"\t", "\n"})
 

@@ -176,6 +176,8 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("make \\\n  -j4 \\\n  all", [["make", "-j4", "all"]]),
     ("echo 'a\\\nb'", [["echo", "a\\\nb"]]),
     ('echo $"hello"', [["echo", "hello"]]),
+    ("printf x '0'\\$\"0\"", [["printf", "x", "0$0"]]),  # \$ before a string is a literal $
+    ("echo \\$ a$ $", [["echo", "$", "a$", "$"]]),
     ("grep -E 'a|b' f", [["grep", "-E", "a|b", "f"]]),
     ("awk '{print $1}' f", [["awk", "{print $1}", "f"]]),
     ("sed -i 's/a/b/g' f", [["sed", "-i", "s/a/b/g", "f"]]),
