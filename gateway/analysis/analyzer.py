@@ -177,6 +177,15 @@ def _expand(cmd: Command, out: list[Command], scripts: list[_Script], depth: int
             _expand(inner, out, scripts, depth)
 
 
+def _inside(pos: int, spans: list[tuple[int, int]]) -> bool:
+    return any(a <= pos < b for a, b in spans)
+
+
+def _where(text: str, pos: int) -> str:
+    line = text.count("\n", 0, pos) + 1
+    return f"line {line}, column {pos - (text.rfind(chr(10), 0, pos) + 1) + 1}"
+
+
 def _check_backticks(text: str, walk: Walk) -> None:
     start = text.find("`")
     if start < 0:
@@ -184,12 +193,10 @@ def _check_backticks(text: str, walk: Walk) -> None:
     safe = sorted(walk.safe_spans)
     pos = start
     while pos >= 0:
-        if not any(a <= pos < b for a, b in safe):
-            line = text.count("\n", 0, pos) + 1
-            col = pos - (text.rfind("\n", 0, pos) + 1) + 1
+        if not _inside(pos, safe):
             raise Unmodelled(
                 "backtick_substitution",
-                f"backtick at line {line}, column {col}: backtick substitution is not supported, "
+                f"backtick at {_where(text, pos)}: backtick substitution is not supported, "
                 "use $(...) (a literal backtick must be inside single quotes)",
                 text[max(0, pos - 20) : pos + 20],
             )
@@ -208,11 +215,10 @@ def _check_continuations(text: str, walk: Walk) -> None:
         before = text[pos - 1] if pos > 0 else " "
         after = text[pos + 2] if pos + 2 < len(text) else " "
         joins = before not in " \t\n" and after not in " \t\n"
-        if joins and not escaped_backslash and not any(a <= pos < b for a, b in walk.safe_spans):
-            line = text.count("\n", 0, pos) + 1
+        if joins and not escaped_backslash and not _inside(pos, walk.safe_spans):
             raise Unmodelled(
                 "line_continuation_in_word",
-                f"a backslash-newline inside a word at line {line} joins two words into one; "
+                f"a backslash-newline inside a word at {_where(text, pos)} joins two words into one; "
                 "put a blank before the backslash",
                 text[max(0, pos - 20) : pos + 20],
             )

@@ -27,31 +27,21 @@ FORBIDDEN_BUILTINS: dict[str, str] = {
 }
 # Options that make a builtin run a string as a command: {builtin: option letters}
 _COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CF", "complete": "CF"}
+# fmt: off
 # Words tree-sitter may leave as a command name when it misreads `time { ...; }` and the like.
-RESERVED_WORDS = frozenset(
-    [
-        "{",
-        "}",
-        "!",
-        "if",
-        "then",
-        "else",
-        "elif",
-        "fi",
-        "case",
-        "esac",
-        "for",
-        "select",
-        "while",
-        "until",
-        "do",
-        "done",
-        "function",
-        "in",
-        "[[",
-        "]]",
-    ]
-)
+RESERVED_WORDS = frozenset({
+    "{", "}", "!", "if", "then", "else", "elif", "fi", "case", "esac", "for", "select", "while",
+    "until", "do", "done", "function", "in", "[[", "]]",
+})
+BASH_BUILTINS = frozenset({
+    "alias", "bg", "bind", "break", "builtin", "caller", "cd", "command", "compgen", "complete",
+    "compopt", "continue", "declare", "dirs", "disown", "echo", "enable", "eval", "exec", "exit",
+    "export", "false", "fc", "fg", "getopts", "hash", "help", "history", "jobs", "kill", "let",
+    "local", "logout", "mapfile", "popd", "printf", "pushd", "pwd", "read", "readarray",
+    "readonly", "return", "set", "shift", "shopt", "source", "suspend", "test", "times", "trap",
+    "true", "type", "typeset", "ulimit", "umask", "unalias", "unset", "wait", ".", ":", "[",
+})
+# fmt: on
 
 # Variables that change which program bash runs for a name, or make bash run code of its own.
 # Program-level variables (PAGER, GIT_SSH_COMMAND...) are the policy's allowed-env list.
@@ -106,94 +96,7 @@ _SUBSCRIPT_EVALUATORS = frozenset(
 )
 _DECLARATIONS = frozenset({"declare", "typeset", "local", "export", "readonly"})
 
-BASH_KEYWORDS_AND_BUILTINS = frozenset(
-    {
-        "if",
-        "then",
-        "else",
-        "elif",
-        "fi",
-        "case",
-        "esac",
-        "for",
-        "select",
-        "while",
-        "until",
-        "do",
-        "done",
-        "in",
-        "function",
-        "time",
-        "coproc",
-        "{",
-        "}",
-        "!",
-        "[[",
-        "]]",
-        "alias",
-        "bg",
-        "bind",
-        "break",
-        "builtin",
-        "caller",
-        "cd",
-        "command",
-        "compgen",
-        "complete",
-        "compopt",
-        "continue",
-        "declare",
-        "dirs",
-        "disown",
-        "echo",
-        "enable",
-        "eval",
-        "exec",
-        "exit",
-        "export",
-        "false",
-        "fc",
-        "fg",
-        "getopts",
-        "hash",
-        "help",
-        "history",
-        "jobs",
-        "kill",
-        "let",
-        "local",
-        "logout",
-        "mapfile",
-        "popd",
-        "printf",
-        "pushd",
-        "pwd",
-        "read",
-        "readarray",
-        "readonly",
-        "return",
-        "set",
-        "shift",
-        "shopt",
-        "source",
-        "suspend",
-        "test",
-        "times",
-        "trap",
-        "true",
-        "type",
-        "typeset",
-        "ulimit",
-        "umask",
-        "unalias",
-        "unset",
-        "wait",
-        "command_not_found_handle",
-        ".",
-        ":",
-        "[",
-    }
-)
+BASH_KEYWORDS_AND_BUILTINS = RESERVED_WORDS | BASH_BUILTINS | {"time", "coproc", "command_not_found_handle"}
 STANDARD_PATH = ("/usr/local/sbin", "/usr/local/bin", "/usr/sbin", "/usr/bin", "/sbin", "/bin")
 
 
