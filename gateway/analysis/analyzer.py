@@ -117,13 +117,21 @@ def _analyze(text: str, second: bool) -> Analysis:
     if denial is not None:
         return Analysis(text, (), denial, _SKIPPED)
     scripts: list[_Script] = []
+    # bashlex starts on the text now and parses while the primary walks (it is the slower one)
+    pending = second_opinion.default_worker().send(text) if second else None
     try:
-        commands = _commands(text, scripts, depth=0)
-    except Unmodelled as u:
-        return Analysis(text, (), Denial(u.code, u.message, u.construct), _SKIPPED)
-    if not second:
-        return Analysis(text, tuple(commands), None, _NOT_ASKED)
-    opinions = [second_opinion.judge(s.text, s.walk) for s in scripts]
+        try:
+            commands = _commands(text, scripts, depth=0)
+        except Unmodelled as u:
+            return Analysis(text, (), Denial(u.code, u.message, u.construct), _SKIPPED)
+        if pending is None:
+            return Analysis(text, tuple(commands), None, _NOT_ASKED)
+        outer, *inner = scripts
+        opinions = [second_opinion.judge(outer.text, outer.walk, pending=pending)]
+        opinions += [second_opinion.judge(s.text, s.walk) for s in inner]  # bash -c scripts
+    finally:
+        if pending is not None:
+            pending.reply()  # frees the worker on every path (a no-op once read)
     worst = min(opinions, key=lambda v: _SEVERITY.index(v.opinion.status))
     if worst.opinion.status is OpinionStatus.DISAGREED:
         details = {

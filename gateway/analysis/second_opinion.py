@@ -86,21 +86,28 @@ class Worker:
 
     def parse(self, text: str) -> dict[str, Any]:
         """bashlex's view of `text`: a reply of the worker protocol, never an exception."""
-        with self._lock:
-            try:
-                return self._exchange(text)
-            except Exception as exc:  # any failure here is a missing opinion, not an allow
-                self._kill()
-                return {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+        return self.send(text).reply()
 
-    def _exchange(self, text: str) -> dict[str, Any]:
-        if self._proc is None or self._proc.poll() is not None:
+    def send(self, text: str) -> Pending:
+        """Start bashlex on `text` and hold the worker until `reply()` is read, so the caller can
+        do other work (the primary walk) while bashlex parses."""
+        self._lock.acquire()
+        try:
+            if self._proc is None or self._proc.poll() is not None:
+                self._kill()
+                self._proc = self._start()
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(json.dumps({"text": text}).encode() + b"\n")
+            self._proc.stdin.flush()
+        except Exception as exc:  # any failure here is a missing opinion, not an allow
             self._kill()
-            self._proc = self._start()
+            self._lock.release()
+            return Pending(self, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
+        return Pending(self, None)
+
+    def _receive(self) -> dict[str, Any]:
         proc = self._proc
-        assert proc.stdin is not None and proc.stdout is not None
-        proc.stdin.write(json.dumps({"text": text}).encode() + b"\n")
-        proc.stdin.flush()
+        assert proc is not None and proc.stdout is not None
         fd = proc.stdout.fileno()
         deadline = time.monotonic() + self.wall_seconds
         while b"\n" not in self._buffer:
@@ -120,6 +127,29 @@ class Worker:
         return reply
 
 
+class Pending:
+    """A request sent to a worker. `reply()` waits for the answer (once) and frees the worker;
+    call it on every path, or the worker stays held."""
+
+    def __init__(self, worker: Worker, failure: dict[str, Any] | None) -> None:
+        self._worker = worker
+        self._reply = failure
+        self._open = failure is None
+
+    def reply(self) -> dict[str, Any]:
+        if self._open:
+            self._open = False
+            try:
+                self._reply = self._worker._receive()
+            except Exception as exc:
+                self._worker._kill()
+                self._reply = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"}
+            finally:
+                self._worker._lock.release()
+        assert self._reply is not None
+        return self._reply
+
+
 _default: Worker | None = None
 _default_lock = threading.Lock()
 
@@ -133,9 +163,10 @@ def default_worker() -> Worker:
         return _default
 
 
-def judge(text: str, walk: Walk, worker: Worker | None = None) -> Verdict:
-    """Ask bashlex about `text` and compare its view with the primary walk."""
-    reply = (worker or default_worker()).parse(text)
+def judge(text: str, walk: Walk, worker: Worker | None = None, pending: Pending | None = None) -> Verdict:
+    """Ask bashlex about `text` (or read the answer to a request already sent) and compare its
+    view with the primary walk."""
+    reply = pending.reply() if pending is not None else (worker or default_worker()).parse(text)
     status = reply.get("status")
     if status == "ok":
         return compare(text, walk, reply)

@@ -59,6 +59,14 @@ def test_an_unstartable_worker_is_a_failure_not_an_allow() -> None:
     assert "no such interpreter" in verdict.opinion.detail
 
 
+def test_a_denial_while_bashlex_parses_frees_the_worker() -> None:
+    # the text is sent to bashlex before the primary walk; a primary denial must still read the
+    # reply, or the next caller would wait on a held worker
+    for _ in range(3):
+        assert analyze("eval x", use_cache=False).denial is not None
+        assert analyze("ls", use_cache=False).second_opinion.status is OpinionStatus.AGREED
+
+
 def test_a_timeout_is_not_cached() -> None:
     first = analyze(HANG)
     assert first.second_opinion.status is OpinionStatus.TIMEOUT
