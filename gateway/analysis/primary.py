@@ -455,10 +455,10 @@ class Walker:
                 self.word(child, here, blind)
 
     def _st_case_item(self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str) -> None:
-        for child in node.children:
+        for i, child in enumerate(node.children):
             if not child.is_named:
                 continue
-            if node.field_name_for_child(node.children.index(child)) == "value":
+            if node.field_name_for_child(i) == "value":
                 self.word(child, ctx, blind)  # patterns: their substitutions run
             elif child.type == "comment":
                 self.out.safe_spans.append(self.span(child))
@@ -728,7 +728,7 @@ class Walker:
         extra: list[Redirect] = []
         strip_tabs = False
         fd = self.fd_of(node)
-        for child in node.children:
+        for index, child in enumerate(node.children):
             if child.type == "heredoc_start":
                 start = child
             elif child.type == "heredoc_body":
@@ -744,7 +744,7 @@ class Walker:
                 self.continuations.append((child, Context.PIPELINE))
             elif child.type in ("&&", "||"):
                 op = child.type
-            elif node.field_name_for_child(node.children.index(child)) == "right" and op:
+            elif node.field_name_for_child(index) == "right" and op:
                 self.continuations.append((child, Context.AND if op == "&&" else Context.OR))
                 op = ""
             elif child.type in ("<<", "file_descriptor"):
