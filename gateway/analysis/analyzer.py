@@ -167,8 +167,9 @@ def _commands(text: str, scripts: list[_Script], depth: int) -> list[Command]:
     out: list[Command] = []
     for cmd in walk.commands:
         _expand(cmd, out, scripts, depth)
+    out = [_mark_arithmetic(c) for c in out]
     hazards.check(out, walk)
-    return [_mark_arithmetic(c) for c in out]
+    return out
 
 
 def _expand(cmd: Command, out: list[Command], scripts: list[_Script], depth: int) -> None:

@@ -8,10 +8,11 @@ docs/analysis.md; change both together.
 from __future__ import annotations
 
 import os
+import re
 import unicodedata
 from functools import lru_cache
 
-from gateway.analysis.model import Assignment, Command, Flag, Word
+from gateway.analysis.model import Assignment, Command, Expansion, Flag, RedirectMode, Word
 from gateway.analysis.primary import Unmodelled, Walk
 
 # Builtins that run text as code, or change how later names resolve.
@@ -26,7 +27,7 @@ FORBIDDEN_BUILTINS: dict[str, str] = {
     "bind": "bind -x runs a string as shell code on a key, which cannot be checked",
 }
 # Options that make a builtin run a string as a command: {builtin: option letters}
-_COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CF", "complete": "CF"}
+_COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CFW", "complete": "CFW"}
 # fmt: off
 # Words tree-sitter may leave as a command name when it misreads `time { ...; }` and the like.
 RESERVED_WORDS = frozenset({
@@ -118,6 +119,9 @@ def check(commands: list[Command], walk: Walk) -> None:
             )
     for name in walk.loop_variables:
         _check_variable(name, "loop variable")
+    for text in walk.arithmetic_texts:
+        for name in _IDENTIFIER.findall(text):
+            _check_variable(name, "arithmetic")
     for cmd in commands:
         for a in cmd.assignments:
             _check_assignment(a)
@@ -162,11 +166,47 @@ def check(commands: list[Command], walk: Walk) -> None:
             )
         if program in _SUBSCRIPT_EVALUATORS:
             _check_subscripts(cmd)
+        _check_arithmetic(cmd)
+        if program in _DECLARATIONS:
+            for w in cmd.argv[1:]:
+                if "=" in w.value and not w.value.startswith("-"):
+                    _check_stash(Word(w.value.split("=", 1)[1], w.expansions, w.raw), program)
+        if program in ("read", "mapfile", "readarray"):
+            for r in cmd.redirects:
+                if r.mode in (RedirectMode.HERESTRING, RedirectMode.HEREDOC) and r.target is not None:
+                    _check_stash(r.target, f"{program} input")
         _check_variable_targets(cmd)
 
 
 def _check_assignment(a: Assignment) -> None:
     _check_variable(a.name.split("[", 1)[0], "assignment")
+    _check_stash(a.value, f"assignment to {a.name}")
+
+
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_CODE_MARKERS = ("$(", "`", "${")
+
+
+def _check_arithmetic(cmd: Command) -> None:
+    """Arithmetic assigns with =, +=, ++ ... (`((PATH=5))`, `let PATH=5`, `$((PATH=5))`): any
+    protected name in an arithmetic word is refused."""
+    for w in cmd.argv:
+        if Expansion.ARITHMETIC in w.expansions:
+            for name in _IDENTIFIER.findall(w.value):
+                _check_variable(name, "arithmetic")
+
+
+def _check_stash(value: Word, how: str) -> None:
+    """A literal value that holds `$(...)`, a backtick or `${` is code kept for later: bash runs
+    it when the value is evaluated as arithmetic (`a[$(cmd)]`), as a prompt or by name. Code read
+    from files at run time is the sandbox's to contain; code written into the text is refused."""
+    if value.literal and any(m in value.value for m in _CODE_MARKERS):
+        raise Unmodelled(
+            "stashed_code",
+            f"{how}: the literal value {value.value[:60]!r} holds a substitution that bash could run "
+            "later; if it is meant as text, avoid $( ` and ${ in it",
+            value.value[:80],
+        )
 
 
 def _check_variable(name: str, how: str) -> None:
@@ -248,9 +288,22 @@ def _check_variable_targets(cmd: Command) -> None:
                 continue
             for name in _names_of(targets, "printf -v"):
                 _check_variable(name, "printf -v")
-    elif program == "getopts" and len(args) >= 2:
-        for name in _names_of((args[1],), "getopts"):
-            _check_variable(name, "getopts")
+    elif program == "getopts":
+        operands = args[1:] if args and args[0].value == "--" else args
+        if len(operands) >= 2:
+            for name in _names_of((operands[1],), "getopts"):
+                _check_variable(name, "getopts")
+    elif program in ("xargs", "wait"):
+        option = "--process-slot-var" if program == "xargs" else "-p"
+        for i, w in enumerate(args):
+            if w.value.startswith(option + "="):
+                target: tuple[Word, ...] = (Word(w.value.split("=", 1)[1], w.expansions, w.raw),)
+            elif w.value == option and i + 1 < len(args):
+                target = (args[i + 1],)
+            else:
+                continue
+            for name in _names_of(target, f"{program} {option}"):
+                _check_variable(name, f"{program} {option}")
 
 
 def _operands_after_options(args: tuple[Word, ...], with_arg: str) -> tuple[Word, ...]:

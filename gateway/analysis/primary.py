@@ -79,6 +79,7 @@ class Walk:
     raw_quoted_words: list[tuple[int, int]] = field(default_factory=list)
     arithmetic_regions: list[tuple[int, int]] = field(default_factory=list)
     heredoc_bodies: list[tuple[int, int]] = field(default_factory=list)  # verified like bash
+    arithmetic_texts: list[str] = field(default_factory=list)  # every $(( )), (( )), for (( ))
 
 
 # Statement kinds and the context they give the commands inside them.
@@ -405,6 +406,8 @@ class Walker:
         here = ctx + (Context.LOOP,)
         variable = node.child_by_field_name("variable")
         if variable is not None:
+            if not self.src(variable).isascii():
+                raise Unmodelled("unsupported_construct", f"non-ASCII loop variable at {self.where(variable)}")
             self.out.loop_variables.append(self.src(variable))
         for child in node.children:
             if not child.is_named or child == variable:
@@ -430,6 +433,7 @@ class Walker:
                 self.assignment(child, here, blind)
             else:
                 self.expression(child, here + (Context.ARITHMETIC,), blind)
+        self.out.arithmetic_texts.append(header)
         # the header is arithmetic evaluated on every pass: report it like `(( ... ))`
         argv = (Word("((", (), "(("), Word(header, (Expansion.ARITHMETIC,), header))
         self.emit(Command(argv=argv, context=here, flags=(Flag.BUILTIN,)))
@@ -632,6 +636,7 @@ class Walker:
             if child.is_named:
                 self.expression(child, here, blind or "(( ))")
         expr = self.data[node.children[0].end_byte : node.children[-1].start_byte].decode("utf-8")
+        self.out.arithmetic_texts.append(expr)
         argv = (Word("((", (), "(("), Word(expr.strip(), (Expansion.ARITHMETIC,), expr))
         self.emit(Command(argv=argv, redirects=redirects, context=ctx, flags=(Flag.BUILTIN,)))
 
@@ -645,6 +650,14 @@ class Walker:
         value_node = node.child_by_field_name("value")
         if name_node is None:
             raise Unmodelled("unsupported_construct", f"assignment without a name at {self.where(node)}")
+        if not self.src(name_node).split("[", 1)[0].isascii():
+            # tree-sitter parses an ASCII image, where `é=1` looks like an assignment; to bash a
+            # non-ASCII name is no identifier, so `é=1 cmd` runs the program `é=1`
+            raise Unmodelled(
+                "unsupported_construct",
+                f"non-ASCII variable name at {self.where(name_node)}: bash does not take it as an assignment",
+                self.src(node)[:80],
+            )
         if name_node.type == "subscript":
             self.word(name_node, ctx, blind)  # a[$(cmd)]=x runs cmd
         elif name_node.type != "variable_name":
@@ -958,6 +971,13 @@ class Walker:
         if kind in ("simple_expansion", "special_variable_name"):
             return Word(raw, (Expansion.PARAMETER,), raw)
         if kind == "expansion":
+            if raw.endswith("@P}"):
+                raise Unmodelled(
+                    "prompt_expansion",
+                    f"${{...@P}} at {self.where(node)} expands the value as a prompt, running any "
+                    "command substitution it holds",
+                    raw[:80],
+                )
             self.nested(node, ctx, blind or "command substitution inside ${...}")
             return Word(raw, (Expansion.PARAMETER,), raw)
         if kind == "command_substitution":
@@ -974,6 +994,7 @@ class Walker:
             self.body(node, ctx + (inner,), (), blind)
             return Word(raw, (Expansion.PROCESS_SUBSTITUTION,), raw)
         if kind == "arithmetic_expansion":
+            self.out.arithmetic_texts.append(raw)
             self.nested(node, ctx + (Context.ARITHMETIC,), blind or "$(( ))")
             return Word(raw, (Expansion.ARITHMETIC,), raw)
         if kind in ("extglob_pattern", "regex"):

@@ -278,9 +278,12 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
         i = _option_words(argv, 1, STDBUF, "stdbuf")
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name == "time":
-        if cmd.argv[0].value == "time":  # the bash keyword takes one -p, nothing else
+        if cmd.argv[0].raw == "time" and cmd.wrapper is None:
+            # the bash keyword (only unquoted, and never run by a wrapper): one -p, then --
             i = 2 if len(argv) > 1 and argv[1].literal and argv[1].value == "-p" else 1
-        else:  # GNU time
+            if i < len(argv) and argv[i].literal and argv[i].value == "--":
+                i += 1
+        else:  # the program: \time, 'time', /usr/bin/time, env time ...
             i = _option_words(argv, 1, TIME_BIN, "time")
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name in ("command", "exec", "builtin", "coproc") and cmd.argv[0].value == name:
@@ -288,6 +291,15 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
         i = _option_words(argv, 1, spec, name)
         if name == "command" and _short_options_used(argv, 1, i) & {"-v", "-V"}:
             return None  # command -v NAME only looks NAME up
+        if name == "exec" and (
+            "-l" in _short_options_used(argv, 1, i)
+            or any(argv[k].value == "-a" and k + 1 < i and argv[k + 1].value.startswith("-") for k in range(1, i))
+        ):
+            raise Unmodelled(
+                "shell_startup_files",
+                "exec -l (or -a -NAME) starts a login shell, which runs startup files that cannot be checked",
+                "exec",
+            )
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name == "busybox":
         return _inner(cmd, argv[1:]) if len(argv) > 1 else None
@@ -295,6 +307,8 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
         spec = SUDO if name == "sudo" else DOAS
         i = _option_words(argv, 1, spec, name)
         i, assigns = _env_assignments(argv, i) if name == "sudo" else (i, ())
+        if name == "sudo" and _short_options_used(argv, 1, i) & {"-e", "--edit"}:
+            return None  # sudo -e FILE edits FILE as root: FILE is a path, not a program
         if i >= len(argv):
             if _short_options_used(argv, 1, i) & {"-s", "-i", "--shell", "--login"}:
                 raise Unmodelled(
@@ -460,10 +474,23 @@ def _shell(cmd: Command, name: str) -> ShellScript | None:
             i += 1
             break
         if v.startswith("--"):
+            if v.split("=", 1)[0] in ("--login", "--rcfile", "--init-file"):
+                raise Unmodelled(
+                    "shell_startup_files",
+                    f"{name} {v}: the shell would run a startup file, which cannot be checked",
+                    v,
+                )
             i += 2 if v in _SHELL_LONG_WITH_ARG else 1
             continue
         if len(v) > 1 and v[0] in "-+":
             cluster = v[1:]
+            if v[0] == "-" and set(cluster) & {"i", "l"}:
+                raise Unmodelled(
+                    "shell_startup_files",
+                    f"{name} {v}: an interactive or login shell runs its startup files "
+                    "(~/.bashrc, ~/.bash_profile), which cannot be checked; use {name} -c",
+                    v,
+                )
             has_c = has_c or "c" in cluster
             reads_stdin = reads_stdin or "s" in cluster
             i += 1 + sum(1 for c in cluster if c in _SHELL_SHORT_WITH_ARG)

@@ -54,6 +54,37 @@ DENIED = [
         'echo "export NODE_ENV=development" >> .envrc\necho "*.log" >> .gitignore && git add .gitignore',
         "joined_lines",
     ),
+    # round two: word lists and variables set by arithmetic, getopts --, xargs, wait
+    ("compgen -W '$(zork)' x", "forbidden_builtin"),
+    ("let PATH=5; zork5", "protected_variable"),
+    ("((PATH=5)); zork5", "protected_variable"),
+    (": $((PATH=5)); zork5", "protected_variable"),
+    ("x=$((PATH++)); zork5", "protected_variable"),
+    ("declare -i x=PATH=5; zork5", "protected_variable"),
+    ("[[ PATH=5 -eq 5 ]]; zork5", "protected_variable"),
+    ("for ((PATH=5;0;)); do :; done; zork5", "protected_variable"),
+    ("set -a; ((BASH_ENV=7)); bash -c :", "protected_variable"),
+    ("set -- -a; getopts -- a PATH; zork5", "protected_variable"),
+    ("echo a | xargs --process-slot-var=BASH_ENV bash -c :", "protected_variable"),
+    ("wait -n -p PATH", "protected_variable"),
+    # round two: shells that run startup files
+    ("bash --rcfile rc.sh -ic :", "shell_startup_files"),
+    ("bash -i -c :", "shell_startup_files"),
+    ("bash -l -c :", "shell_startup_files"),
+    ("bash --login -c :", "shell_startup_files"),
+    ("exec -l bash -c :", "shell_startup_files"),
+    ("exec -a -bash bash -c :", "shell_startup_files"),
+    # round two: non-ASCII names look like identifiers in the parser's ASCII image
+    ("\u00e9=1 zork", "unsupported_construct"),
+    ("a\u00e9=1 zork2", "unsupported_construct"),
+    ("for \u00e9 in 1; do zork; done", "unsupported_construct"),
+    # round two: code kept in a variable and evaluated later
+    ("x=\\$\\(zork\\); echo ${x@P}", "prompt_expansion"),
+    ("x='a[$(zork)]'; echo $((x))", "stashed_code"),
+    ("read x <<< 'a[$(zork)]'; echo ${!x}", "stashed_code"),
+    ("declare x='a[$(zork)]'; [[ x -eq 1 ]]", "subscript_substitution"),
+    ("y='$(zork)'", "stashed_code"),
+    ("x='a[$(zork)]'; case 1 in $((x))) ;; esac", "stashed_code"),
     # $'...' escapes: \cX, raw bytes, locale-dependent \u
     ("./$'l\\c3' -la", "invalid_character"),
     ("$'\\xff'", "unsupported_escape"),
@@ -79,6 +110,23 @@ def test_time_keyword_takes_only_one_p() -> None:
     # `time -p -p zork` runs the program `-p`
     cmds = analyze("time -p -p zork").commands
     assert [c.program for c in cmds] == ["time", "-p"]
+
+
+def test_time_keyword_takes_a_double_dash() -> None:
+    assert [c.program for c in analyze("time -- zork").commands] == ["time", "zork"]
+    assert [c.program for c in analyze("time -p -- -p zork").commands] == ["time", "-p"]
+
+
+def test_the_time_program_is_not_the_keyword() -> None:
+    # \time, 'time' and a wrapped time are /usr/bin/time, whose options take arguments
+    assert [c.program for c in analyze("\\time -f %e zork").commands] == ["time", "zork"]
+    assert [c.program for c in analyze("'time' -f %e zork").commands] == ["time", "zork"]
+    assert [c.program for c in analyze("env time -v zork").commands] == ["env", "time", "zork"]
+    assert [c.program for c in analyze("command time -a zork").commands] == ["command", "time", "zork"]
+
+
+def test_sudo_edit_runs_no_command() -> None:
+    assert [c.program for c in analyze("sudo -e /etc/hosts").commands] == ["sudo"]
 
 
 # Arithmetic evaluates variables as expressions, so x='a[$(zork)]' runs zork from data no

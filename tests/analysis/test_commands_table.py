@@ -327,7 +327,8 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     # --- shells running literal scripts ----------------------------------------------------------------
     ("bash -c 'ls; rm x'", [["bash", "-c", "ls; rm x"], ["ls"], ["rm", "x"]]),
     ("sh -c 'sh -c \"ls\"'", [["sh", "-c", 'sh -c "ls"'], ["sh", "-c", "ls"], ["ls"]]),
-    ("bash -lc 'npm test'", [["bash", "-lc", "npm test"], ["npm", "test"]]),
+    ("bash -lc 'npm test'", Deny("shell_startup_files")),  # a login shell runs ~/.bash_profile
+    ("bash -xc 'npm test'", [["bash", "-xc", "npm test"], ["npm", "test"]]),
     ("bash -o pipefail -c 'a | b'", [["bash", "-o", "pipefail", "-c", "a | b"], ["a"], ["b"]]),
     ("bash --norc --noprofile -c ls", [["bash", "--norc", "--noprofile", "-c", "ls"], ["ls"]]),
     ("/bin/sh -c 'cd x && make'", [["/bin/sh", "-c", "cd x && make"], ["cd", "x"], ["make"]]),
