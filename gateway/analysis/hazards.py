@@ -68,6 +68,8 @@ PROTECTED_VARIABLES = frozenset(
         "POSIXLY_CORRECT",
         "GLOBIGNORE",
         "INPUTRC",
+        "BASH_CMDS",  # BASH_CMDS[ls]=/x binds a command name to a program, like hash -p
+        "BASH_ALIASES",  # BASH_ALIASES[ls]=... defines an alias
     }
 )
 PROTECTED_PREFIXES = ("LD_", "BASH_FUNC_")
@@ -119,6 +121,8 @@ def check(commands: list[Command], walk: Walk) -> None:
             )
     for name in walk.loop_variables:
         _check_variable(name, "loop variable")
+    for name in walk.expansion_assignments:
+        _check_variable(name, "${NAME:=...}")
     for text in walk.arithmetic_texts:
         for name in _IDENTIFIER.findall(text):
             _check_variable(name, "arithmetic")
@@ -269,10 +273,7 @@ def _check_variable_targets(cmd: Command) -> None:
             _check_variable(name, program)
     elif program == "read":
         operands = _operands_after_options(args, "adinNptu")
-        arrays = tuple(
-            args[i + 1] for i, w in enumerate(args[:-1]) if w.value.startswith("-") and w.value.endswith("a")
-        )
-        for name in _names_of(operands + arrays, "read"):
+        for name in _names_of(operands + _option_arguments(args, "a", "adinNptu"), "read"):
             _check_variable(name, "read")
     elif program in ("mapfile", "readarray"):
         operands = _operands_after_options(args, "dnOsuC c")
@@ -293,8 +294,11 @@ def _check_variable_targets(cmd: Command) -> None:
         if len(operands) >= 2:
             for name in _names_of((operands[1],), "getopts"):
                 _check_variable(name, "getopts")
-    elif program in ("xargs", "wait"):
-        option = "--process-slot-var" if program == "xargs" else "-p"
+    elif program == "wait":
+        for name in _names_of(_option_arguments(args, "p", "p"), "wait -p"):
+            _check_variable(name, "wait -p")
+    elif program == "xargs":
+        option = "--process-slot-var"
         for i, w in enumerate(args):
             if w.value.startswith(option + "="):
                 target: tuple[Word, ...] = (Word(w.value.split("=", 1)[1], w.expansions, w.raw),)
@@ -304,6 +308,30 @@ def _check_variable_targets(cmd: Command) -> None:
                 continue
             for name in _names_of(target, f"{program} {option}"):
                 _check_variable(name, f"{program} {option}")
+
+
+def _option_arguments(args: tuple[Word, ...], letter: str, with_arg: str) -> tuple[Word, ...]:
+    """The arguments given to short option `letter` in any spelling: `-a NAME`, `-aNAME`,
+    `-raNAME`, `-ra NAME`. `with_arg` lists the letters that take an argument."""
+    out: list[Word] = []
+    i = 0
+    while i < len(args):
+        v = args[i].value
+        if v == "--" or not v.startswith("-") or v == "-":
+            break
+        for j in range(1, len(v)):
+            if v[j] in with_arg:
+                rest = v[j + 1 :]
+                if v[j] == letter:
+                    if rest:
+                        out.append(Word(rest, args[i].expansions, args[i].raw))
+                    elif i + 1 < len(args):
+                        out.append(args[i + 1])
+                if not rest:
+                    i += 1  # the next word was this option's argument
+                break
+        i += 1
+    return tuple(out)
 
 
 def _operands_after_options(args: tuple[Word, ...], with_arg: str) -> tuple[Word, ...]:

@@ -80,6 +80,7 @@ class Walk:
     arithmetic_regions: list[tuple[int, int]] = field(default_factory=list)
     heredoc_bodies: list[tuple[int, int]] = field(default_factory=list)  # verified like bash
     arithmetic_texts: list[str] = field(default_factory=list)  # every $(( )), (( )), for (( ))
+    expansion_assignments: list[str] = field(default_factory=list)  # ${NAME:=...}, ${NAME=...}
 
 
 # Statement kinds and the context they give the commands inside them.
@@ -157,6 +158,7 @@ _FILE_REDIRECT_MODES = {
     ">&-": RedirectMode.CLOSE,
     "<&-": RedirectMode.CLOSE,
 }
+_ASSIGNING_EXPANSION = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?:\[[^]]*\])?:?=")
 _NAMED_FD = re.compile(r"\{[A-Za-z_][A-Za-z0-9_]*\}")
 
 
@@ -331,6 +333,7 @@ class Walker:
         own: list[Redirect] = []
         outer_continuations, self.continuations = self.continuations, []
         self.same_line(self.line_parts(node, body))
+        self.no_touching(node.children)
         for child in node.children:
             if child.type in _REDIRECT:
                 own.extend(self.redirect(child, ctx, blind))
@@ -375,6 +378,17 @@ class Walker:
         self.statement(body, ctx, all_redirects, blind)
         if len(self.out.commands) == before and own:
             self.emit(Command(argv=(), redirects=all_redirects, context=ctx))
+
+    def no_touching(self, children: list[Node]) -> None:
+        """A redirect's target ends where the next word begins only if tree-sitter split one
+        bash word in two (`read x <<< a[\\$\\(cmd\\)]`): bash would read them as one."""
+        for a, b in itertools.pairwise(children):
+            if a.type in _REDIRECT and b.type not in _REDIRECT and b.start_byte == a.end_byte and b.is_named:
+                raise Unmodelled(
+                    "unparsed_text",
+                    f"the parser split a word at {self.where(b)}; bash reads it as one word with the redirect target",
+                    self.data[a.start_byte : b.end_byte].decode("utf-8", "replace")[:80],
+                )
 
     def line_parts(self, node: Node, body: Node | None) -> list[Node]:
         """The pieces of a redirected statement that must sit on one line: the end of its body
@@ -510,6 +524,7 @@ class Walker:
         own: list[Redirect] = []
         word_nodes: list[Node] = []
         self.same_line([c for c in node.children if c.type != "comment"])
+        self.no_touching(node.children)
         for i, child in enumerate(node.children):
             fname = node.field_name_for_child(i)
             if child.type == "variable_assignment" and fname is None:
@@ -978,6 +993,9 @@ class Walker:
                     "command substitution it holds",
                     raw[:80],
                 )
+            assigned = _ASSIGNING_EXPANSION.match(raw)
+            if assigned:
+                self.out.expansion_assignments.append(assigned.group(1))
             self.nested(node, ctx, blind or "command substitution inside ${...}")
             return Word(raw, (Expansion.PARAMETER,), raw)
         if kind == "command_substitution":

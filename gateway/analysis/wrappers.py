@@ -30,6 +30,7 @@ class Options:
     long_optional_arg: frozenset[str] = frozenset()  # only as --opt=value
     numeric_short: bool = False  # nice -10
     denied: dict[str, str] = field(default_factory=dict)  # option -> why it is refused
+    dash_is_option: bool = False  # a lone `-` is an option (env - means env -i), not the program
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,6 +42,7 @@ class ShellScript:
 
 
 ENV = Options(
+    dash_is_option=True,
     short_flags="i0v",
     short_with_arg="uCa",
     long_flags=frozenset({"--ignore-environment", "--null", "--debug", "--list-signal-handling"}),
@@ -158,6 +160,9 @@ def _option_words(argv: tuple[Word, ...], start: int, spec: Options, who: str) -
             raise Unmodelled("dynamic_wrapper_argument", f"{who}: option '{w.raw or v}' is not a literal word", v)
         if v == "--":
             return i + 1
+        if v == "-" and spec.dash_is_option:
+            i += 1  # env - is env -i
+            continue
         if not v.startswith("-") or v == "-":
             return i
         if v in spec.denied or v.split("=", 1)[0] in spec.denied:

@@ -85,6 +85,17 @@ DENIED = [
     ("declare x='a[$(zork)]'; [[ x -eq 1 ]]", "subscript_substitution"),
     ("y='$(zork)'", "stashed_code"),
     ("x='a[$(zork)]'; case 1 in $((x))) ;; esac", "stashed_code"),
+    # round three
+    ("declare BASH_CMDS[ls]=/tmp/zork; ls", "protected_variable"),
+    ("printf -v 'BASH_CMDS[ls]' %s /tmp/zork; ls", "protected_variable"),
+    ("BASH_CMDS=([ls]=/tmp/zork); ls", "protected_variable"),
+    ("shopt -s expand_aliases\nBASH_ALIASES+=([ls]='zork;zork3')\nls", "protected_variable"),
+    ("set -a; : ${BASH_ENV:=/tmp/evil.sh}; bash -c true", "protected_variable"),
+    (": ${EXECIGNORE=/tmp/zork}; zork", "protected_variable"),
+    ("read c <<< a[\\$\\(zork\\)]; echo $((c))", "unparsed_text"),
+    ("read -aPATH <<< /tmp/bin2; ls", "protected_variable"),
+    ("read -raPATH <<< /tmp/bin2; ls", "protected_variable"),
+    ("sleep 0 & wait -npPATH; ls", "protected_variable"),
     # $'...' escapes: \cX, raw bytes, locale-dependent \u
     ("./$'l\\c3' -la", "invalid_character"),
     ("$'\\xff'", "unsupported_escape"),
@@ -123,6 +134,13 @@ def test_the_time_program_is_not_the_keyword() -> None:
     assert [c.program for c in analyze("'time' -f %e zork").commands] == ["time", "zork"]
     assert [c.program for c in analyze("env time -v zork").commands] == ["env", "time", "zork"]
     assert [c.program for c in analyze("command time -a zork").commands] == ["command", "time", "zork"]
+
+
+def test_env_dash_is_env_i() -> None:
+    # `env - PATH=/x zork` runs zork with PATH=/x: the dash is an option, not the program
+    denied = analyze("env - PATH=/tmp/bin zork x").denial
+    assert denied is not None and denied.code == "protected_variable"
+    assert [c.program for c in analyze("env - zork x").commands] == ["env", "zork"]
 
 
 def test_sudo_edit_runs_no_command() -> None:
