@@ -8,8 +8,15 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 from gateway.analysis import analyze
+from gateway.decision import Verdict
+from gateway.pipeline import CheckResult, evaluate
+from gateway.policy.compile import CompiledPolicy, load_policy
+from gateway.policy.loader import PolicyError
+from gateway.policy.schema import Policy
+from gateway.policy.selftest import check_examples, example_cases, load_checked, test_cases
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
@@ -32,6 +39,107 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_DENY if result.denied else EXIT_OK
 
 
+DEFAULT_POLICY = Path("policies/default.yaml")
+_EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
+
+
+def _fatal(message: str) -> int:
+    """The one exit path for usage and configuration errors."""
+    print(f"gateway: {message}", file=sys.stderr)
+    return EXIT_USAGE
+
+
+def _policy(args: argparse.Namespace) -> CompiledPolicy:
+    return load_checked(Path(args.policy), Path(args.workspace) if args.workspace else None)
+
+
+def _principal(args: argparse.Namespace, policy: CompiledPolicy) -> str:
+    if args.principal:
+        return str(args.principal)
+    if len(policy.grants) == 1:
+        return next(iter(policy.grants))
+    raise PolicyError(f"the policy defines several principals ({', '.join(sorted(policy.grants))}): pass --principal")
+
+
+def _explain(result: CheckResult) -> str:
+    d = result.decision
+    lines = [f"{d.verdict.label}" + (f"  (rule: {d.rule})" if d.rule else "")]
+    lines += [f"  {r.stage}: {r.message}" for r in d.reasons]
+    if result.analysis is not None and result.analysis.commands:
+        shown = ["  " + (" ".join(w.value for w in c.argv) or "(no program)") for c in result.analysis.commands]
+        lines += ["commands:", *shown]
+    return "\n".join(lines)
+
+
+def _cmd_check(args: argparse.Namespace) -> int:
+    try:
+        policy = _policy(args)
+        default_principal = _principal(args, policy) if not args.batch else args.principal
+    except PolicyError as exc:
+        return _fatal(str(exc))
+    if args.batch:
+        return _check_batch(args, policy, default_principal)
+    text = " ".join(args.command) if args.command else ""
+    if not text:
+        return _fatal("check needs a command: gateway check -- 'git status'")
+    cwd = Path(args.cwd).resolve() if args.cwd else None
+    result = evaluate(policy, text, default_principal, cwd)
+    print(json.dumps(result.to_json(), ensure_ascii=False) if args.json else _explain(result))
+    return _EXIT_FOR[result.decision.verdict]
+
+
+def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: str | None) -> int:
+    worst = Verdict.ALLOW
+    try:
+        source = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")  # noqa: SIM115
+    except OSError as exc:
+        return _fatal(f"{args.batch}: {exc.strerror}")
+    with source:
+        for n, line in enumerate(source, 1):
+            if not line.strip():
+                continue
+            try:
+                spec = json.loads(line)
+                command = spec["command"]
+                who = spec.get("principal") or principal or _principal(args, policy)
+            except (ValueError, KeyError, TypeError, PolicyError) as exc:
+                return _fatal(f'{args.batch}:{n}: each line must be {{"command": ...}}: {exc}')
+            cwd = Path(spec["cwd"]).resolve() if spec.get("cwd") else None
+            result = evaluate(policy, command, who, cwd)
+            out = {"command": command, **result.to_json()}
+            print(json.dumps(out, ensure_ascii=False))
+            worst = max(worst, result.decision.verdict)
+    return _EXIT_FOR[worst]
+
+
+def _cmd_policy(args: argparse.Namespace) -> int:
+    if args.action == "schema":
+        print(json.dumps(Policy.model_json_schema(), indent=2))
+        return EXIT_OK
+    path = Path(args.path or args.policy)
+    try:
+        policy = load_policy(path, Path(args.workspace) if args.workspace else None)
+    except PolicyError as exc:
+        return _fatal(str(exc))
+    if args.action == "validate":
+        try:
+            check_examples(policy)
+        except PolicyError as exc:
+            return _fatal(str(exc))
+        print(f"{path}: valid ({len(policy.rules)} rules, sha256 {policy.sha256[:16]})")
+        return EXIT_OK
+    try:
+        principal = _principal(args, policy)
+    except PolicyError as exc:
+        return _fatal(str(exc))
+    cases = example_cases(policy) + test_cases(policy, principal)
+    for case in cases:
+        print(("PASS " if case.passed else "FAIL ") + case.name + (f": {case.detail}" if case.detail else ""))
+    failed = sum(1 for c in cases if not c.passed)
+    print(f"{len(cases) - failed} passed, {failed} failed")
+    return EXIT_OK if failed == 0 else EXIT_DENY
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     print(
         "gateway serve: the MCP server is not built yet (it lands with the serve issue). "
@@ -49,6 +157,21 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--no-second-opinion", action="store_true", help="skip the bashlex cross-check")
     an.add_argument("command", nargs=argparse.REMAINDER, help="the shell text (after --); stdin if absent")
     an.set_defaults(func=_cmd_analyze)
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy file (default: %(default)s)")
+    common.add_argument("--workspace", help="the jail root relative roots resolve against (default: the policy's)")
+    common.add_argument("--audit-dir", default="audit", help="where audit logs go (default: %(default)s)")
+    common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
+    ck = sub.add_parser("check", parents=[common], help="the decision for a command; runs nothing")
+    ck.add_argument("--cwd", help="directory the command would run in (default: the workspace)")
+    ck.add_argument("--json", action="store_true", help="print the decision as JSON")
+    ck.add_argument("--batch", metavar="FILE.jsonl", help='one {"command", "cwd"?, "principal"?} per line ("-": stdin)')
+    ck.add_argument("command", nargs=argparse.REMAINDER, help="the shell text, after --")
+    ck.set_defaults(func=_cmd_check)
+    po = sub.add_parser("policy", parents=[common], help="validate, test or describe a policy")
+    po.add_argument("action", choices=["validate", "test", "schema"])
+    po.add_argument("path", nargs="?", help="the policy file (default: --policy)")
+    po.set_defaults(func=_cmd_policy)
     sv = sub.add_parser("serve", help="serve the gateway to MCP clients (not built yet)")
     sv.set_defaults(func=_cmd_serve)
     return ap

@@ -1,0 +1,218 @@
+"""Compile a layered policy into what the decision stages use.
+
+- Roles are resolved (inheritance, levels, roots made absolute against the workspace).
+- casbin decides who may use what: every rule and every tool-family decision is a permission
+  (`rule:<id>`, `tool:<tool>:allow|ask`) granted to the roles whose level reaches it, and
+  principals and inheriting roles are casbin groupings (policies/model.conf).
+- Rules are indexed by program, so the cost of a decision does not grow with the rule count:
+  only the rules naming the command's program are looked at, and casbin answers are memoised per
+  (principal, permission) until the policy is reloaded.
+
+`Casbin` wraps the enforcer so it can never answer "allowed" because it is disabled, empty or
+misloaded (pycasbin's `enforce` returns True when disabled), and serialises access to it
+(concurrent `enforce` calls raised SystemError / IndexError, ../shared/notes/dependencies.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import casbin
+
+from gateway.policy.layers import load_layers
+from gateway.policy.loader import PolicyError
+from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
+
+MODEL_PATH = Path(__file__).resolve().parent.parent.parent / "policies" / "model.conf"
+MAX_ROLE_DEPTH = 10  # casbin's role hierarchy limit; deeper chains would silently deny
+
+
+class CasbinError(Exception):
+    """The enforcer is unusable. Callers turn this into a denial."""
+
+
+class Casbin:
+    """The enforcer behind a lock, with a memo and fail-closed checks."""
+
+    _CANARY = ("\x00no-such-principal", "\x00no-such-permission")
+
+    def __init__(self, policies: list[list[str]], groupings: list[list[str]]) -> None:
+        if not MODEL_PATH.is_file():
+            raise PolicyError(f"casbin model not found at {MODEL_PATH}")
+        self._lock = threading.Lock()
+        self._memo: dict[tuple[str, str], bool] = {}
+        self._enforcer = casbin.Enforcer(str(MODEL_PATH))
+        if policies:
+            self._enforcer.add_policies(policies)
+        if groupings:
+            self._enforcer.add_grouping_policies(groupings)
+        self.size = len(policies)
+        if self._enforcer.enforce(*self._CANARY):
+            raise PolicyError("casbin allows an unknown principal: the model is misloaded")
+
+    def allows(self, principal: str, permission: str) -> bool:
+        key = (principal, permission)
+        with self._lock:
+            if key in self._memo:
+                return self._memo[key]
+            if self._enforcer.enabled is not True:
+                raise CasbinError("the casbin enforcer is disabled")
+            if self.size == 0:
+                return False  # nothing granted: nothing allowed
+            try:
+                allowed = bool(self._enforcer.enforce(principal, permission))
+            except Exception as exc:
+                raise CasbinError(f"casbin failed: {type(exc).__name__}: {exc}") from exc
+            self._memo[key] = allowed
+            return allowed
+
+
+@dataclass(frozen=True)
+class ResolvedRole:
+    name: str
+    level: int
+    read_roots: tuple[Path, ...]
+    write_roots: tuple[Path, ...]
+    protected: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class Grant:
+    """What a principal has, all roles and inheritance folded in."""
+
+    principal: str
+    level: int
+    read_roots: tuple[Path, ...]
+    write_roots: tuple[Path, ...]
+    protected: tuple[Path, ...]
+
+
+@dataclass(frozen=True)
+class CompiledPolicy:
+    source: Path
+    policy: Policy
+    sha256: str
+    workspace: Path
+    home: Path | None
+    tests: Path | None
+    rules: dict[str, Rule]
+    by_program: dict[str, tuple[Rule, ...]]
+    grants: dict[str, Grant]
+    casbin: Casbin
+
+    def grant(self, principal: str) -> Grant:
+        found = self.grants.get(principal)
+        if found is None:
+            known = ", ".join(sorted(self.grants)) or "none"
+            raise PolicyError(f"unknown principal {principal!r} (the policy defines: {known})")
+        return found
+
+    def may_use(self, principal: str, rule: Rule) -> bool:
+        return self.casbin.allows(principal, f"rule:{rule.id}")
+
+    def tool_decision(self, principal: str, tool: Tool) -> RuleDecision:
+        if self.casbin.allows(principal, f"tool:{tool.value}:allow"):
+            return RuleDecision.ALLOW
+        if self.casbin.allows(principal, f"tool:{tool.value}:ask"):
+            return RuleDecision.ASK
+        return RuleDecision.DENY
+
+
+def load_policy(path: Path, workspace: Path | None = None) -> CompiledPolicy:
+    """Read, merge, validate and compile a policy (its inline examples are checked by
+    `selftest.check_examples`, which `load_checked` runs)."""
+    layered = load_layers(path)
+    ws = workspace or layered.workspace or Path.cwd() / "workspace"
+    digest = hashlib.sha256()
+    for f in layered.files:
+        digest.update(f.read_bytes())
+    return compile_policy(layered.policy, path, ws, digest.hexdigest(), layered.tests)
+
+
+def compile_policy(
+    policy: Policy, source: Path, workspace: Path, sha256: str = "", tests: Path | None = None
+) -> CompiledPolicy:
+    ws = Path(workspace).expanduser().resolve()
+    home = (ws / policy.home).resolve() if policy.home else None
+    roles = _resolve_roles(policy, ws, source)
+    grants: dict[str, Grant] = {}
+    groupings: list[list[str]] = []
+    for name, principal in policy.principals.items():
+        missing = [r for r in principal.roles if r not in roles]
+        if missing:
+            raise PolicyError(f"{source}: principals.{name}.roles: unknown role {missing[0]!r}")
+        held = [roles[r] for r in principal.roles]
+        # a principal's roots and level fold in every inherited role
+        closure = {r for role in principal.roles for r in _ancestors(policy, role)}
+        folded = [roles[r] for r in closure] or held
+        grants[name] = Grant(
+            principal=name,
+            level=max(r.level for r in folded),
+            read_roots=tuple(sorted({p for r in folded for p in r.read_roots})),
+            write_roots=tuple(sorted({p for r in folded for p in r.write_roots})),
+            protected=tuple(sorted({p for r in folded for p in r.protected})),
+        )
+        groupings.extend([name, f"role:{r}"] for r in principal.roles)
+    for name, role in policy.roles.items():
+        groupings.extend([f"role:{name}", f"role:{parent}"] for parent in role.inherits)
+    # a permission is granted to every role whose own level reaches it; principals reach it
+    # through their roles and the roles those inherit
+    policies: list[list[str]] = []
+    for rule in policy.rules:
+        policies.extend([f"role:{name}", f"rule:{rule.id}"] for name, r in roles.items() if r.level >= rule.min_level)
+    for tool, access in policy.tools.items():
+        for name, r in roles.items():
+            if access.allow_from is not None and r.level >= access.allow_from:
+                policies.append([f"role:{name}", f"tool:{tool.value}:allow"])
+            if access.ask_from is not None and r.level >= access.ask_from:
+                policies.append([f"role:{name}", f"tool:{tool.value}:ask"])
+    by_program: dict[str, list[Rule]] = {}
+    for rule in policy.rules:
+        for program in rule.programs:
+            by_program.setdefault(program, []).append(rule)
+    return CompiledPolicy(
+        source=source,
+        policy=policy,
+        sha256=sha256,
+        workspace=ws,
+        home=home,
+        tests=tests,
+        rules={r.id: r for r in policy.rules},
+        by_program={k: tuple(v) for k, v in by_program.items()},
+        grants=grants,
+        casbin=Casbin(policies, groupings),
+    )
+
+
+def _ancestors(policy: Policy, role: str, depth: int = 0) -> set[str]:
+    if depth > MAX_ROLE_DEPTH:
+        raise PolicyError(f"role {role!r}: inheritance deeper than {MAX_ROLE_DEPTH} (or a cycle)")
+    out = {role}
+    for parent in policy.roles[role].inherits:
+        out |= _ancestors(policy, parent, depth + 1)
+    return out
+
+
+def _resolve_roles(policy: Policy, ws: Path, source: Path) -> dict[str, ResolvedRole]:
+    out: dict[str, ResolvedRole] = {}
+    for name, role in policy.roles.items():
+        for parent in role.inherits:
+            if parent not in policy.roles:
+                raise PolicyError(f"{source}: roles.{name}.inherits: unknown role {parent!r}")
+        _ancestors(policy, name)  # raises on cycles and depth
+        out[name] = ResolvedRole(
+            name=name,
+            level=role.level,
+            read_roots=_paths(role.read_roots, ws),
+            write_roots=_paths(role.write_roots, ws),
+            protected=_paths(role.protected, ws),
+        )
+    return out
+
+
+def _paths(entries: list[str], ws: Path) -> tuple[Path, ...]:
+    return tuple(Path(os.path.realpath(ws / e)) for e in entries)

@@ -1,0 +1,199 @@
+"""The policy file format (YAML), as pydantic models. docs/policy.md is the prose reference;
+each field is documented where it is declared. `gateway policy schema` prints the JSON Schema.
+
+Models are frozen and forbid unknown keys, so a typo is an error, not an ignored line.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RuleDecision(StrEnum):
+    ALLOW = "allow"
+    ASK = "ask"
+    DENY = "deny"
+
+
+class Tool(StrEnum):
+    """Tool families an agent can call."""
+
+    RUN = "run"
+    SESSION = "session"
+    FILES = "files"
+    PROCESSES = "processes"
+    ENV = "env"
+    ASK_USER = "ask_user"
+
+
+Level = Annotated[StrictInt, Field(ge=0, le=100)]
+RuleId = Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]{0,63}$")]
+
+
+class Limits(_Model):
+    """Resource limits for a role's calls. Unset means the gateway's default."""
+
+    timeout_ms: Annotated[StrictInt, Field(gt=0)] | None = None
+    """Wall-clock limit of one command, in milliseconds."""
+    output_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
+    """Bytes of output kept per stream (head and tail)."""
+    sessions: Annotated[StrictInt, Field(ge=0)] | None = None
+    """Live shell sessions per principal."""
+    processes: Annotated[StrictInt, Field(ge=0)] | None = None
+    """Background processes per principal."""
+
+
+class Role(_Model):
+    """A set of permissions. Principals hold roles; roles inherit from roles."""
+
+    inherits: list[str] = []
+    """Roles whose level, roots and limits this role also has."""
+    level: Level = 0
+    """Permission level. A rule applies to a principal whose level (the highest of its roles,
+    inherited ones included) is at least the rule's `min_level`."""
+    read_roots: list[str] = []
+    """Directories whose contents may be read. Relative paths resolve against the workspace."""
+    write_roots: list[str] = []
+    """Directories whose contents may be written (writing implies reading)."""
+    protected: list[str] = []
+    """Paths never writable, even inside a write root (e.g. `.git/hooks`)."""
+    limits: Limits = Limits()
+
+
+class Principal(_Model):
+    """An agent identity (the `--principal` of the CLI, a token's owner over MCP)."""
+
+    roles: list[str] = Field(min_length=1)
+
+
+class ToolAccess(_Model):
+    """How a tool family is decided by level: `allow` from level `allow_from` up, `ask` from
+    `ask_from` up, deny below. A tool family not listed is denied."""
+
+    allow_from: Level | None = None
+    ask_from: Level | None = None
+
+
+class PathArgs(_Model):
+    """Which positional arguments (after the subcommand, options excluded) are paths."""
+
+    read: Literal["none", "all", "all_but_last", "all_but_first", "first"] = "none"
+    write: Literal["none", "all", "last"] = "none"
+
+
+class PathOptions(_Model):
+    """Options whose value is a path: `-o FILE`, `-oFILE`, `--output=FILE`, `--output FILE`."""
+
+    read: list[str] = []
+    write: list[str] = []
+
+
+class Examples(_Model):
+    """Commands the rule must match, and commands it must not: checked when the policy loads."""
+
+    match: list[str] = Field(min_length=1)
+    not_match: list[str] = []
+
+
+class Rule(_Model):
+    """One decision about commands. A command matches a rule when its program is one of
+    `programs`, its first argument is one of `subcommands` (if given), and every check below
+    passes. Among the rules a principal may use, the strictest matching decision wins
+    (deny > ask > allow); a command no rule matches is denied."""
+
+    id: RuleId
+    """Stable name, shown in every decision and audit record."""
+    decision: RuleDecision
+    justification: str = Field(min_length=1)
+    """Returned to the agent when this rule denies or asks: say why, and what to do instead."""
+    programs: list[str] = Field(min_length=1)
+    """Program names (`git`: found on PATH) or absolute paths (`/usr/bin/git`). A name never
+    matches a path: `./git` and `/tmp/git` do not match `git`."""
+    subcommands: list[str] | None = None
+    """The first argument must be one of these (`git status`)."""
+    first_arg: list[str] | None = None
+    """Anchored regular expressions for the first positional argument after the subcommand
+    (`python -m` + `first_arg: [pytest, mypy]`). Unset: any."""
+    args: list[str] | None = None
+    """Anchored regular expressions: every positional argument after the subcommand must match
+    one of them in full. Unset: any argument."""
+    forbidden_options: list[str] = []
+    """Options that stop an allow/ask rule from matching, in every spelling: `-i` also catches
+    `-i.bak` and `-ni`; `--in-place` also `--in-place=x` and prefixes like `--in-pl`."""
+    when_options: list[str] = []
+    """The rule matches only commands that use one of these options (for deny/ask rules such
+    as `git push --force`)."""
+    path_args: PathArgs = PathArgs()
+    path_options: PathOptions = PathOptions()
+    env: list[str] = []
+    """Variables that may be set for this command (`FOO=1 cmd`, `env FOO=1 cmd`, and for
+    `export`: the names it may export). A trailing `*` matches a prefix."""
+    accept_unknown: StrictBool = False
+    """Accept arguments whose value is only known at run time ($VAR, globs, $(...))."""
+    min_level: Level = 0
+    final: StrictBool = False
+    """A later policy layer may not redefine this rule (docs/policy.md, layering)."""
+    examples: Examples
+
+    @field_validator("args", "first_arg")
+    @classmethod
+    def _compile_args(cls, patterns: list[str] | None) -> list[str] | None:
+        for p in patterns or []:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {p!r}: {exc}") from None
+        return patterns
+
+    @field_validator("programs")
+    @classmethod
+    def _programs(cls, programs: list[str]) -> list[str]:
+        for p in programs:
+            if not p or ("/" in p and not p.startswith("/")):
+                raise ValueError(f"program {p!r} must be a name or an absolute path")
+        return programs
+
+
+class SecondOpinion(_Model):
+    unconfirmed: RuleDecision = RuleDecision.ASK
+    """What to do when the second parser could not confirm the analysis (it could not parse a
+    construct, was blind to one, or timed out). Disagreement is always a denial."""
+
+
+class Policy(_Model):
+    """A policy file."""
+
+    version: Literal[1]
+    include: list[str] = []
+    """Lower layers, loaded first (paths relative to this file). This file's entries override
+    theirs by key, except rules marked `final`."""
+    workspace: str | None = None
+    """The jail root that relative roots resolve against (`--workspace` overrides it). Relative
+    to this file."""
+    home: str | None = None
+    """What `~` means in commands. Unset: `~` is refused in paths."""
+    principals: dict[str, Principal] = {}
+    roles: dict[str, Role] = {}
+    tools: dict[Tool, ToolAccess] = {}
+    second_opinion: SecondOpinion = SecondOpinion()
+    rules: list[Rule] = []
+    tests: str | None = None
+    """A JSONL file of expected decisions run by `gateway policy test` (relative to this file):
+    one `{"command", "principal"?, "cwd"?, "decision", "rule"?}` per line."""
+
+    @model_validator(mode="after")
+    def _unique_ids(self) -> Policy:
+        seen: set[str] = set()
+        for i, rule in enumerate(self.rules):
+            if rule.id in seen:
+                raise ValueError(f"rules[{i}].id: {rule.id!r} is used by an earlier rule")
+            seen.add(rule.id)
+        return self

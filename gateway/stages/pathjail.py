@@ -1,0 +1,174 @@
+"""The path jail: every path a command touches must lie inside the principal's roots.
+
+Paths come from the deciding rules (`path_args`, `path_options`), from redirects (`>`/`>>` are
+writes, `<` a read) and from the cwd. Each is made absolute against the cwd, `~` is the policy's
+`home`, and symlinks and `..` are resolved (`os.path.realpath`, which also resolves the existing
+parent of a path that does not exist yet). Roots are compared by path components
+(`/srv/ws2` is not inside `/srv/ws`). A write must be inside a write root and outside every
+protected path; a read inside a read or write root.
+
+`cd DIR` moves the cwd of the commands after it. Subshells and `||` make where it ends up
+uncertain, so a relative path after a `cd` is checked against every directory the text may be
+in: the original cwd and each `cd` target. A glob is expanded now and each match checked (an
+unmatched glob is the literal word, as in bash); any other value known only at run time is
+refused unless the deciding rule accepts unknown values.
+
+This check is advisory: a path can change between check and use. The sandbox, which binds only
+the write roots writable, is the barrier that holds.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from pathlib import Path
+
+from gateway.analysis import Command, Expansion, RedirectMode, Word
+from gateway.decision import Decision, Reason, Verdict
+from gateway.policy.compile import CompiledPolicy, Grant
+from gateway.stages.permissions import Match, option_values
+
+STAGE = "pathjail"
+# Devices every command may use, whatever the roots.
+ALWAYS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/zero", "/dev/urandom"})
+_CHANGES_DIR = frozenset({"cd", "pushd"})
+
+
+class _Refused(Exception):
+    def __init__(self, code: str, message: str, details: dict[str, object]) -> None:
+        super().__init__(message)
+        self.code, self.message, self.details = code, message, details
+
+
+def inside(path: str, root: Path) -> bool:
+    r = str(root)
+    return path == r or os.path.commonpath([path, r]) == r
+
+
+def check(
+    policy: CompiledPolicy, grant: Grant, cwd: Path, commands: tuple[Command, ...], matches: list[list[Match]]
+) -> Decision:
+    try:
+        cwds = [Path(os.path.realpath(cwd))]
+        _check_path(str(cwds[0]), "read", grant, "cwd")
+        for cmd, found in zip(commands, matches, strict=True):
+            unknown_ok = any(m.rule.accept_unknown for m in found)
+            reads, writes = _paths_of(cmd, found)
+            for word in reads:
+                for p in _resolve(policy, word, cwds, unknown_ok):
+                    _check_path(p, "read", grant, cmd.program)
+            for word in writes:
+                for p in _resolve(policy, word, cwds, unknown_ok):
+                    _check_path(p, "write", grant, cmd.program)
+            if cmd.argv and cmd.program in _CHANGES_DIR:
+                cwds = _after_cd(policy, cmd, cwds)
+    except _Refused as r:
+        return Decision(Verdict.DENY, None, (Reason(STAGE, r.code, r.message, None, r.details),))
+    return Decision(Verdict.ALLOW, None, ())
+
+
+def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word]]:
+    reads: list[Word] = []
+    writes: list[Word] = []
+    argv = cmd.argv
+    for m in found:
+        spec = m.rule.path_args
+        pos = list(m.positional)
+        if spec.read == "all":
+            reads += [argv[k] for k in pos]
+        elif spec.read == "all_but_last":
+            reads += [argv[k] for k in pos[:-1]]
+        elif spec.read == "all_but_first":
+            reads += [argv[k] for k in pos[1:]]
+        elif spec.read == "first" and pos:
+            reads.append(argv[pos[0]])
+        if spec.write == "all":
+            writes += [argv[k] for k in pos]
+        elif spec.write == "last" and pos:
+            writes.append(argv[pos[-1]])
+        start = 2 if m.rule.subcommands is not None else 1
+        for names, out in ((m.rule.path_options.read, reads), (m.rule.path_options.write, writes)):
+            for k in option_values(cmd, start, names):
+                w = argv[k]
+                value = w.value
+                for name in names:  # an attached value: -oFILE, --output=FILE
+                    if value.startswith(name) and value != name:
+                        value = value[len(name) :].removeprefix("=")
+                        break
+                out.append(Word(value, w.expansions, w.raw))
+    for r in cmd.redirects:
+        if r.target is None:
+            continue
+        if r.mode in (RedirectMode.WRITE, RedirectMode.APPEND):
+            writes.append(r.target)
+        elif r.mode is RedirectMode.READ:
+            reads.append(r.target)
+    return reads, writes
+
+
+def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool) -> list[str]:
+    value = word.value
+    kinds = set(word.expansions)
+    if Expansion.TILDE in kinds and (value == "~" or value.startswith("~/")):
+        if policy.home is None:
+            raise _Refused("tilde_without_home", f"'{value}': the policy sets no home for ~", {"path": value})
+        value = str(policy.home) + value[1:]
+        kinds.discard(Expansion.TILDE)
+    if kinds - {Expansion.GLOB}:
+        if unknown_ok:
+            return []  # the rule accepts values known only at run time: the sandbox holds
+        raise _Refused(
+            "unknown_path",
+            f"path {word.raw or value!r} is only known at run time, so it cannot be checked",
+            {"path": word.raw or value},
+        )
+    out: list[str] = []
+    for cwd in cwds:
+        base = value if value.startswith("/") else str(cwd / value)
+        candidates = (glob.glob(base) or [base]) if Expansion.GLOB in kinds else [base]
+        out.extend(os.path.realpath(c) for c in candidates)
+    return out
+
+
+def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
+    if path in ALWAYS:
+        return
+    details: dict[str, object] = {"path": path, "access": access}
+    if access == "write":
+        if not any(inside(path, r) for r in grant.write_roots):
+            details["roots"] = [str(r) for r in grant.write_roots]
+            raise _Refused(
+                "outside_write_roots",
+                f"{who}: write to {path} is outside the write roots {[str(r) for r in grant.write_roots]}",
+                details,
+            )
+        for p in grant.protected:
+            if inside(path, p):
+                details["protected"] = str(p)
+                raise _Refused("protected_path", f"{who}: {path} is protected ({p}) and never writable", details)
+        return
+    if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
+        roots = sorted({str(r) for r in (*grant.read_roots, *grant.write_roots)})
+        details["roots"] = roots
+        raise _Refused("outside_read_roots", f"{who}: read of {path} is outside the read roots {roots}", details)
+
+
+def _after_cd(policy: CompiledPolicy, cmd: Command, cwds: list[Path]) -> list[Path]:
+    args = [w for w in cmd.argv[1:] if not w.value.startswith("-") or w.value == "-"]
+    if not args:
+        if policy.home is None:
+            raise _Refused(
+                "cd_without_target",
+                f"{cmd.program} without a directory goes to $HOME, which the policy does not set",
+                {},
+            )
+        targets = [str(policy.home)]
+    elif args[0].value == "-":
+        raise _Refused("cd_without_target", f"{cmd.program} - goes to a directory only known at run time", {})
+    else:
+        targets = _resolve(policy, args[0], cwds, False)
+    out = list(cwds)
+    for t in targets:
+        if Path(t) not in out:
+            out.append(Path(t))
+    return out

@@ -1,0 +1,166 @@
+"""The permissions stage: which rule decides each command the analyser reported.
+
+For a command, the candidate rules are those naming its program (an index, not a scan). A
+candidate applies if casbin says the principal may use it, and matches if every check passes:
+subcommand, `when_options`, and for allow/ask rules also forbidden options, argument patterns,
+unknown values and env assignments. The strictest matching rule decides (deny > ask > allow). No
+match is a denial that names the near misses, so the agent learns what to change.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+
+from gateway.analysis import Command, Expansion, Flag
+from gateway.decision import Decision, Reason, Verdict
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.schema import Rule, RuleDecision
+
+STAGE = "permissions"
+_JAIL_EXPANDS = frozenset({Expansion.GLOB, Expansion.TILDE})
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    rule: Rule
+    positional: tuple[int, ...]  # argv indices of positional arguments after the subcommand
+
+
+def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tuple[Decision, list[Match]]:
+    """The decision for one command, and the rules that matched it (for the path jail)."""
+    if not cmd.argv:
+        return Decision(Verdict.ALLOW, None, ()), []
+    program = cmd.program
+    misses: list[str] = []
+    matches: list[Match] = []
+    for rule in policy.by_program.get(program, ()):
+        if not policy.may_use(principal, rule):
+            misses.append(f"rule {rule.id} needs level {rule.min_level}")
+            continue
+        found, why = match(rule, cmd)
+        if found is not None:
+            matches.append(found)
+        elif why:
+            misses.append(f"rule {rule.id}: {why}")
+    shown = " ".join(w.value for w in cmd.argv)[:120]
+    if not matches:
+        message = f"no rule allows `{shown}`"
+        if misses:
+            message += " (" + "; ".join(misses[:4]) + ")"
+        return Decision(Verdict.DENY, None, (Reason(STAGE, "no_rule", message, None, {"program": program}),)), []
+    verdict = max(Verdict.parse(m.rule.decision.value) for m in matches)
+    decider = next(m.rule for m in matches if Verdict.parse(m.rule.decision.value) == verdict)
+    code = {Verdict.ALLOW: "allowed", Verdict.ASK: "ask", Verdict.DENY: "denied"}[verdict]
+    text = (
+        f"`{shown}`: {decider.justification}" if verdict is not Verdict.ALLOW else f"`{shown}` allowed by {decider.id}"
+    )
+    return Decision(verdict, decider.id, (Reason(STAGE, code, text, decider.id),)), matches
+
+
+def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
+    """Does `rule` match `cmd`? The match, or None and why not ("" when the rule does not
+    even concern this command, e.g. another subcommand)."""
+    argv = cmd.argv
+    if not argv or argv[0].value not in rule.programs:
+        return None, ""
+    i = 1
+    if rule.subcommands is not None:
+        if len(argv) < 2 or not argv[1].literal or argv[1].value not in rule.subcommands:
+            return None, ""
+        i = 2
+    options, positional = _split(cmd, i)
+    if rule.when_options and not any(_has_option(o, spec) for o in options for spec in rule.when_options):
+        return None, ""
+    strict = rule.decision is not RuleDecision.DENY
+    if strict:
+        for o in options:
+            for spec in rule.forbidden_options:
+                if _has_option(o, spec):
+                    return None, f"option {o} is not allowed ({spec})"
+        if not rule.accept_unknown:
+            jailed = rule.path_args.read != "none" or rule.path_args.write != "none"
+            for w in argv[i:]:
+                # a glob or ~ in a path argument is expanded and checked by the path jail
+                if not w.literal and not (jailed and set(w.expansions) <= _JAIL_EXPANDS):
+                    return None, f"argument {w.raw or w.value} is only known at run time"
+            if Flag.DYNAMIC_ARGS in cmd.flags:
+                return None, f"its arguments arrive at run time (from {cmd.wrapper})"
+        for a in cmd.assignments:
+            if not any(_name_matches(a.name, allowed) for allowed in rule.env):
+                return None, f"setting {a.name} is not allowed"
+    if rule.first_arg is not None and positional:
+        first = argv[positional[0]].value
+        if not any(p.fullmatch(first) for p in _patterns(tuple(rule.first_arg))):
+            return None, f"first argument {first!r} is not one of the allowed ones" if strict else ""
+    if rule.args is not None:
+        patterns = _patterns(tuple(rule.args))
+        for k in positional:
+            value = argv[k].value
+            if not any(p.fullmatch(value) for p in patterns):
+                if strict:
+                    return None, f"argument {value!r} matches none of the allowed patterns"
+                return None, ""
+    return Match(rule, positional), ""
+
+
+def _split(cmd: Command, start: int) -> tuple[list[str], tuple[int, ...]]:
+    """Options (before `--`) and the indices of positional arguments, from `start` on."""
+    options: list[str] = []
+    positional: list[int] = []
+    ended = False
+    for k in range(start, len(cmd.argv)):
+        v = cmd.argv[k].value
+        if not ended and v == "--":
+            ended = True
+        elif not ended and v.startswith("-") and v != "-":
+            options.append(v)
+        else:
+            positional.append(k)
+    return options, tuple(positional)
+
+
+def _has_option(arg: str, spec: str) -> bool:
+    """Does the option word `arg` use the option `spec`, in any spelling?"""
+    if spec.startswith("--"):
+        if not arg.startswith("--"):
+            return False
+        name = arg[2:].split("=", 1)[0]
+        return bool(name) and spec[2:].startswith(name)  # getopt accepts unique prefixes
+    if spec.startswith("-") and len(spec) == 2:
+        return not arg.startswith("--") and arg.startswith("-") and spec[1] in arg[1:]
+    return arg == spec or arg.startswith(spec + "=")  # e.g. find's -exec, -delete
+
+
+def _name_matches(name: str, allowed: str) -> bool:
+    return name.startswith(allowed[:-1]) if allowed.endswith("*") else name == allowed
+
+
+@lru_cache(maxsize=1024)
+def _patterns(args: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
+    return tuple(re.compile(p) for p in args)
+
+
+def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
+    """argv indices of the values of the options `names` (`-o F`, `-oF`, `--out=F`, `--out F`);
+    attached values are returned as the option word's own index."""
+    found: list[int] = []
+    argv = cmd.argv
+    k = start
+    while k < len(argv):
+        v = argv[k].value
+        if v == "--":
+            break
+        for name in names:
+            if v == name and k + 1 < len(argv):
+                found.append(k + 1)
+                k += 1
+                break
+            if (name.startswith("--") and v.startswith(name + "=")) or (
+                not name.startswith("--") and v.startswith(name) and len(v) > len(name)
+            ):
+                found.append(k)
+                break
+        k += 1
+    return found
