@@ -178,7 +178,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra and getattr(args, "verb", None) == "policy" and args.path is None and len(extra) == 1:
+        args.path = extra[0]  # `gateway policy test --principal x PATH`: argparse leaves PATH over
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "command", None) and args.command[0] == "--":
         args.command = args.command[1:]
     code: int = args.func(args)

@@ -43,3 +43,61 @@ def test_serve_says_it_is_not_built_yet() -> None:
     proc = gateway("serve")
     assert proc.returncode == 2
     assert "not built yet" in proc.stderr
+
+
+def test_check_json_has_the_contract_fields_and_exit_codes() -> None:
+    allow = gateway("check", "--json", "--", "git status")
+    assert allow.returncode == 0
+    out = json.loads(allow.stdout)
+    assert out["decision"] == "allow" and out["rule"] == "git-read"
+    assert out["commands"] == [{"argv": ["git", "status"], **out["commands"][0]}]
+    assert set(out["reasons"][0]) >= {"stage", "code", "message"}
+    assert gateway("check", "--", "curl x").returncode == 1
+    assert gateway("check", "--", "rm x").returncode == 3
+
+
+def test_check_explains_in_plain_text() -> None:
+    proc = gateway("check", "--", "cat /etc/passwd")
+    assert proc.returncode == 1
+    assert proc.stdout.startswith("deny")
+    assert "outside the read roots" in proc.stdout
+
+
+def test_check_batch_echoes_each_command(tmp_path: object) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--batch", "-"],
+        input='{"command": "ls"}\n{"command": "rm x"}\n',
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    lines = [json.loads(x) for x in proc.stdout.splitlines()]
+    assert [(x["command"], x["decision"]) for x in lines] == [("ls", "allow"), ("rm x", "ask")]
+    assert proc.returncode == 3
+
+
+def test_a_broken_policy_is_a_usage_error_naming_the_line(tmp_path: object) -> None:
+    from pathlib import Path
+
+    bad = Path(str(tmp_path)) / "bad.yaml"
+    bad.write_text("version: 1\nrules:\n  - id: a\n    decision: alow\n")
+    proc = gateway("check", "--policy", str(bad), "--", "ls")
+    assert proc.returncode == 2
+    assert "bad.yaml:4:15: rules[0].decision: got 'alow'" in proc.stderr
+
+
+def test_policy_validate_test_and_schema() -> None:
+    assert gateway("policy", "validate").returncode == 0
+    tested = gateway("policy", "test", "policies/examples/auditor.yaml")
+    assert tested.returncode == 0 and "0 failed" in tested.stdout
+    schema = json.loads(gateway("policy", "schema").stdout)
+    assert schema["title"] == "Policy"
+
+
+def test_the_shipped_schema_file_is_current() -> None:
+    from pathlib import Path
+
+    current = json.loads(gateway("policy", "schema").stdout)
+    assert json.loads(Path("docs/policy.schema.json").read_text()) == current, (
+        "run: gateway policy schema > docs/policy.schema.json"
+    )

@@ -54,12 +54,13 @@ def check(
         for cmd, found in zip(commands, matches, strict=True):
             unknown_ok = any(m.rule.accept_unknown for m in found)
             reads, writes = _paths_of(cmd, found)
+            who = cmd.program if cmd.argv else "redirect"
             for word in reads:
                 for p in _resolve(policy, word, cwds, unknown_ok):
-                    _check_path(p, "read", grant, cmd.program)
+                    _check_path(p, "read", grant, who)
             for word in writes:
                 for p in _resolve(policy, word, cwds, unknown_ok):
-                    _check_path(p, "write", grant, cmd.program)
+                    _check_path(p, "write", grant, who)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
     except _Refused as r:
