@@ -1,0 +1,57 @@
+"""A policy changed on disk takes over atomically once it validates; a broken one is refused."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from gateway.decision import Verdict
+from gateway.pipeline import evaluate
+from gateway.policy.reload import PolicyHolder
+
+POLICY = """version: 1
+principals: {{agent: {{roles: [r]}}}}
+roles: {{r: {{level: 1, read_roots: ["."]}}}}
+tools: {{run: {{allow_from: 1}}}}
+rules:
+  - id: ls
+    decision: {decision}
+    justification: "ls"
+    programs: [ls]
+    examples: {{match: ["ls"]}}
+"""
+
+
+def write(path: Path, text: str, bump: int) -> None:
+    path.write_text(text)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + bump * 1_000_000_000))  # a visible change
+
+
+def test_a_valid_change_takes_over_and_a_broken_one_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    write(path, POLICY.format(decision="allow"), 0)
+    events: list[tuple[str, dict[str, Any]]] = []
+    holder = PolicyHolder(path, tmp_path, on_event=lambda k, d: events.append((k, d)), interval=0)
+    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.ALLOW
+
+    write(path, POLICY.format(decision="deny"), 1)
+    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY
+    good = holder.current().sha256
+
+    write(path, POLICY.format(decision="alow"), 2)  # a typo: refused, the old policy stays
+    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY
+    assert holder.current().sha256 == good
+    assert holder.last_error is not None and "got 'alow'" in holder.last_error
+    assert [k for k, _ in events] == ["policy_loaded", "policy_loaded", "policy_rejected"]
+    assert events[-1][1]["kept"] == good
+
+
+def test_an_unchanged_file_is_not_reloaded(tmp_path: Path) -> None:
+    path = tmp_path / "p.yaml"
+    write(path, POLICY.format(decision="allow"), 0)
+    holder = PolicyHolder(path, tmp_path, interval=0)
+    first = holder.current()
+    assert holder.reload_if_changed() is False
+    assert holder.current() is first
