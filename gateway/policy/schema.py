@@ -137,7 +137,11 @@ class Rule(_Model):
     """Variables that may be set for this command (`FOO=1 cmd`, `env FOO=1 cmd`, and for
     `export`: the names it may export). A trailing `*` matches a prefix."""
     accept_unknown: StrictBool = False
-    """Accept arguments whose value is only known at run time ($VAR, globs, $(...))."""
+    """Accept arguments whose value is only known at run time ($VAR, $(...), xargs input) when
+    matching this rule. It does not exempt paths from the jail: see `accept_unknown_paths`."""
+    accept_unknown_paths: StrictBool = False
+    """Let path arguments whose value is only known at run time pass the path jail unchecked
+    (the sandbox is then the only barrier). Redirect targets are never exempt."""
     min_level: Level = 0
     final: StrictBool = False
     """A later policy layer may not redefine this rule (docs/policy.md, layering)."""

@@ -11,7 +11,7 @@ protected path; a read inside a read or write root.
 uncertain, so a relative path after a `cd` is checked against every directory the text may be
 in: the original cwd and each `cd` target. A glob is expanded now and each match checked (an
 unmatched glob is the literal word, as in bash); any other value known only at run time is
-refused unless the deciding rule accepts unknown values.
+refused unless the deciding rule sets `accept_unknown_paths` (never for redirect targets).
 
 This check is advisory: a path can change between check and use. The sandbox, which binds only
 the write roots writable, is the barrier that holds.
@@ -52,14 +52,14 @@ def check(
         cwds = [Path(os.path.realpath(cwd))]
         _check_path(str(cwds[0]), "read", grant, "cwd")
         for cmd, found in zip(commands, matches, strict=True):
-            unknown_ok = any(m.rule.accept_unknown for m in found)
-            reads, writes = _paths_of(cmd, found)
+            unknown_ok = any(m.rule.accept_unknown_paths for m in found)
+            reads, writes, redirected = _paths_of(cmd, found)
             who = cmd.program if cmd.argv else "redirect"
             for word in reads:
-                for p in _resolve(policy, word, cwds, unknown_ok):
+                for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
                     _check_path(p, "read", grant, who)
             for word in writes:
-                for p in _resolve(policy, word, cwds, unknown_ok):
+                for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
                     _check_path(p, "write", grant, who)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
@@ -68,7 +68,7 @@ def check(
     return Decision(Verdict.ALLOW, None, ())
 
 
-def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word]]:
+def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word], list[Word]]:
     reads: list[Word] = []
     writes: list[Word] = []
     argv = cmd.argv
@@ -97,14 +97,17 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word]]
                         value = value[len(name) :].removeprefix("=")
                         break
                 out.append(Word(value, w.expansions, w.raw))
+    redirected: list[Word] = []
     for r in cmd.redirects:
         if r.target is None:
             continue
         if r.mode in (RedirectMode.WRITE, RedirectMode.APPEND):
             writes.append(r.target)
+            redirected.append(r.target)
         elif r.mode is RedirectMode.READ:
             reads.append(r.target)
-    return reads, writes
+            redirected.append(r.target)
+    return reads, writes, redirected
 
 
 def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool) -> list[str]:
