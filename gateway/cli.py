@@ -11,6 +11,8 @@ import sys
 from pathlib import Path
 
 from gateway.analysis import analyze
+from gateway.audit import records as audit_records
+from gateway.audit import verify
 from gateway.decision import Verdict
 from gateway.pipeline import CheckResult, evaluate
 from gateway.policy.compile import CompiledPolicy, load_policy
@@ -140,6 +142,48 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_OK if failed == 0 else EXIT_DENY
 
 
+def _cmd_audit(args: argparse.Namespace) -> int:
+    directory = Path(args.audit_dir)
+    if not directory.is_dir():
+        return _fatal(f"no audit directory at {directory}")
+    if args.action == "verify":
+        result = verify(directory)
+        print(result.describe())
+        return EXIT_OK if result.ok else EXIT_DENY
+    rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
+    if args.action == "show":
+        if not args.call_id:
+            return _fatal("audit show needs a CALL_ID")
+        rows = [r for r in rows if r.get("call_id") == args.call_id]
+        if not rows:
+            return _fatal(f"no records for call {args.call_id}")
+    elif args.action == "query":
+        rows = [
+            r
+            for r in rows
+            if (not args.principal or r.get("principal") == args.principal)
+            and (not args.decision or r.get("decision") == args.decision)
+            and (not args.rule or r.get("rule") == args.rule)
+            and (not args.since or str(r.get("ts", "")) >= args.since)
+        ]
+    else:  # tail
+        rows = rows[-args.n :]
+    for r in rows:
+        if args.json:
+            print(json.dumps(r, ensure_ascii=False))
+        else:
+            what = (
+                r.get("decision") or r.get("data", {}).get("error", "")
+                if isinstance(r.get("data"), dict)
+                else r.get("decision")
+            )
+            print(
+                f"{r.get('seq', ''):>6}  {r.get('ts', '')[:23]:23}  {r.get('event', ''):15}  "
+                f"{r.get('principal') or '-':10}  {what or '-':6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}"
+            )
+    return EXIT_OK
+
+
 def _cmd_serve(args: argparse.Namespace) -> int:
     print(
         "gateway serve: the MCP server is not built yet (it lands with the serve issue). "
@@ -172,6 +216,17 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("action", choices=["validate", "test", "schema"])
     po.add_argument("path", nargs="?", help="the policy file (default: --policy)")
     po.set_defaults(func=_cmd_policy)
+    au = sub.add_parser("audit", help="verify and read the audit log")
+    au.add_argument("action", choices=["verify", "tail", "show", "query"])
+    au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
+    au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
+    au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")
+    au.add_argument("--principal")
+    au.add_argument("--decision", choices=["allow", "ask", "deny"])
+    au.add_argument("--rule")
+    au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
+    au.add_argument("--json", action="store_true", help="one JSON record per line")
+    au.set_defaults(func=_cmd_audit)
     sv = sub.add_parser("serve", help="serve the gateway to MCP clients (not built yet)")
     sv.set_defaults(func=_cmd_serve)
     return ap

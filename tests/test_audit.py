@@ -1,0 +1,187 @@
+"""The audit log, on real files: the chain, tampering, rotation, concurrency, a full disk."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from gateway.audit import REDACTED, AuditLog, AuditUnavailable, digest, records, verify
+
+
+def fill(directory: Path, n: int, **kwargs: object) -> AuditLog:
+    log = AuditLog(directory, **kwargs)  # type: ignore[arg-type]
+    for i in range(n):
+        log.append("decision", call_id=f"c{i}", principal="agent", decision="allow")
+    return log
+
+
+def lines_of(directory: Path) -> list[tuple[Path, list[bytes]]]:
+    return [(p, p.read_bytes().splitlines(keepends=True)) for p in sorted(directory.glob("audit-*.jsonl"))]
+
+
+def test_records_chain_and_verify(tmp_path: Path) -> None:
+    fill(tmp_path, 5)
+    result = verify(tmp_path)
+    assert result.ok and result.records == 5, result.describe()
+    recs = [r for _, _, r, _ in records(tmp_path)]
+    assert [r["seq"] for r in recs] == [1, 2, 3, 4, 5]  # type: ignore[index]
+    assert recs[0]["prev"] == ""  # type: ignore[index]
+    assert all(b["prev"] == a["hash"] for a, b in itertools.pairwise(recs))  # type: ignore[index]
+    assert all(r["hash"] == digest(r) for r in recs)  # type: ignore[arg-type,index]
+    assert recs[0]["ts"].endswith("Z")  # type: ignore[index]
+
+
+def rewrite(path: Path, lines: list[bytes]) -> None:
+    path.write_bytes(b"".join(lines))
+
+
+# each tampering: the line of the first record that breaks the chain, and the problem named
+@pytest.mark.parametrize(
+    ("kind", "line", "problem"),
+    [
+        ("edit", 3, "edited"),
+        ("delete", 3, "chain breaks"),
+        ("reorder", 3, "chain breaks"),
+        ("truncate", 5, "truncated"),
+        ("append_forged", 6, "chain breaks"),
+        ("drop_first", 1, "chain breaks"),
+    ],
+)
+def test_every_kind_of_tampering_is_named(tmp_path: Path, kind: str, line: int, problem: str) -> None:
+    fill(tmp_path, 5)
+    ((path, lines),) = lines_of(tmp_path)
+    if kind == "edit":
+        rec = json.loads(lines[2])
+        rec["decision"] = "deny"
+        lines[2] = (json.dumps(rec, sort_keys=True, separators=(",", ":")) + "\n").encode()
+    elif kind == "delete":
+        del lines[2]
+    elif kind == "reorder":
+        lines[2], lines[3] = lines[3], lines[2]
+    elif kind == "truncate":
+        lines[4] = lines[4][:-20]
+    elif kind == "append_forged":
+        forged = {"seq": 6, "event": "decision", "prev": "0" * 64}
+        forged["hash"] = digest(forged)
+        lines.append((json.dumps(forged) + "\n").encode())
+    elif kind == "drop_first":
+        del lines[0]
+    rewrite(path, lines)
+    result = verify(tmp_path)
+    assert not result.ok
+    assert (result.line, problem in result.problem) == (line, True), result.describe()
+    assert f"{path.name}:{line}" in result.describe()
+
+
+def test_a_partial_last_record_stops_further_appends(tmp_path: Path) -> None:
+    log = fill(tmp_path, 2)
+    ((path, lines),) = lines_of(tmp_path)
+    rewrite(path, [*lines[:-1], lines[-1][:-5]])
+    with pytest.raises(AuditUnavailable, match="partial record"):
+        log.append("decision", call_id="x")
+
+
+def test_rotation_keeps_the_chain(tmp_path: Path) -> None:
+    fill(tmp_path, 40, max_file_bytes=1500)
+    files = sorted(tmp_path.glob("audit-*.jsonl"))
+    assert len(files) > 3
+    result = verify(tmp_path)
+    assert result.ok and result.records == 40, result.describe()
+
+
+def test_a_full_disk_is_an_error_not_a_lost_record(tmp_path: Path) -> None:
+    (tmp_path / "audit-000001.jsonl").symlink_to("/dev/full")  # every write fails with ENOSPC
+    with pytest.raises(AuditUnavailable, match="cannot write the audit log"):
+        AuditLog(tmp_path).append("decision", call_id="x")
+
+
+def test_an_unusable_directory_is_an_error(tmp_path: Path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(AuditUnavailable):
+        AuditLog(blocker / "audit")
+
+
+def test_eight_threads_never_break_the_chain(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path)
+    errors: list[BaseException] = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(50):
+                log.append("decision", call_id=f"t{t}-{i}")
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    result = verify(tmp_path)
+    assert result.ok and result.records == 400, result.describe()
+
+
+WRITER = """
+import sys
+from pathlib import Path
+from gateway.audit import AuditLog
+log = AuditLog(Path(sys.argv[1]), max_file_bytes=20000)
+for i in range(150):
+    log.append("decision", call_id=f"{sys.argv[2]}-{i}")
+"""
+
+
+def test_two_processes_never_break_the_chain(tmp_path: Path) -> None:
+    procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(tmp_path), name]) for name in ("a", "b")]
+    for p in procs:
+        assert p.wait(120) == 0
+    result = verify(tmp_path)
+    assert result.ok and result.records == 300, result.describe()
+    assert len(list(tmp_path.glob("audit-*.jsonl"))) > 1  # rotated under contention too
+
+
+def test_secrets_are_redacted_and_marked(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path)
+    rec = log.append(
+        "decision",
+        arguments={"command": "make", "env": {"API_TOKEN": "abc", "CI": "1"}},
+        data={"assignments": [{"name": "AWS_SECRET_ACCESS_KEY", "value": "s3"}], "argv": ["env", "GH_TOKEN=x", "make"]},
+    )
+    assert rec["arguments"]["env"] == {"API_TOKEN": REDACTED, "CI": "1"}
+    assert rec["data"]["assignments"][0]["value"] == REDACTED
+    assert rec["data"]["argv"] == ["env", f"GH_TOKEN={REDACTED}", "make"]
+    raw = (tmp_path / "audit-000001.jsonl").read_text()
+    assert "abc" not in raw and "s3" not in raw
+
+
+def test_audit_cli_verify_tail_show_query(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path)
+    log.append("decision", call_id="c1", principal="agent", decision="allow", rule="git-read")
+    log.append("decision", call_id="c2", principal="bob", decision="deny", rule="network")
+    log.append("result", call_id="c1", principal="agent", data={"exit_code": 0})
+
+    def cli(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "gateway", "audit", *args, "--audit-dir", str(tmp_path)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+
+    assert cli("verify").stdout.startswith("ok: 3 records")
+    shown = [json.loads(x) for x in cli("show", "c1", "--json").stdout.splitlines()]
+    assert [r["event"] for r in shown] == ["decision", "result"]
+    denied = cli("query", "--decision", "deny").stdout
+    assert "network" in denied and "git-read" not in denied
+    assert len(cli("tail", "-n", "2").stdout.splitlines()) == 2
+    (tmp_path / "audit-000001.jsonl").write_text("garbage\\n")
+    broken = cli("verify")
+    assert broken.returncode == 1 and "audit-000001.jsonl:1" in broken.stdout
