@@ -172,14 +172,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         if args.json:
             print(json.dumps(r, ensure_ascii=False))
         else:
-            what = (
-                r.get("decision") or r.get("data", {}).get("error", "")
-                if isinstance(r.get("data"), dict)
-                else r.get("decision")
-            )
+            what = r.get("decision") or "-"
             print(
                 f"{r.get('seq', ''):>6}  {r.get('ts', '')[:23]:23}  {r.get('event', ''):15}  "
-                f"{r.get('principal') or '-':10}  {what or '-':6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}"
+                f"{r.get('principal') or '-':10}  {what:6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}"
             )
     return EXIT_OK
 
