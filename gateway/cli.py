@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from gateway.analysis import analyze
+from gateway.approval import DenyAll, TerminalApprover
+from gateway.audit import AuditLog, AuditUnavailable, verify
 from gateway.audit import records as audit_records
-from gateway.audit import verify
+from gateway.calls import RunCall
 from gateway.decision import Verdict
-from gateway.pipeline import CheckResult, evaluate
+from gateway.pipeline import CheckResult, Gateway, evaluate
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy
@@ -142,6 +145,32 @@ def _cmd_policy(args: argparse.Namespace) -> int:
     return EXIT_OK if failed == 0 else EXIT_DENY
 
 
+def _cmd_run(args: argparse.Namespace) -> int:
+    text = " ".join(args.command)
+    if not text:
+        return _fatal("run needs a command: gateway run -- 'make test'")
+    try:
+        policy = _policy(args)
+        principal = _principal(args, policy)
+        audit = AuditLog(Path(args.audit_dir))
+    except (PolicyError, AuditUnavailable) as exc:
+        return _fatal(str(exc))
+    approver = TerminalApprover(os.environ.get("USER", "supervisor")) if args.approver == "tty" else DenyAll()
+    gw = Gateway(policy, audit, approver)
+    result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
+    if result.get("stdout"):
+        sys.stdout.write(result["stdout"])
+    if result.get("stderr"):
+        sys.stderr.write(result["stderr"])
+    if "error" in result:
+        print(f"gateway: {result['error']['code']}: {result['error']['message']}", file=sys.stderr)
+    if result.get("status") in ("denied", "error"):
+        return EXIT_DENY
+    if result.get("status") == "timeout":
+        return 124
+    return int(result.get("exit_code") or 0)
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
@@ -212,6 +241,11 @@ def build_parser() -> argparse.ArgumentParser:
     po.add_argument("action", choices=["validate", "test", "schema"])
     po.add_argument("path", nargs="?", help="the policy file (default: --policy)")
     po.set_defaults(func=_cmd_policy)
+    rn = sub.add_parser("run", parents=[common], help="run a command through the whole pipeline, in the sandbox")
+    rn.add_argument("--cwd", help="directory to run in (default: the workspace)")
+    rn.add_argument("--approver", choices=["tty", "deny"], default="deny", help="who answers ask decisions")
+    rn.add_argument("command", nargs=argparse.REMAINDER, help="the shell text, after --")
+    rn.set_defaults(func=_cmd_run)
     au = sub.add_parser("audit", help="verify and read the audit log")
     au.add_argument("action", choices=["verify", "tail", "show", "query"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")

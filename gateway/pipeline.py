@@ -15,12 +15,20 @@ Any exception inside a stage is a denial with code `internal_error`: fail closed
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import contextlib
+import uuid
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.analysis import Analysis, analyze
+from gateway import sandbox
+from gateway.analysis import Analysis, Assignment, Word, analyze
+from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
+from gateway.approval import ApprovalRequest, Approver, DenyAll
+from gateway.audit import AuditLog, AuditUnavailable
+from gateway.calls import RunCall
 from gateway.decision import Decision, Reason, Verdict
+from gateway.executors import shell
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages import pathjail, permissions
@@ -39,8 +47,11 @@ class CheckResult:
         return out
 
 
-def evaluate(policy: CompiledPolicy, command: str, principal: str, cwd: Path | None = None) -> CheckResult:
-    """The decision for running `command` as `principal` in `cwd` (default: the workspace)."""
+def evaluate(
+    policy: CompiledPolicy, command: str, principal: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> CheckResult:
+    """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
+    `env` set for it (checked like `NAME=value` before every command)."""
     analysis: Analysis | None = None
     try:
         grant = policy.grant(principal)
@@ -59,7 +70,14 @@ def evaluate(policy: CompiledPolicy, command: str, principal: str, cwd: Path | N
                 )
             )
         all_matches: list[list[permissions.Match]] = []
+        extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items())
+        for name in env or {}:
+            if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES) or not name.isidentifier():
+                reason = Reason("parse", "protected_variable", f"env: setting {name} is refused")
+                return CheckResult(Decision(Verdict.DENY, None, (reason,)), analysis)
         for cmd in analysis.commands:
+            if extra and cmd.argv:
+                cmd = replace(cmd, assignments=cmd.assignments + extra)
             decision, matches = permissions.decide_command(policy, principal, cmd)
             decisions.append(decision)
             all_matches.append(matches)
@@ -96,3 +114,141 @@ def _strictest(decisions: list[Decision]) -> Decision:
     rule = next((d.rule for d in decisions if d.verdict is merged.verdict and d.rule), None)
     reasons = tuple(r for d in decisions if d.verdict is merged.verdict for r in d.reasons)
     return Decision(merged.verdict, rule, reasons)
+
+
+APPROVAL_TIMEOUT_S = 120.0
+
+
+class Gateway:
+    """The whole pipeline for one tool call: decide, audit, approve, execute, audit.
+
+    Built from a policy source (a callable returning the policy in force, e.g.
+    `PolicyHolder.current`), an approver, an audit log and an executor. `handle(call)` never
+    raises: every failure is a result envelope with a stable error code, and is audited when the
+    audit log works. Nothing executes unless the decision record is on disk.
+    """
+
+    def __init__(
+        self,
+        policy: Any,
+        audit: AuditLog,
+        approver: Approver | None = None,
+        executor: Any = shell.run,
+        approval_timeout_s: float = APPROVAL_TIMEOUT_S,
+    ) -> None:
+        self._policy = policy if callable(policy) else (lambda: policy)
+        self.audit = audit
+        self.approver = approver or DenyAll()
+        self.executor = executor
+        self.approval_timeout_s = approval_timeout_s
+
+    def handle(self, call: RunCall) -> dict[str, Any]:
+        call_id = uuid.uuid4().hex[:16]
+        try:
+            return self._handle(call, call_id)
+        except Exception as exc:  # fail closed, and say so
+            envelope = _error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
+            with contextlib.suppress(AuditUnavailable):
+                self.audit.append(
+                    "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
+                )
+            return envelope
+
+    def _handle(self, call: RunCall, call_id: str) -> dict[str, Any]:
+        policy: CompiledPolicy = self._policy()
+        cwd = Path(call.cwd) if call.cwd else policy.workspace
+        if not cwd.is_absolute():
+            cwd = policy.workspace / cwd
+        result = evaluate(policy, call.command, call.principal, cwd, call.env)
+        decision = result.decision
+        base = {"call_id": call_id, "principal": call.principal, "tool": call.tool, "policy_sha256": policy.sha256}
+        arguments = call.model_dump(exclude={"tool", "principal"})
+        try:
+            self.audit.append(
+                "decision",
+                **base,
+                arguments=arguments,
+                decision=decision.verdict.label,
+                rule=decision.rule,
+                reasons=[r.to_json() for r in decision.reasons],
+                data={"commands": [c.to_json()["argv"] for c in result.analysis.commands] if result.analysis else []},
+            )
+        except AuditUnavailable as exc:
+            return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
+        if decision.verdict is Verdict.DENY:
+            jail = any(r.stage == "pathjail" for r in decision.reasons)
+            return _denied(call_id, "PATH_OUTSIDE_JAIL" if jail else "POLICY_DENIED", decision)
+        if decision.verdict is Verdict.ASK:
+            request = ApprovalRequest.bind(
+                call_id, call.principal, call.tool, call.command, str(cwd), dict(call.env), decision.rule,
+                "; ".join(r.message for r in decision.reasons), policy.sha256,
+            )  # fmt: skip
+            answer = self.approver.decide(request, self.approval_timeout_s)
+            try:
+                self.audit.append(
+                    "approval",
+                    **base,
+                    decision="allow" if answer and answer.approved else "deny",
+                    rule=decision.rule,
+                    data={
+                        "digest": request.digest,
+                        "answered": answer is not None,
+                        "by": answer.by if answer else None,
+                        "how": answer.how if answer else "timeout",
+                        "bound": answer is not None and answer.digest == request.digest,
+                    },
+                )
+            except AuditUnavailable as exc:
+                return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
+            if answer is None:
+                return _error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
+            if not answer.approved or answer.digest != request.digest:
+                return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
+        grant = policy.grant(call.principal)
+        role_limits = _limits(policy, call.principal)
+        timeout = min(
+            call.timeout_ms or role_limits.get("timeout_ms") or 120_000, role_limits.get("timeout_ms") or 10**9
+        )
+        try:
+            outcome = self.executor(
+                call.command,
+                cwd,
+                grant.write_roots,
+                env=dict(call.env),
+                home=policy.home,
+                timeout_ms=timeout,
+                output_bytes=role_limits.get("output_bytes") or (1 << 20),
+            )
+        except sandbox.SandboxUnavailable as exc:
+            outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
+        envelope = {"call_id": call_id, **outcome}
+        try:
+            self.audit.append(
+                "result",
+                **base,
+                data={k: v for k, v in outcome.items() if k not in ("stdout", "stderr")}
+                | {"stdout_bytes": len(outcome.get("stdout", "")), "stderr_bytes": len(outcome.get("stderr", ""))},
+            )
+        except AuditUnavailable as exc:
+            envelope["warning"] = {"code": "AUDIT_UNAVAILABLE", "message": f"the result could not be recorded: {exc}"}
+        return envelope
+
+
+def _limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for name in policy.policy.principals[principal].roles:
+        for key, value in policy.policy.roles[name].limits.model_dump().items():
+            if value is not None:
+                out[key] = max(out.get(key, 0), value)
+    return out
+
+
+def _error(call_id: str, status: str, code: str, message: str) -> dict[str, Any]:
+    return {"status": status, "call_id": call_id, "error": {"code": code, "message": message}}
+
+
+def _denied(call_id: str, code: str, decision: Decision) -> dict[str, Any]:
+    out = _error(call_id, "denied", code, "; ".join(r.message for r in decision.reasons))
+    out["rule"] = decision.rule
+    out["reasons"] = [r.to_json() for r in decision.reasons]
+    return out

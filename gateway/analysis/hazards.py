@@ -68,6 +68,7 @@ PROTECTED_VARIABLES = frozenset(
         "POSIXLY_CORRECT",
         "GLOBIGNORE",
         "INPUTRC",
+        "HOME",  # what ~ and a bare cd mean; the gateway sets it
         "BASH_CMDS",  # BASH_CMDS[ls]=/x binds a command name to a program, like hash -p
         "BASH_ALIASES",  # BASH_ALIASES[ls]=... defines an alias
     }
@@ -160,13 +161,11 @@ def check(commands: list[Command], walk: Walk) -> None:
         letters = _COMMAND_OPTIONS.get(program, "")
         if letters and any(w.value.startswith("-") and set(w.value[1:]) & set(letters) for w in cmd.argv[1:]):
             raise Unmodelled("forbidden_builtin", f"{program} -{letters[0]} runs a string as a command", program)
-        if program == "set" and any(
-            (w.value.startswith(("-", "+")) and "k" in w.value[1:] and not w.value.startswith("--"))
-            or w.value == "keyword"
-            for w in cmd.argv[1:]
-        ):
+        if program == "set" and _set_exports(cmd.argv[1:]):
             raise Unmodelled(
-                "forbidden_builtin", "set -k puts assignments in argument position into the environment", "set -k"
+                "forbidden_builtin",
+                "set -a / -k export assignments behind the policy's back (GIT_CONFIG_*=... would reach git)",
+                "set",
             )
         if program in _SUBSCRIPT_EVALUATORS:
             _check_subscripts(cmd)
@@ -180,6 +179,25 @@ def check(commands: list[Command], walk: Walk) -> None:
                 if r.mode in (RedirectMode.HERESTRING, RedirectMode.HEREDOC) and r.target is not None:
                     _check_stash(r.target, f"{program} input")
         _check_variable_targets(cmd)
+
+
+def _set_exports(args: tuple[Word, ...]) -> bool:
+    """Does `set ARGS` turn on allexport (-a, -o allexport) or keyword (-k, -o keyword)?
+    Options end at `--` or the first operand (`set -- -a` sets positional parameters)."""
+    i = 0
+    while i < len(args):
+        v = args[i].value
+        if v == "--" or not v.startswith("-") or v == "-":
+            return False
+        if v == "-o":
+            if i + 1 < len(args) and args[i + 1].value in ("allexport", "keyword"):
+                return True
+            i += 2
+            continue
+        if set(v[1:]) & {"a", "k"}:
+            return True
+        i += 1
+    return False
 
 
 def _check_assignment(a: Assignment) -> None:

@@ -150,6 +150,10 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
             if inside(path, p):
                 details["protected"] = str(p)
                 raise _Refused("protected_path", f"{who}: {path} is protected ({p}) and never writable", details)
+        if ".git" in Path(path).parts:
+            # a repository's config and hooks run programs (core.fsmonitor, hooks), at any depth;
+            # git itself changes its directory, through its own commands
+            raise _Refused("protected_path", f"{who}: {path} is inside a .git directory, written only by git", details)
         return
     if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
         roots = sorted({str(r) for r in (*grant.read_roots, *grant.write_roots)})

@@ -87,6 +87,9 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     return None, f"argument {w.raw or w.value} is only known at run time"
             if Flag.DYNAMIC_ARGS in cmd.flags:
                 return None, f"its arguments arrive at run time (from {cmd.wrapper})"
+        jails_paths = rule.path_args.read != "none" or rule.path_args.write != "none"
+        if Flag.DYNAMIC_ARGS in cmd.flags and jails_paths and not rule.accept_unknown_paths:
+            return None, f"its arguments arrive at run time (from {cmd.wrapper}) and could be paths"
         for a in cmd.assignments:
             if not any(_name_matches(a.name, allowed) for allowed in rule.env):
                 return None, f"setting {a.name} is not allowed"

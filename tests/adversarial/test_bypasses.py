@@ -39,7 +39,13 @@ DENIED = [
     # PATH and friends through forms the first checks missed
     ("printf -vPATH /tmp/evil; ls", "protected_variable"),
     ("printf -v'PATH' /tmp/evil; ls", "protected_variable"),
-    ("set -a; printf -vBASH_ENV /tmp/evil.sh; bash -c :", "protected_variable"),
+    ("printf -vBASH_ENV /tmp/evil.sh; bash -c :", "protected_variable"),
+    (
+        "set -a; GIT_CONFIG_COUNT=1 GIT_CONFIG_KEY_0=core.fsmonitor GIT_CONFIG_VALUE_0=id; git status",
+        "forbidden_builtin",
+    ),
+    ("set -o allexport; x=1", "forbidden_builtin"),
+    ("HOME=/etc; cat ~/passwd", "protected_variable"),
     ("read -a PATH <<< x; ls", "protected_variable"),
     ("set -k; bash -c : BASH_ENV=/tmp/evil.sh", "forbidden_builtin"),
     ("set -o keyword; bash -c :", "forbidden_builtin"),

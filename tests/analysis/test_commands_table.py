@@ -249,7 +249,7 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("exec {PATH}>/dev/null", Deny("unsupported_redirect")),
     # --- wrappers -------------------------------------------------------------------------------------
     ("env FOO=1 ls", [["env", "FOO=1", "ls"], ["ls"]]),
-    ("env -i HOME=/x ls -l", [["env", "-i", "HOME=/x", "ls", "-l"], ["ls", "-l"]]),
+    ("env -i FOO=/x ls -l", [["env", "-i", "FOO=/x", "ls", "-l"], ["ls", "-l"]]),
     ("env -u FOO -C /tmp make", [["env", "-u", "FOO", "-C", "/tmp", "make"], ["make"]]),
     ("env", [["env"]]),
     ("/usr/bin/env python3 x.py", [["/usr/bin/env", "python3", "x.py"], ["python3", "x.py"]]),

@@ -1,0 +1,112 @@
+"""Approval: an `ask` decision waits for a supervisor. No answer in time means deny.
+
+An `ApprovalRequest` carries what the supervisor must see (the exact command, cwd, env changes,
+the rule and why it asks) and a digest binding any answer to this exact call: tool, command,
+cwd, env and the policy's hash. Shipped approvers:
+
+- `DenyAll`: the default when nobody can answer;
+- `CallbackApprover`: a function decides (for programs and tests);
+- `TerminalApprover`: asks a supervisor at a TTY, with control and invisible characters shown as
+  escapes, and waits at most the timeout.
+
+(The durable approvals queue answered with `gateway approvals ...` is not built yet.)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import select
+import sys
+import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol, TextIO
+
+
+@dataclass(frozen=True)
+class ApprovalRequest:
+    call_id: str
+    principal: str
+    tool: str
+    command: str
+    cwd: str
+    env: dict[str, str]
+    rule: str | None
+    reason: str
+    policy_sha256: str
+    digest: str = field(default="")
+
+    @staticmethod
+    def bind(call_id: str, principal: str, tool: str, command: str, cwd: str, env: dict[str, str],
+             rule: str | None, reason: str, policy_sha256: str) -> ApprovalRequest:  # fmt: skip
+        body = json.dumps([tool, command, cwd, sorted(env.items()), policy_sha256], ensure_ascii=False)
+        digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
+        return ApprovalRequest(call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest)
+
+
+@dataclass(frozen=True)
+class Approval:
+    approved: bool
+    by: str
+    digest: str
+    how: str  # "deny-all", "callback", "tty", ...
+    note: str = ""
+
+
+class Approver(Protocol):
+    """Answers an approval request within `timeout` seconds, or returns None (= deny)."""
+
+    def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None: ...
+
+
+class DenyAll:
+    def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+        return Approval(False, "nobody", request.digest, "deny-all", "no supervisor can answer")
+
+
+class CallbackApprover:
+    def __init__(self, fn: Callable[[ApprovalRequest], bool | None], who: str = "callback") -> None:
+        self.fn = fn
+        self.who = who
+
+    def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+        answer = self.fn(request)
+        return None if answer is None else Approval(bool(answer), self.who, request.digest, "callback")
+
+
+def visible(text: str) -> str:
+    """`text` with control, bidi and invisible characters made visible as escapes."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n\n    ")
+        elif ch == "\t" or (ch.isprintable() and unicodedata.category(ch) not in ("Cf", "Co", "Cn")):
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{ord(ch):04x}}}")
+    return "".join(out)
+
+
+class TerminalApprover:
+    """Asks at a terminal: approve (y), deny (n). Anything else, or no answer in time, denies."""
+
+    def __init__(self, supervisor: str, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
+        self.supervisor = supervisor
+        self.stdin = stdin or sys.stdin
+        self.stdout = stdout or sys.stderr
+
+    def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+        w = self.stdout
+        w.write(
+            f"\n=== approval needed (call {request.call_id}, {request.principal}) ===\n"
+            f"  command: {visible(request.command)}\n  cwd:     {visible(request.cwd)}\n"
+            f"  env:     {visible(json.dumps(request.env))}\n  rule:    {request.rule}\n"
+            f"  why:     {request.reason}\nApprove? [y/N] (denied in {int(timeout)} s) "
+        )
+        w.flush()
+        ready, _, _ = select.select([self.stdin], [], [], timeout)
+        if not ready:
+            return None
+        answer = self.stdin.readline().strip().lower()
+        return Approval(answer in ("y", "yes"), self.supervisor, request.digest, "tty")

@@ -1,0 +1,1 @@
+"""Executors: one module per tool family. Every one runs through gateway.sandbox."""

