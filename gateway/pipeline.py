@@ -218,6 +218,7 @@ class Gateway:
                 home=policy.home,
                 timeout_ms=timeout,
                 output_bytes=role_limits.get("output_bytes") or (1 << 20),
+                read_only=grant.protected,
             )
         except sandbox.SandboxUnavailable as exc:
             outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}

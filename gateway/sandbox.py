@@ -2,7 +2,7 @@
 
 A command runs as `bwrap <profile> -- prlimit <limits> -- bash --noprofile --norc -c TEXT` with:
 - the whole filesystem read-only (`--ro-bind / /`), the write roots bound read-write over it,
-  a private `/tmp`, fresh `/dev` and `/proc`;
+  the protected paths read-only again over those, a private `/tmp`, fresh `/dev` and `/proc`;
 - new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network unless
   the policy allows it (`--share-net`), and every process the command starts lives in a PID
   namespace that dies with it (so `setsid` and double-forked children cannot outlive it);
@@ -64,8 +64,16 @@ def check() -> str:
     return binary
 
 
-def wrap(argv: list[str], cwd: Path, write_roots: tuple[Path, ...], limits: Limits, network: bool = False) -> list[str]:
-    """The argv that runs `argv` inside the sandbox, in `cwd`."""
+def wrap(
+    argv: list[str],
+    cwd: Path,
+    write_roots: tuple[Path, ...],
+    limits: Limits,
+    network: bool = False,
+    read_only: tuple[Path, ...] = (),
+) -> list[str]:
+    """The argv that runs `argv` inside the sandbox, in `cwd`. `read_only` paths (the policy's
+    protected paths) are bound read-only over the write roots, so the kernel enforces them too."""
     profile = [
         check(),
         "--ro-bind", "/", "/",
@@ -77,6 +85,9 @@ def wrap(argv: list[str], cwd: Path, write_roots: tuple[Path, ...], limits: Limi
         if root.exists():
             real = os.path.realpath(root)
             profile += ["--bind", real, real]  # after --tmpfs /tmp, so roots under /tmp still show
+    for path in read_only:
+        real = os.path.realpath(path)
+        profile += ["--ro-bind-try", real, real]  # after the write roots: it must cover them
     profile += ["--chdir", str(cwd), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
     if network:
         profile.append("--share-net")

@@ -27,6 +27,7 @@ PERMISSIVE = {
             "level": 1,
             "read_roots": ["/"],
             "write_roots": ["."],
+            "protected": [".git/hooks"],
             "limits": {"timeout_ms": 20000, "output_bytes": 4096},
         }
     },
@@ -81,6 +82,7 @@ def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
     w.mkdir()
     (w / "victim").write_text("keep me\n")
+    (w / ".git" / "hooks").mkdir(parents=True)
     return w
 
 
@@ -127,6 +129,14 @@ def test_the_sandbox_refuses_what_the_text_hid(policy: CompiledPolicy, tmp_path:
     assert not (outside / "f").exists()
     net = run(gateway(policy, tmp_path), "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)'")
     assert net["exit_code"] != 0 and "unreachable" in str(net["stderr"]).lower()
+
+
+def test_the_sandbox_keeps_protected_paths_read_only(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    # the permissive policy lets the hidden path through; the kernel still refuses the write
+    out = run(gateway(policy, tmp_path), "x=.git/hooks; echo pwned | tee $x/pre-commit; echo ok > fine.txt")
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert "Read-only file system" in str(out["stderr"])
+    assert (ws / "fine.txt").read_text() == "ok\n"
 
 
 @pytest.mark.parametrize(

@@ -74,10 +74,11 @@ def run(
     output_bytes: int = 1 << 20,
     limits: sandbox.Limits | None = None,
     network: bool = False,
+    read_only: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses)."""
-    argv = sandbox.wrap([*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network)
+    argv = sandbox.wrap([*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network, read_only)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
