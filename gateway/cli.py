@@ -6,13 +6,16 @@ Exit codes (DESIGN.md section 5): 0 allow / success, 1 deny, 2 usage or config e
 from __future__ import annotations
 
 import argparse
+import getpass
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
+from gateway import approval_queue
 from gateway.analysis import analyze
-from gateway.approval import DenyAll, TerminalApprover
+from gateway.approval import Approver, DenyAll, TerminalApprover, visible
 from gateway.audit import AuditLog, AuditUnavailable, verify
 from gateway.audit import records as audit_records
 from gateway.calls import RunCall
@@ -45,6 +48,7 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 DEFAULT_POLICY = Path("policies/default.yaml")
+DEFAULT_STATE_DIR = str(Path.home() / ".local" / "state" / "agent-gateway" / "approvals")
 _EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
 
 
@@ -155,7 +159,17 @@ def _cmd_run(args: argparse.Namespace) -> int:
         audit = AuditLog(Path(args.audit_dir))
     except (PolicyError, AuditUnavailable) as exc:
         return _fatal(str(exc))
-    approver = TerminalApprover(os.environ.get("USER", "supervisor")) if args.approver == "tty" else DenyAll()
+    approver: Approver
+    if args.approver == "tty":
+        approver = TerminalApprover(os.environ.get("USER", "supervisor"))
+    elif args.approver == "queue":
+        try:
+            approver = approval_queue.QueueApprover(Path(args.state_dir), policy.grant(principal).write_roots)
+        except approval_queue.QueueError as exc:
+            return _fatal(str(exc))
+        print(f"gateway: asks wait for `gateway approvals approve ID --state-dir {args.state_dir}`", file=sys.stderr)
+    else:
+        approver = DenyAll()
     gw = Gateway(policy, audit, approver)
     result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
     if result.get("stdout"):
@@ -169,6 +183,46 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if result.get("status") == "timeout":
         return 124
     return int(result.get("exit_code") or 0)
+
+
+def _supervisor(args: argparse.Namespace) -> str:
+    return str(args.by or os.environ.get("SUDO_USER") or getpass.getuser())
+
+
+def _cmd_approvals(args: argparse.Namespace) -> int:
+    state = Path(args.state_dir)
+    if args.action == "list":
+        rows = approval_queue.pending(state)
+        for r in rows:
+            left = int(r["expires"] - time.time())
+            print(
+                f"{r['call_id']}  {r['principal']:10}  {r.get('rule') or '-':14}  {left:4d}s left  "
+                f"{visible(r['command'])[:60]}"
+            )
+        if not rows:
+            print("no pending approvals")
+        return EXIT_OK
+    if not args.call_id:
+        return _fatal(f"approvals {args.action} needs a CALL_ID (see: gateway approvals list)")
+    if args.action == "show":
+        rows = [r for r in approval_queue.pending(state) if r["call_id"] == args.call_id]
+        if not rows:
+            return _fatal(f"no pending request {args.call_id}")
+        r = rows[0]
+        print(
+            f"call:      {r['call_id']} ({r['principal']}, tool {r['tool']})\ncommand:   {visible(r['command'])}\n"
+            f"cwd:       {visible(r['cwd'])}\nenv:       {visible(json.dumps(r['env']))}\nrule:      {r.get('rule')}\n"
+            f"why:       {r['reason']}\ndigest:    {r['digest']}"
+        )
+        return EXIT_OK
+    try:
+        done = approval_queue.answer(
+            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or ""
+        )
+    except approval_queue.QueueError as exc:
+        return _fatal(str(exc))
+    print(f"{args.action}d {done['call_id']} as {done['by']}")
+    return EXIT_OK
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -243,9 +297,17 @@ def build_parser() -> argparse.ArgumentParser:
     po.set_defaults(func=_cmd_policy)
     rn = sub.add_parser("run", parents=[common], help="run a command through the whole pipeline, in the sandbox")
     rn.add_argument("--cwd", help="directory to run in (default: the workspace)")
-    rn.add_argument("--approver", choices=["tty", "deny"], default="deny", help="who answers ask decisions")
+    rn.add_argument("--approver", choices=["tty", "queue", "deny"], default="deny", help="who answers ask decisions")
+    rn.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals directory for --approver queue")
     rn.add_argument("command", nargs=argparse.REMAINDER, help="the shell text, after --")
     rn.set_defaults(func=_cmd_run)
+    ap_ = sub.add_parser("approvals", help="list and answer pending approvals (as a supervisor)")
+    ap_.add_argument("action", choices=["list", "show", "approve", "deny"])
+    ap_.add_argument("call_id", nargs="?")
+    ap_.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals directory (default: %(default)s)")
+    ap_.add_argument("--reason", help="why (recorded with the answer)")
+    ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
+    ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
     au.add_argument("action", choices=["verify", "tail", "show", "query"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")

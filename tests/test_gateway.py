@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from gateway.approval import Approval, ApprovalRequest, CallbackApprover
+from gateway.approval_queue import QueueApprover, QueueError
 from gateway.audit import AuditLog, records, verify
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
@@ -280,3 +281,58 @@ def test_gateway_run_cli(tmp_path: Path) -> None:
     assert denied.returncode == 1 and "POLICY_DENIED" in denied.stderr
     failing = subprocess.run([*args, "ls no-such-file"], capture_output=True, text=True, timeout=60, env=env)
     assert failing.returncode == 2  # the command's own exit code
+
+
+# --- the durable approvals queue, answered from another process -------------------------------
+
+
+def approvals_cli(state: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "gateway", "approvals", *args, "--state-dir", str(state)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def wait_for_pending(state: Path) -> str:
+    for _ in range(100):
+        listed = approvals_cli(state, "list").stdout
+        if "rm victim" in listed:
+            return listed.split()[0]
+        time.sleep(0.1)
+    raise AssertionError("the request never showed up")
+
+
+@pytest.mark.parametrize(("verb", "status", "deleted"), [("approve", "ok", True), ("deny", "denied", False)])
+def test_a_supervisor_answers_from_another_process(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path, verb: str, status: str, deleted: bool
+) -> None:
+    state = tmp_path / "approvals"
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"), QueueApprover(state, (ws,)), approval_timeout_s=30)
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(run(gw, "rm victim")))
+    worker.start()
+    call_id = wait_for_pending(state)
+    shown = approvals_cli(state, "show", call_id).stdout
+    assert "rm victim" in shown and "rule:      rm" in shown
+    answered = approvals_cli(state, verb, call_id, "--by", "alice", "--reason", "checked")
+    assert answered.returncode == 0, answered.stderr
+    worker.join(30)
+    assert result["status"] == status
+    assert (ws / "victim").exists() is not deleted
+    approval = next(r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval")
+    assert (approval["data"]["by"], approval["data"]["how"], approval["data"]["bound"]) == ("alice", "queue", True)
+    again = approvals_cli(state, "approve", call_id)
+    assert again.returncode == 2 and "no pending request" in again.stderr  # single use
+
+
+def test_a_queued_request_expires(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    state = tmp_path / "approvals"
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"), QueueApprover(state, (ws,)), approval_timeout_s=0.5)
+    assert run(gw, "rm victim")["error"]["code"] == "APPROVAL_TIMEOUT"  # type: ignore[index]
+    assert (ws / "victim").exists()
+    assert "no pending approvals" in approvals_cli(state, "list").stdout
+
+
+def test_the_agent_cannot_answer_its_own_request(ws: Path) -> None:
+    with pytest.raises(QueueError, match="could answer its own requests"):
+        QueueApprover(ws / ".approvals", (ws,))
