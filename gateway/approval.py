@@ -89,7 +89,8 @@ def visible(text: str) -> str:
 
 
 class TerminalApprover:
-    """Asks at a terminal: approve (y), deny (n). Anything else, or no answer in time, denies."""
+    """Asks at a terminal: approve once (y), approve this exact call for the session (s), deny
+    (n). Anything else, or no answer in time, denies."""
 
     def __init__(self, supervisor: str, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
         self.supervisor = supervisor
@@ -102,11 +103,15 @@ class TerminalApprover:
             f"\n=== approval needed (call {request.call_id}, {request.principal}) ===\n"
             f"  command: {visible(request.command)}\n  cwd:     {visible(request.cwd)}\n"
             f"  env:     {visible(json.dumps(request.env))}\n  rule:    {request.rule}\n"
-            f"  why:     {request.reason}\nApprove? [y/N] (denied in {int(timeout)} s) "
+            f"  why:     {request.reason}\n"
+            f"Approve? y = once, s = this exact call for the rest of the session, N = deny "
+            f"(denied in {int(timeout)} s) "
         )
         w.flush()
         ready, _, _ = select.select([self.stdin], [], [], timeout)
         if not ready:
             return None
         answer = self.stdin.readline().strip().lower()
+        if answer == "s":
+            return Approval(True, self.supervisor, request.digest, "tty-session")
         return Approval(answer in ("y", "yes"), self.supervisor, request.digest, "tty")

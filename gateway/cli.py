@@ -12,6 +12,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from gateway import approval_queue
 from gateway.analysis import analyze
@@ -23,6 +24,7 @@ from gateway.decision import Verdict
 from gateway.pipeline import CheckResult, Gateway, evaluate
 from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.policy.loader import PolicyError
+from gateway.policy.reload import PolicyHolder
 from gateway.policy.schema import Policy
 from gateway.policy.selftest import check_examples, example_cases, load_checked, test_cases
 
@@ -154,9 +156,14 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not text:
         return _fatal("run needs a command: gateway run -- 'make test'")
     try:
-        policy = _policy(args)
-        principal = _principal(args, policy)
         audit = AuditLog(Path(args.audit_dir))
+
+        def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
+            audit.append(kind, data=data)
+
+        holder = PolicyHolder(Path(args.policy), Path(args.workspace) if args.workspace else None, on_event=record)
+        policy = holder.current()
+        principal = _principal(args, policy)
     except (PolicyError, AuditUnavailable) as exc:
         return _fatal(str(exc))
     approver: Approver
@@ -170,7 +177,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"gateway: asks wait for `gateway approvals approve ID --state-dir {args.state_dir}`", file=sys.stderr)
     else:
         approver = DenyAll()
-    gw = Gateway(policy, audit, approver)
+    gw = Gateway(holder.current, audit, approver)
     result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
     if result.get("stdout"):
         sys.stdout.write(result["stdout"])

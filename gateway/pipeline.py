@@ -24,11 +24,12 @@ from typing import Any
 from gateway import sandbox
 from gateway.analysis import Analysis, Assignment, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
-from gateway.approval import ApprovalRequest, Approver, DenyAll
+from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
 from gateway.calls import RunCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import shell
+from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages import pathjail, permissions
@@ -141,11 +142,18 @@ class Gateway:
         self.approver = approver or DenyAll()
         self.executor = executor
         self.approval_timeout_s = approval_timeout_s
+        # "approve for this session": the digests of calls a supervisor approved for the rest of
+        # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
+        # narrowest rule covering that one call, void when the policy changes.
+        self._session_approved: set[str] = set()
 
     def handle(self, call: RunCall) -> dict[str, Any]:
         call_id = uuid.uuid4().hex[:16]
         try:
-            return self._handle(call, call_id)
+            out = self._handle(call, call_id)
+            log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
+                     code=(out.get("error") or {}).get("code"))  # fmt: skip
+            return out
         except Exception as exc:  # fail closed, and say so
             envelope = _error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(AuditUnavailable):
@@ -183,7 +191,12 @@ class Gateway:
                 call_id, call.principal, call.tool, call.command, str(cwd), dict(call.env), decision.rule,
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
             )  # fmt: skip
-            answer = self.approver.decide(request, self.approval_timeout_s)
+            if request.digest in self._session_approved:
+                answer: Approval | None = Approval(True, "session", request.digest, "session")
+            else:
+                answer = self.approver.decide(request, self.approval_timeout_s)
+                if answer is not None and answer.approved and answer.how.endswith("-session"):
+                    self._session_approved.add(answer.digest)
             try:
                 self.audit.append(
                     "approval",
@@ -219,6 +232,11 @@ class Gateway:
                 timeout_ms=timeout,
                 output_bytes=role_limits.get("output_bytes") or (1 << 20),
                 read_only=grant.protected,
+                limits=sandbox.Limits(
+                    cpu_seconds=role_limits.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
+                    file_bytes=role_limits.get("file_bytes") or sandbox.Limits.file_bytes,
+                    open_files=role_limits.get("open_files") or sandbox.Limits.open_files,
+                ),
             )
         except sandbox.SandboxUnavailable as exc:
             outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}

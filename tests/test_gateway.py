@@ -336,3 +336,52 @@ def test_a_queued_request_expires(policy: CompiledPolicy, tmp_path: Path, ws: Pa
 def test_the_agent_cannot_answer_its_own_request(ws: Path) -> None:
     with pytest.raises(QueueError, match="could answer its own requests"):
         QueueApprover(ws / ".approvals", (ws,))
+
+
+def test_approve_for_session_covers_only_that_exact_call(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    asked: list[str] = []
+
+    class Supervisor:
+        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+            asked.append(request.command)
+            return Approval(True, "alice", request.digest, "tty-session")
+
+    gw = gateway(policy, tmp_path, Supervisor())
+    (ws / "a").write_text("1")
+    (ws / "b").write_text("2")
+    assert run(gw, "rm a")["status"] == "ok"
+    (ws / "a").write_text("1")
+    assert run(gw, "rm a")["status"] == "ok"  # the same call: no second question
+    assert run(gw, "rm b")["status"] == "ok"  # another call: asked again
+    assert asked == ["rm a", "rm b"]
+    hows = [r["data"]["how"] for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval"]
+    assert hows == ["tty-session", "session", "tty-session"]
+
+
+def test_policy_limits_reach_the_sandbox(ws: Path, tmp_path: Path) -> None:
+    raw = json.loads(json.dumps(PERMISSIVE))
+    raw["roles"]["dev"]["limits"] |= {"file_bytes": 1000, "cpu_seconds": 1}
+    limited = compile_policy(Policy.model_validate(raw), ws / "p.yaml", ws, sha256="t")
+    out = run(gateway(limited, tmp_path), "head -c 5000 /dev/zero > big.bin")
+    assert out["exit_code"] != 0
+    assert (ws / "big.bin").stat().st_size <= 1000
+    spin = run(gateway(limited, tmp_path), "python3 -c 'while True: pass'", timeout_ms=15000)
+    assert spin["status"] == "ok" and spin["exit_code"] != 0  # killed by RLIMIT_CPU, not the timeout
+    assert int(spin["duration_ms"]) < 10000  # type: ignore[call-overload]
+
+
+def test_gateway_run_audits_the_policy_it_loaded(tmp_path: Path) -> None:
+    args = [
+        sys.executable,
+        "-m",
+        "gateway",
+        "run",
+        "--audit-dir",
+        str(tmp_path / "audit"),
+        "--workspace",
+        str(tmp_path),
+        "--",
+    ]
+    subprocess.run([*args, "true"], capture_output=True, timeout=60)
+    first = next(r for _, _, r, _ in records(tmp_path / "audit") if r)
+    assert first["event"] == "policy_loaded" and len(first["data"]["sha256"]) == 64

@@ -49,6 +49,12 @@ class Limits(_Model):
     """Live shell sessions per principal."""
     processes: Annotated[StrictInt, Field(ge=0)] | None = None
     """Background processes per principal."""
+    cpu_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
+    """CPU time of one command (RLIMIT_CPU)."""
+    file_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
+    """Largest file a command may write (RLIMIT_FSIZE)."""
+    open_files: Annotated[StrictInt, Field(gt=0)] | None = None
+    """Open file descriptors (RLIMIT_NOFILE)."""
 
 
 class Role(_Model):
