@@ -385,3 +385,59 @@ def test_gateway_run_audits_the_policy_it_loaded(tmp_path: Path) -> None:
     subprocess.run([*args, "true"], capture_output=True, timeout=60)
     first = next(r for _, _, r, _ in records(tmp_path / "audit") if r)
     assert first["event"] == "policy_loaded" and len(first["data"]["sha256"]) == 64
+
+
+TWO_GATEWAYS = """
+import json, sys
+from pathlib import Path
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+ws = Path(sys.argv[2])
+policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws / "p.yaml", ws, sha256="t")
+gw = Gateway(policy, AuditLog(Path(sys.argv[3])))
+for i in range(10):
+    assert gw.handle(RunCall(principal="agent", command=f"echo {i}"))["status"] == "ok"
+"""
+
+
+def test_two_gateway_processes_keep_one_chain(ws: Path, tmp_path: Path) -> None:
+    argv = [sys.executable, "-c", TWO_GATEWAYS, json.dumps(PERMISSIVE), str(ws), str(tmp_path / "audit")]
+    procs = [subprocess.Popen(argv, cwd=Path(__file__).parent.parent) for _ in range(2)]
+    assert [p.wait(120) for p in procs] == [0, 0]
+    result = verify(tmp_path / "audit")
+    assert result.ok and result.records == 40, result.describe()
+
+
+def test_the_terminal_approver_through_a_real_pty(tmp_path: Path) -> None:
+    import pty
+    import select as sel
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "victim").write_text("x")
+    master, slave = pty.openpty()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "run", "--approver", "tty", "--audit-dir", str(tmp_path / "audit"),
+         "--workspace", str(ws), "--", "rm victim"],
+        stdin=slave, stdout=slave, stderr=slave, cwd=Path(__file__).parent.parent, close_fds=True,
+    )  # fmt: skip
+    os.close(slave)
+    seen = b""
+    deadline = time.monotonic() + 60
+    while b"Approve?" not in seen and time.monotonic() < deadline:
+        if sel.select([master], [], [], 1)[0]:
+            seen += os.read(master, 4096)
+    assert b"command: rm victim" in seen and b"rule:    rm" in seen
+    os.write(master, b"y\n")
+    assert proc.wait(60) == 0
+    os.close(master)
+    assert not (ws / "victim").exists()
+
+
+def test_the_prompt_makes_hidden_characters_visible() -> None:
+    from gateway.approval import visible
+
+    assert visible("rm a\x1b[2J\u202eb\u200b") == "rm a\\u{001b}[2J\\u{202e}b\\u{200b}"
