@@ -75,9 +75,10 @@ class AuditLog:
     """The writer. One per process and directory is enough; it is safe across threads and
     processes."""
 
-    def __init__(self, directory: Path, max_file_bytes: int = MAX_FILE_BYTES) -> None:
+    def __init__(self, directory: Path, max_file_bytes: int = MAX_FILE_BYTES, redact: list[str] | None = None) -> None:
         self.directory = Path(directory)
         self.max_file_bytes = max_file_bytes
+        self.secret_names = re.compile("|".join([SECRET_NAME.pattern, *(redact or [])]), re.IGNORECASE)
         self._lock = threading.Lock()
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
@@ -103,7 +104,7 @@ class AuditLog:
             "seq": (last["seq"] + 1) if last else 1,
             "ts": datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z"),
             "event": event,
-            **redact({k: v for k, v in fields.items() if v is not None}),
+            **redact({k: v for k, v in fields.items() if v is not None}, self.secret_names),
             "prev": last["hash"] if last else "",
         }
         try:

@@ -156,7 +156,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not text:
         return _fatal("run needs a command: gateway run -- 'make test'")
     try:
-        audit = AuditLog(Path(args.audit_dir))
+        policy = _policy(args)  # read once for the audit settings; the holder keeps it current
+        audit = AuditLog(Path(args.audit_dir), redact=policy.policy.audit.redact)
 
         def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
             audit.append(kind, data=data)
@@ -258,16 +259,39 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         ]
     else:  # tail
         rows = rows[-args.n :]
+        if args.follow:
+            return _follow(directory, rows, args.json)
     for r in rows:
-        if args.json:
-            print(json.dumps(r, ensure_ascii=False))
-        else:
-            what = r.get("decision") or "-"
-            print(
-                f"{r.get('seq', ''):>6}  {r.get('ts', '')[:23]:23}  {r.get('event', ''):15}  "
-                f"{r.get('principal') or '-':10}  {what:6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}"
-            )
+        _print_record(r, args.json)
     return EXIT_OK
+
+
+def _print_record(r: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(r, ensure_ascii=False), flush=True)
+        return
+    what = r.get("decision") or "-"
+    print(
+        f"{r.get('seq', ''):>6}  {r.get('ts', '')[:23]:23}  {r.get('event', ''):15}  "
+        f"{r.get('principal') or '-':10}  {what:6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}",
+        flush=True,
+    )
+
+
+def _follow(directory: Path, shown: list[dict[str, Any]], as_json: bool) -> int:
+    """`audit tail -f`: print the last records, then new ones as they are written (Ctrl-C ends)."""
+    for r in shown:
+        _print_record(r, as_json)
+    last = shown[-1]["seq"] if shown else 0
+    try:
+        while True:
+            for _, _, record, _ in audit_records(directory):
+                if isinstance(record, dict) and record.get("seq", 0) > last:
+                    _print_record(record, as_json)
+                    last = record["seq"]
+            time.sleep(0.5)
+    except KeyboardInterrupt:
+        return EXIT_OK
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -320,6 +344,7 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
     au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")
+    au.add_argument("-f", "--follow", action="store_true", help="tail: keep printing new records")
     au.add_argument("--principal")
     au.add_argument("--decision", choices=["allow", "ask", "deny"])
     au.add_argument("--rule")

@@ -217,6 +217,8 @@ class Gateway:
                 return _error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
             if not answer.approved or answer.digest != request.digest:
                 return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
+            if self._policy().sha256 != policy.sha256:  # approved under another policy: void
+                return _error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
         grant = policy.grant(call.principal)
         role_limits = _limits(policy, call.principal)
         timeout = min(
@@ -232,6 +234,7 @@ class Gateway:
                 timeout_ms=timeout,
                 output_bytes=role_limits.get("output_bytes") or (1 << 20),
                 read_only=grant.protected,
+                network=policy.policy.sandbox.network,
                 limits=sandbox.Limits(
                     cpu_seconds=role_limits.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
                     file_bytes=role_limits.get("file_bytes") or sandbox.Limits.file_bytes,

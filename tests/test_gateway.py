@@ -441,3 +441,38 @@ def test_the_prompt_makes_hidden_characters_visible() -> None:
     from gateway.approval import visible
 
     assert visible("rm a\x1b[2J\u202eb\u200b") == "rm a\\u{001b}[2J\\u{202e}b\\u{200b}"
+
+
+def test_an_approval_is_void_when_the_policy_changed(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    current = [policy]
+    changed = compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws, sha256="changed")
+
+    def approve_then_change(request: ApprovalRequest) -> bool:
+        current[0] = changed  # the policy is reloaded while the supervisor looks
+        return True
+
+    gw = Gateway(lambda: current[0], AuditLog(tmp_path / "audit"), CallbackApprover(approve_then_change))
+    out = run(gw, "rm victim")
+    assert out["error"]["code"] == "APPROVAL_DENIED" and "policy changed" in out["error"]["message"]  # type: ignore[index]
+    assert (ws / "victim").exists()
+
+
+def test_the_network_is_off_unless_the_policy_allows_it(ws: Path, tmp_path: Path) -> None:
+    probe = "python3 -c 'import socket; print(len(socket.if_nameindex()))'"
+    closed = run(gateway(compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws), tmp_path), probe)
+    raw = json.loads(json.dumps(PERMISSIVE)) | {"sandbox": {"network": True}}
+    opened = run(gateway(compile_policy(Policy.model_validate(raw), ws / "p.yaml", ws), tmp_path), probe)
+    import socket
+
+    host = len(socket.if_nameindex())
+    assert closed["stdout"] == "1\n"  # a fresh network namespace: loopback only
+    if host == 1:
+        pytest.skip("this host has only a loopback interface: sharing the network shows no difference")
+    assert opened["stdout"] == f"{host}\n"  # the host's interfaces
+
+
+def test_policy_redaction_patterns(tmp_path: Path) -> None:
+    rec = AuditLog(tmp_path, redact=["^INTERNAL_"]).append(
+        "decision", arguments={"env": {"INTERNAL_URL": "x", "CI": "1"}}
+    )
+    assert rec["arguments"]["env"] == {"INTERNAL_URL": "[REDACTED]", "CI": "1"}

@@ -2,7 +2,8 @@
 
 Merge, lowest layer first:
 - `principals`, `roles`, `tools`: an upper layer's entry replaces the lower one of the same key;
-- `workspace`, `home`, `second_opinion`, `tests`: the upper layer's value wins when it sets one;
+- `workspace`, `home`, `second_opinion`, `sandbox`, `audit`, `tests`: the upper layer's value
+  wins when it sets one;
 - `rules`: concatenated; an upper rule with the id of a lower one replaces it, unless the lower
   one is `final`, which is an error (an admin layer can pin rules that a project layer cannot
   relax). Relative paths (`workspace`, `tests`) are resolved against the file that names them.
@@ -85,6 +86,8 @@ def _merge(
         roles={**lower.roles, **upper.roles},
         tools={**lower.tools, **upper.tools},
         second_opinion=upper.second_opinion if "second_opinion" in fields else lower.second_opinion,
+        sandbox=upper.sandbox if "sandbox" in fields else lower.sandbox,
+        audit=upper.audit if "audit" in fields else lower.audit,
         rules=list(rules.values()),
         tests=upper.tests if "tests" in fields else lower.tests,
     )

@@ -178,6 +178,27 @@ class SecondOpinion(_Model):
     construct, was blind to one, or timed out). Disagreement is always a denial."""
 
 
+class SandboxSettings(_Model):
+    network: StrictBool = False
+    """Let commands reach the network. Off: the sandbox has only a loopback interface."""
+
+
+class AuditSettings(_Model):
+    redact: list[str] = []
+    """Extra regular expressions for names whose values are redacted in the audit log (besides
+    TOKEN, KEY, SECRET, PASSWORD, CREDENTIAL, AUTH)."""
+
+    @field_validator("redact")
+    @classmethod
+    def _valid(cls, patterns: list[str]) -> list[str]:
+        for p in patterns:
+            try:
+                re.compile(p)
+            except re.error as exc:
+                raise ValueError(f"invalid regular expression {p!r}: {exc}") from None
+        return patterns
+
+
 class Policy(_Model):
     """A policy file."""
 
@@ -194,6 +215,8 @@ class Policy(_Model):
     roles: dict[str, Role] = {}
     tools: dict[Tool, ToolAccess] = {}
     second_opinion: SecondOpinion = SecondOpinion()
+    sandbox: SandboxSettings = SandboxSettings()
+    audit: AuditSettings = AuditSettings()
     rules: list[Rule] = []
     tests: str | None = None
     """A JSONL file of expected decisions run by `gateway policy test` (relative to this file):
