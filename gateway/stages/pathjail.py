@@ -48,6 +48,7 @@ def inside(path: str, root: Path) -> bool:
 def check(
     policy: CompiledPolicy, grant: Grant, cwd: Path, commands: tuple[Command, ...], matches: list[list[Match]]
 ) -> Decision:
+    checked: dict[str, list[str]] = {"read": [], "write": []}
     try:
         cwds = [Path(os.path.realpath(cwd))]
         _check_path(str(cwds[0]), "read", grant, "cwd")
@@ -55,17 +56,22 @@ def check(
             unknown_ok = any(m.rule.accept_unknown_paths for m in found)
             reads, writes, redirected = _paths_of(cmd, found)
             who = cmd.program if cmd.argv else "redirect"
-            for word in reads:
-                for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
-                    _check_path(p, "read", grant, who)
-            for word in writes:
-                for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
-                    _check_path(p, "write", grant, who)
+            for access, words in (("read", reads), ("write", writes)):
+                for word in words:
+                    for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
+                        _check_path(p, access, grant, who)
+                        checked[access].append(p)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
     except _Refused as r:
         return Decision(Verdict.DENY, None, (Reason(STAGE, r.code, r.message, None, r.details),))
-    return Decision(Verdict.ALLOW, None, ())
+    if not checked["read"] and not checked["write"]:
+        return Decision(Verdict.ALLOW, None, ())
+    n = len(checked["read"]) + len(checked["write"])
+    # the jailed paths, for the decision record
+    return Decision(
+        Verdict.ALLOW, None, (Reason(STAGE, "paths_checked", f"{n} path(s) inside the roots", None, checked),)
+    )
 
 
 def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word], list[Word]]:

@@ -180,3 +180,14 @@ def test_denial_names_the_path_and_the_roots(policy: CompiledPolicy, tree: Path)
     assert reason.details["path"] == "/etc/hosts"
     assert reason.details["roots"] == [str((tree / "ws").resolve())]
     assert "outside the write roots" in reason.message
+
+
+def test_an_allowed_decision_lists_the_jailed_paths(policy: CompiledPolicy, tree: Path) -> None:
+    decision = evaluate(policy, "cp src/app.py src/copy.py > src/log", "agent", tree / "ws").decision
+    (jail,) = [r for r in decision.reasons if r.stage == "pathjail"]
+    ws = tree.resolve() / "ws"
+    assert jail.code == "paths_checked"
+    assert jail.details == {
+        "read": [str(ws / "src" / "app.py")],
+        "write": [str(ws / "src" / "copy.py"), str(ws / "src" / "log")],
+    }
