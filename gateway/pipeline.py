@@ -136,12 +136,16 @@ class Gateway:
         approver: Approver | None = None,
         executor: Any = shell.run,
         approval_timeout_s: float = APPROVAL_TIMEOUT_S,
+        hidden: tuple[Path, ...] = (),
     ) -> None:
         self._policy = policy if callable(policy) else (lambda: policy)
         self.audit = audit
         self.approver = approver or DenyAll()
         self.executor = executor
         self.approval_timeout_s = approval_timeout_s
+        # directories the sandbox hides besides home and the audit log (e.g. the approvals queue)
+        queue_dir = getattr(self.approver, "state_dir", None)
+        self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()))
         # "approve for this session": the digests of calls a supervisor approved for the rest of
         # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
         # narrowest rule covering that one call, void when the policy changes.
@@ -235,6 +239,8 @@ class Gateway:
                 output_bytes=role_limits.get("output_bytes") or (1 << 20),
                 read_only=grant.protected,
                 network=policy.policy.sandbox.network,
+                hidden=(Path.home(), self.audit.directory, *self.hidden),
+                read_roots=grant.read_roots,
                 limits=sandbox.Limits(
                     cpu_seconds=role_limits.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
                     file_bytes=role_limits.get("file_bytes") or sandbox.Limits.file_bytes,

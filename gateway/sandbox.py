@@ -3,6 +3,8 @@
 A command runs as `bwrap <profile> -- prlimit <limits> -- bash --noprofile --norc -c TEXT` with:
 - the whole filesystem read-only (`--ro-bind / /`), the write roots bound read-write over it,
   the protected paths read-only again over those, a private `/tmp`, fresh `/dev` and `/proc`;
+- the gateway user's home and the audit and approvals directories hidden under an empty tmpfs
+  (the roots inside them bound back), so allowed code cannot read keys, logs or answers;
 - new user, PID, network, IPC, UTS and cgroup namespaces (`--unshare-all`): no network unless
   the policy allows it (`--share-net`), and every process the command starts lives in a PID
   namespace that dies with it (so `setsid` and double-forked children cannot outlive it);
@@ -71,9 +73,13 @@ def wrap(
     limits: Limits,
     network: bool = False,
     read_only: tuple[Path, ...] = (),
+    hidden: tuple[Path, ...] = (),
+    read_roots: tuple[Path, ...] = (),
 ) -> list[str]:
     """The argv that runs `argv` inside the sandbox, in `cwd`. `read_only` paths (the policy's
-    protected paths) are bound read-only over the write roots, so the kernel enforces them too."""
+    protected paths) are bound read-only over the write roots, so the kernel enforces them too.
+    `hidden` directories (the gateway user's home, the audit and approvals directories) are
+    covered with an empty tmpfs; read and write roots inside them are bound back."""
     profile = [
         check(),
         "--ro-bind", "/", "/",
@@ -81,6 +87,14 @@ def wrap(
         "--proc", "/proc",
         "--tmpfs", "/tmp",
     ]  # fmt: skip
+    for path in hidden:
+        real = os.path.realpath(path)
+        if os.path.isdir(real) and real != "/":
+            profile += ["--tmpfs", real]
+    for root in read_roots:
+        real = os.path.realpath(root)
+        if os.path.exists(real) and any(_under(real, os.path.realpath(h)) for h in hidden):
+            profile += ["--ro-bind", real, real]  # a read root under a hidden directory
     for root in write_roots:
         if root.exists():
             real = os.path.realpath(root)
@@ -99,3 +113,7 @@ def wrap(
         "--",
     ]
     return [*profile, "--", *rlimits, *argv]
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or os.path.commonpath([path, root]) == root

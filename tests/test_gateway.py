@@ -476,3 +476,22 @@ def test_policy_redaction_patterns(tmp_path: Path) -> None:
         "decision", arguments={"env": {"INTERNAL_URL": "x", "CI": "1"}}
     )
     assert rec["arguments"]["env"] == {"INTERNAL_URL": "[REDACTED]", "CI": "1"}
+
+
+def test_allowed_code_cannot_read_home_the_audit_log_or_the_queue(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    secret = Path.home() / f".gateway-test-secret-{os.getpid()}"
+    secret.write_text("TOP-SECRET\n")
+    try:
+        state = tmp_path / "approvals"
+        gw = Gateway(policy, AuditLog(tmp_path / "audit"), QueueApprover(state, (ws,)))
+        run(gw, "echo first")  # something in the audit log
+        (state / "planted.answer.json").write_text("{}")
+        # the permissive policy lets these paths through: the sandbox must hide them
+        out = run(gw, f"s={secret}; a={tmp_path / 'audit'}; q={state}; cat $s; ls $a; ls $q; echo ws-ok > in-ws.txt")
+        assert "TOP-SECRET" not in str(out["stdout"])
+        assert "audit-000001" not in str(out["stdout"]) and "planted" not in str(out["stdout"])
+        assert (ws / "in-ws.txt").read_text() == "ws-ok\n"  # the workspace is still there
+    finally:
+        secret.unlink()

@@ -75,10 +75,14 @@ def run(
     limits: sandbox.Limits | None = None,
     network: bool = False,
     read_only: tuple[Path, ...] = (),
+    hidden: tuple[Path, ...] = (),
+    read_roots: tuple[Path, ...] = (),
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses)."""
-    argv = sandbox.wrap([*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network, read_only)
+    argv = sandbox.wrap(
+        [*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network, read_only, hidden, read_roots
+    )
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
