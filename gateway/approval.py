@@ -1,8 +1,8 @@
 """Approval: an `ask` decision waits for a supervisor. No answer in time means deny.
 
 An `ApprovalRequest` carries what the supervisor must see (the exact command, cwd, env changes,
-the rule and why it asks) and a digest binding any answer to this exact call: tool, command,
-cwd, env and the policy's hash. Shipped approvers:
+the rule and why it asks) and a digest binding any answer to this exact call: principal, tool,
+command, cwd, env and the policy's hash. Shipped approvers:
 
 - `DenyAll`: the default when nobody can answer;
 - `CallbackApprover`: a function decides (for programs and tests);
@@ -40,7 +40,7 @@ class ApprovalRequest:
     @staticmethod
     def bind(call_id: str, principal: str, tool: str, command: str, cwd: str, env: dict[str, str],
              rule: str | None, reason: str, policy_sha256: str) -> ApprovalRequest:  # fmt: skip
-        body = json.dumps([tool, command, cwd, sorted(env.items()), policy_sha256], ensure_ascii=False)
+        body = json.dumps([principal, tool, command, cwd, sorted(env.items()), policy_sha256], ensure_ascii=False)
         digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
         return ApprovalRequest(call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest)
 
@@ -98,6 +98,8 @@ class TerminalApprover:
         self.stdout = stdout or sys.stderr
 
     def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+        if not self.stdin.isatty():
+            return None  # piped input is not a supervisor (an agent could pipe "y")
         w = self.stdout
         w.write(
             f"\n=== approval needed (call {request.call_id}, {request.principal}) ===\n"

@@ -91,10 +91,10 @@ def pending(state_dir: Path) -> list[dict[str, Any]]:
     for path in sorted(Path(state_dir).glob("*.request.json")):
         try:
             req = json.loads(path.read_text())
-        except (OSError, ValueError):
-            continue
-        if req.get("expires", 0) > _now() and not (path.parent / f"{req['call_id']}.answer.json").exists():
-            out.append(req)
+            if req["expires"] > _now() and not (path.parent / f"{req['call_id']}.answer.json").exists():
+                out.append(req)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # not a request we wrote
     return sorted(out, key=lambda r: r.get("created", 0))
 
 
@@ -116,7 +116,12 @@ def answer(state_dir: Path, call_id: str, approved: bool, by: str, reason: str =
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     target = Path(state_dir) / f"{call_id}.answer.json"
-    if target.exists():
-        raise QueueError(f"request {call_id} already has an answer")
-    _write_atomically(target, out)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    _write_atomically(tmp, out)
+    try:
+        os.link(tmp, target)  # fails if an answer exists: the first supervisor's answer stands
+    except FileExistsError:
+        raise QueueError(f"request {call_id} already has an answer") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return out

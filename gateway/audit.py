@@ -36,7 +36,14 @@ MAX_FILE_BYTES = 64 * 1024 * 1024
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _FILE = re.compile(r"^audit-(\d{6})\.jsonl$")
-_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
+# secrets inside free text (a command line): NAME=value, --password=value / --api-key value,
+# Authorization: Bearer value
+_IN_TEXT = [
+    re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)[A-Z0-9_]*=)([^\s;&|'\"]+)"),
+    re.compile(r"(?i)(--?[\w-]*(?:password|passwd|token|secret|api[-_]?key)[\w-]*[= ]+)([^\s;&|'\"]+)"),
+    re.compile(r"(?i)(\b(?:bearer|basic|token)\s+)([A-Za-z0-9._~+/=-]{8,})"),
+]
 
 
 class AuditUnavailable(Exception):
@@ -68,6 +75,8 @@ def redact(value: Any, patterns: re.Pattern[str] = SECRET_NAME) -> Any:
         m = _ASSIGNMENT.match(value)
         if m and patterns.search(m.group(1)):
             return f"{m.group(1)}={REDACTED}"
+        for pattern in _IN_TEXT:
+            value = pattern.sub(lambda mm: mm.group(1) + REDACTED, value)
     return value
 
 
@@ -165,10 +174,16 @@ def _last_record(path: Path) -> dict[str, Any] | None:
                 if len(lines) > 1 or start == 0:
                     if not data.endswith(b"\n"):
                         raise AuditUnavailable(f"{path} ends in a partial record; run `gateway audit verify`")
-                    record: dict[str, Any] = json.loads(lines[-1])
+                    record = json.loads(lines[-1])
+                    if not (
+                        isinstance(record, dict)
+                        and isinstance(record.get("seq"), int)
+                        and isinstance(record.get("hash"), str)
+                    ):
+                        raise AuditUnavailable(f"{path} ends in a record that is not ours; run `gateway audit verify`")
                     return record
                 chunk *= 4
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise AuditUnavailable(f"cannot read the end of the audit log {path}: {exc}") from exc
 
 

@@ -16,6 +16,7 @@ Any exception inside a stage is a denial with code `internal_error`: fail closed
 from __future__ import annotations
 
 import contextlib
+import os
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -160,7 +161,7 @@ class Gateway:
             return out
         except Exception as exc:  # fail closed, and say so
             envelope = _error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(AuditUnavailable):
+            with contextlib.suppress(Exception):  # the envelope must come back whatever the log does
                 self.audit.append(
                     "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
                 )
@@ -171,6 +172,9 @@ class Gateway:
         cwd = Path(call.cwd) if call.cwd else policy.workspace
         if not cwd.is_absolute():
             cwd = policy.workspace / cwd
+        unsafe = self._unsafe_setup(policy, call.principal)
+        if unsafe:
+            return _error(call_id, "denied", "UNSAFE_SETUP", unsafe)
         result = evaluate(policy, call.command, call.principal, cwd, call.env)
         decision = result.decision
         base = {"call_id": call_id, "principal": call.principal, "tool": call.tool, "policy_sha256": policy.sha256}
@@ -183,7 +187,14 @@ class Gateway:
                 decision=decision.verdict.label,
                 rule=decision.rule,
                 reasons=[r.to_json() for r in decision.reasons],
-                data={"commands": [c.to_json()["argv"] for c in result.analysis.commands] if result.analysis else []},
+                data={
+                    "commands": [
+                        {"argv": c.to_json()["argv"], "redirects": c.to_json().get("redirects", [])}
+                        for c in result.analysis.commands
+                    ]
+                    if result.analysis
+                    else []
+                },
             )
         except AuditUnavailable as exc:
             return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
@@ -199,30 +210,34 @@ class Gateway:
                 answer: Approval | None = Approval(True, "session", request.digest, "session")
             else:
                 answer = self.approver.decide(request, self.approval_timeout_s)
-                if answer is not None and answer.approved and answer.how.endswith("-session"):
-                    self._session_approved.add(answer.digest)
+            bound = answer is not None and answer.digest == request.digest
+            unchanged = self._policy().sha256 == policy.sha256  # approved under another policy: void
+            granted = answer is not None and answer.approved and bound and unchanged
+            if granted and answer is not None and answer.how.endswith("-session"):
+                self._session_approved.add(answer.digest)
             try:
                 self.audit.append(
                     "approval",
                     **base,
-                    decision="allow" if answer and answer.approved else "deny",
+                    decision="allow" if granted else "deny",
                     rule=decision.rule,
                     data={
                         "digest": request.digest,
                         "answered": answer is not None,
                         "by": answer.by if answer else None,
                         "how": answer.how if answer else "timeout",
-                        "bound": answer is not None and answer.digest == request.digest,
+                        "bound": bound,
+                        "policy_unchanged": unchanged,
                     },
                 )
             except AuditUnavailable as exc:
                 return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
             if answer is None:
                 return _error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
-            if not answer.approved or answer.digest != request.digest:
-                return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
-            if self._policy().sha256 != policy.sha256:  # approved under another policy: void
+            if not unchanged:
                 return _error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
+            if not granted:
+                return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
         grant = policy.grant(call.principal)
         role_limits = _limits(policy, call.principal)
         timeout = min(
@@ -260,6 +275,19 @@ class Gateway:
         except AuditUnavailable as exc:
             envelope["warning"] = {"code": "AUDIT_UNAVAILABLE", "message": f"the result could not be recorded: {exc}"}
         return envelope
+
+    def _unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
+        """Why this setup must not execute: the agent could rewrite the audit log, the policy or
+        the approvals queue if one of them lies inside its write roots."""
+        roots = policy.grant(principal).write_roots
+        sensitive = [("the audit log", self.audit.directory), ("the policy", policy.source.parent)]
+        sensitive += [("the approvals queue", p) for p in self.hidden]
+        for what, path in sensitive:
+            real = Path(os.path.realpath(path))
+            for root in roots:
+                if real == root or root in real.parents:
+                    return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
+        return ""
 
 
 def _limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:

@@ -92,13 +92,14 @@ def wrap(
         if os.path.isdir(real) and real != "/":
             profile += ["--tmpfs", real]
     for root in read_roots:
-        real = os.path.realpath(root)
-        if os.path.exists(real) and any(_under(real, os.path.realpath(h)) for h in hidden):
+        real = str(root)
+        if root.exists() and os.path.realpath(root) == real and any(_under(real, os.path.realpath(h)) for h in hidden):
             profile += ["--ro-bind", real, real]  # a read root under a hidden directory
     for root in write_roots:
-        if root.exists():
-            real = os.path.realpath(root)
-            profile += ["--bind", real, real]  # after --tmpfs /tmp, so roots under /tmp still show
+        # the policy compiled its roots to real paths: a root that no longer resolves to itself
+        # (a symlink put where a missing root was) would bind whatever it points to
+        if root.is_dir() and os.path.realpath(root) == str(root):
+            profile += ["--bind", str(root), str(root)]  # after --tmpfs /tmp, so roots under /tmp show
     for path in read_only:
         real = os.path.realpath(path)
         profile += ["--ro-bind-try", real, real]  # after the write roots: it must cover them

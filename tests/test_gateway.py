@@ -22,13 +22,13 @@ from gateway.policy.schema import Policy
 
 PERMISSIVE = {
     "version": 1,
-    "principals": {"agent": {"roles": ["dev"]}},
+    "principals": {"agent": {"roles": ["dev"]}, "other": {"roles": ["dev"]}},
     "roles": {
         "dev": {
             "level": 1,
             "read_roots": ["/"],
-            "write_roots": ["."],
-            "protected": [".git/hooks"],
+            "write_roots": [".", "build"],
+            "protected": [".git/hooks", ".git/config"],
             "limits": {"timeout_ms": 20000, "output_bytes": 4096},
         }
     },
@@ -53,6 +53,9 @@ PERMISSIVE = {
                 "trap",
                 "setsid",
                 "exec",
+                "ln",
+                "mv",
+                "mkdir",
             ],
             "path_args": {"write": "all"},
             "accept_unknown": True,
@@ -89,7 +92,7 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def policy(ws: Path) -> CompiledPolicy:
-    return compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws, sha256="test")
+    return compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="test")
 
 
 def gateway(policy: CompiledPolicy, tmp_path: Path, approver: object = None) -> Gateway:
@@ -246,7 +249,8 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
-policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), Path(sys.argv[2]) / "p.yaml", Path(sys.argv[2]))
+ws = Path(sys.argv[2])
+policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws.parent / "p.yaml", ws)
 out = Gateway(policy, AuditLog(Path(sys.argv[3]))).handle(RunCall(principal="agent", command="echo x > ran.txt"))
 print(json.dumps(out))
 """
@@ -264,6 +268,7 @@ def test_no_sandbox_no_execution(ws: Path, tmp_path: Path) -> None:
 
 def test_gateway_run_cli(tmp_path: Path) -> None:
     env = {**os.environ}
+    (tmp_path / "ws").mkdir()
     args = [
         sys.executable,
         "-m",
@@ -272,7 +277,7 @@ def test_gateway_run_cli(tmp_path: Path) -> None:
         "--audit-dir",
         str(tmp_path / "audit"),
         "--workspace",
-        str(tmp_path),
+        str(tmp_path / "ws"),
         "--",
     ]
     ok = subprocess.run([*args, "echo hi"], capture_output=True, text=True, timeout=60, env=env)
@@ -361,7 +366,7 @@ def test_approve_for_session_covers_only_that_exact_call(policy: CompiledPolicy,
 def test_policy_limits_reach_the_sandbox(ws: Path, tmp_path: Path) -> None:
     raw = json.loads(json.dumps(PERMISSIVE))
     raw["roles"]["dev"]["limits"] |= {"file_bytes": 1000, "cpu_seconds": 1}
-    limited = compile_policy(Policy.model_validate(raw), ws / "p.yaml", ws, sha256="t")
+    limited = compile_policy(Policy.model_validate(raw), ws.parent / "p.yaml", ws, sha256="t")
     out = run(gateway(limited, tmp_path), "head -c 5000 /dev/zero > big.bin")
     assert out["exit_code"] != 0
     assert (ws / "big.bin").stat().st_size <= 1000
@@ -396,7 +401,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 ws = Path(sys.argv[2])
-policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws / "p.yaml", ws, sha256="t")
+policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws.parent / "p.yaml", ws, sha256="t")
 gw = Gateway(policy, AuditLog(Path(sys.argv[3])))
 for i in range(10):
     assert gw.handle(RunCall(principal="agent", command=f"echo {i}"))["status"] == "ok"
@@ -445,7 +450,7 @@ def test_the_prompt_makes_hidden_characters_visible() -> None:
 
 def test_an_approval_is_void_when_the_policy_changed(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
     current = [policy]
-    changed = compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws, sha256="changed")
+    changed = compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="changed")
 
     def approve_then_change(request: ApprovalRequest) -> bool:
         current[0] = changed  # the policy is reloaded while the supervisor looks
@@ -459,9 +464,9 @@ def test_an_approval_is_void_when_the_policy_changed(policy: CompiledPolicy, tmp
 
 def test_the_network_is_off_unless_the_policy_allows_it(ws: Path, tmp_path: Path) -> None:
     probe = "python3 -c 'import socket; print(len(socket.if_nameindex()))'"
-    closed = run(gateway(compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws), tmp_path), probe)
+    closed = run(gateway(compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws), tmp_path), probe)
     raw = json.loads(json.dumps(PERMISSIVE)) | {"sandbox": {"network": True}}
-    opened = run(gateway(compile_policy(Policy.model_validate(raw), ws / "p.yaml", ws), tmp_path), probe)
+    opened = run(gateway(compile_policy(Policy.model_validate(raw), ws.parent / "p.yaml", ws), tmp_path), probe)
     import socket
 
     host = len(socket.if_nameindex())
@@ -495,3 +500,103 @@ def test_allowed_code_cannot_read_home_the_audit_log_or_the_queue(
         assert (ws / "in-ws.txt").read_text() == "ws-ok\n"  # the workspace is still there
     finally:
         secret.unlink()
+
+
+# --- found by red-teaming the execution layer ----------------------------------------------------
+
+
+def test_a_symlink_put_where_a_missing_write_root_was_binds_nothing(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    gw = gateway(policy, tmp_path)
+    run(gw, f"o={outside}; ln -s $o build")  # `build` is a write root that did not exist
+    assert (ws / "build").is_symlink()
+    run(gw, f"o={outside}; echo pwned | tee $o/f")
+    assert not (outside / "f").exists()
+
+
+@pytest.mark.parametrize(
+    "attack",
+    [
+        # as a build script would: the paths are not in the command text, so only the sandbox sees them
+        'python3 -c \'import os; os.rename(".git", ".git_old"); os.makedirs(".git/hooks"); '
+        'open(".git/hooks/pre-commit", "w").write("evil")\'',
+        'python3 -c \'open(".git/config", "w").write("[core] fsmonitor = id")\'',  # did not exist
+    ],
+)
+def test_protected_paths_are_put_back(policy: CompiledPolicy, tmp_path: Path, ws: Path, attack: str) -> None:
+    out = run(gateway(policy, tmp_path), attack)
+    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+    assert not (ws / ".git" / "config").exists()
+    assert (ws / ".git" / "hooks").is_dir()
+
+
+def test_an_audit_log_or_policy_inside_a_write_root_is_refused(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    out = Gateway(policy, AuditLog(ws / "audit")).handle(RunCall(principal="agent", command="echo x"))
+    assert out["error"]["code"] == "UNSAFE_SETUP" and "the audit log" in out["error"]["message"]  # type: ignore[index]
+    inside = compile_policy(Policy.model_validate(PERMISSIVE), ws / "p.yaml", ws)
+    out = Gateway(inside, AuditLog(tmp_path / "audit")).handle(RunCall(principal="agent", command="echo x"))
+    assert out["error"]["code"] == "UNSAFE_SETUP" and "the policy" in out["error"]["message"]  # type: ignore[index]
+
+
+def test_a_corrupt_audit_tail_is_an_envelope_not_an_exception(policy: CompiledPolicy, tmp_path: Path) -> None:
+    gw = gateway(policy, tmp_path)
+    run(gw, "echo first")
+    with open(tmp_path / "audit" / "audit-000001.jsonl", "a") as f:
+        f.write('{"forged": 1}\n')
+    out = run(gw, "echo second")
+    assert out["error"]["code"] == "AUDIT_UNAVAILABLE"  # type: ignore[index]
+
+
+def test_secrets_in_the_command_text_are_redacted_and_nothing_is_hidden(policy: CompiledPolicy, tmp_path: Path) -> None:
+    run(
+        gateway(policy, tmp_path),
+        "API_TOKEN=sekrit1; echo HIDDEN_PAYLOAD > h.txt; echo --password=sekrit2 'Bearer sekrit3xyz'",
+    )
+    raw = (tmp_path / "audit" / "audit-000001.jsonl").read_text()
+    assert "sekrit" not in raw
+    assert "HIDDEN_PAYLOAD" in raw and "h.txt" in raw  # the write is on the record
+
+
+def test_session_approvals_do_not_cross_principals(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    asked: list[str] = []
+
+    class Supervisor:
+        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+            asked.append(request.principal)
+            return Approval(True, "alice", request.digest, "tty-session")
+
+    gw = gateway(policy, tmp_path, Supervisor())
+    for who in ("agent", "other"):
+        (ws / "a").write_text("1")
+        gw.handle(RunCall(principal=who, command="rm a"))
+    assert asked == ["agent", "other"]
+
+
+def test_the_terminal_approver_refuses_piped_input() -> None:
+    from io import StringIO
+
+    from gateway.approval import TerminalApprover
+
+    request = ApprovalRequest.bind("c", "agent", "run", "rm x", "/ws", {}, "rm", "why", "sha")
+    assert TerminalApprover("alice", stdin=StringIO("y\n"), stdout=StringIO()).decide(request, 1) is None
+
+
+def test_a_missing_cwd_is_invalid_input_not_ok(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    out = run(gateway(policy, tmp_path), "echo x", cwd=str(ws / "nope"))
+    assert out["status"] != "ok"
+
+
+def test_a_void_approval_is_recorded_as_a_denial(policy: CompiledPolicy, tmp_path: Path) -> None:
+    class Stale:
+        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+            return Approval(True, "mallory", "0" * 64, "callback")
+
+    run(gateway(policy, tmp_path, Stale()), "rm victim")
+    approval = next(r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval")
+    assert approval["decision"] == "deny" and approval["data"]["bound"] is False

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import shutil
 import signal
 import subprocess
 import time
@@ -57,6 +58,56 @@ class _Stream:
         return bytes(self.head + middle + self.tail).decode("utf-8", "replace")
 
 
+MAX_SNAPSHOT_BYTES = 4 << 20
+DIR = b"\0dir"
+ABSENT = b"\0absent"
+
+
+def snapshot(paths: tuple[Path, ...]) -> dict[str, bytes]:
+    """What lies under each protected path: file contents, symlink targets, DIR or ABSENT."""
+    out: dict[str, bytes] = {}
+    total = 0
+    for root in paths:
+        if not os.path.lexists(root):
+            out[str(root)] = ABSENT
+            continue
+        if not os.path.isdir(root) or os.path.islink(root):
+            out[str(root)] = os.readlink(root).encode() if os.path.islink(root) else Path(root).read_bytes()
+            continue
+        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
+            out[dirpath] = DIR
+            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+                full = os.path.join(dirpath, name)
+                data = os.readlink(full).encode() if os.path.islink(full) else Path(full).read_bytes()
+                total += len(data)
+                if total > MAX_SNAPSHOT_BYTES:
+                    raise OSError(f"protected paths hold more than {MAX_SNAPSHOT_BYTES} bytes")
+                out[full] = data
+    return out
+
+
+def restore(paths: tuple[Path, ...], before: dict[str, bytes]) -> list[str]:
+    """Put the protected paths back as they were; the names of what had changed. (Symlinks
+    inside them come back as their recorded target text in a file: they should not be there.)"""
+    after = snapshot(paths)
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if not changed:
+        return []
+    for root in paths:
+        if os.path.islink(root) or os.path.isfile(root):
+            os.unlink(root)
+        elif os.path.isdir(root):
+            shutil.rmtree(root)
+    for name in sorted(before, key=len):
+        data = before[name]
+        if data == DIR:
+            os.makedirs(name, exist_ok=True)
+        elif data != ABSENT:
+            os.makedirs(os.path.dirname(name), exist_ok=True)
+            Path(name).write_bytes(data)
+    return changed
+
+
 def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
     env.update(extra)
@@ -80,9 +131,15 @@ def run(
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses)."""
+    if not cwd.is_dir():
+        return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
     argv = sandbox.wrap(
         [*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network, read_only, hidden, read_roots
     )
+    # the sandbox binds protected paths read-only, but a command can rename their parent away or
+    # create a protected path that did not exist: compare after, and put them back
+    protected = tuple(p for p in read_only if any(p == r or r in p.parents for r in write_roots))
+    before = snapshot(protected)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
@@ -144,6 +201,14 @@ def run(
         "truncated": truncated,
         "dropped_bytes": {k: s.dropped for k, s in streams.items()},
     }
+    changed = restore(protected, before)
+    if changed:
+        result["status"] = "error"
+        result["error"] = {
+            "code": "PROTECTED_PATH_CHANGED",
+            "message": f"the command changed protected paths, which were restored: {', '.join(changed[:5])}",
+        }
+        return result
     if timed_out:
         result["error"] = {"code": "COMMAND_TIMEOUT", "message": f"killed after {timeout_ms} ms"}
     elif proc.returncode == 127:
