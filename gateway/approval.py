@@ -7,9 +7,9 @@ command, cwd, env and the policy's hash. Shipped approvers:
 - `DenyAll`: the default when nobody can answer;
 - `CallbackApprover`: a function decides (for programs and tests);
 - `TerminalApprover`: asks a supervisor at a TTY, with control and invisible characters shown as
-  escapes, and waits at most the timeout.
-
-(The durable approvals queue answered with `gateway approvals ...` is not built yet.)
+  escapes, and waits at most the timeout;
+- `approval_queue.QueueApprover`: a durable queue a supervisor answers with
+  `gateway approvals ...` from another terminal.
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
 _IN_TEXT = [
     re.compile(r"(?i)\b([A-Z0-9_]*(?:TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH)[A-Z0-9_]*=)([^\s;&|'\"]+)"),
     re.compile(r"(?i)(--?[\w-]*(?:password|passwd|token|secret|api[-_]?key)[\w-]*[= ]+)([^\s;&|'\"]+)"),
-    re.compile(r"(?i)(\b(?:bearer|basic|token)\s+)([A-Za-z0-9._~+/=-]{8,})"),
+    re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/=-]{8,})"),  # not "token": prose uses it
 ]
 
 

@@ -280,7 +280,8 @@ class Gateway:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy or
         the approvals queue if one of them lies inside its write roots."""
         roots = policy.grant(principal).write_roots
-        sensitive = [("the audit log", self.audit.directory), ("the policy", policy.source.parent)]
+        sensitive = [("the audit log", self.audit.directory)]
+        sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
         sensitive += [("the approvals queue", p) for p in self.hidden]
         for what, path in sensitive:
             real = Path(os.path.realpath(path))

@@ -189,3 +189,8 @@ def test_audit_cli_verify_tail_show_query(tmp_path: Path) -> None:
     (tmp_path / "audit-000001.jsonl").write_text("garbage\\n")
     broken = cli("verify")
     assert broken.returncode == 1 and "audit-000001.jsonl:1" in broken.stdout
+
+
+def test_prose_about_tokens_is_not_redacted(tmp_path: Path) -> None:
+    rec = AuditLog(tmp_path).append("decision", arguments={"command": "git commit -m 'update token handling'"})
+    assert rec["arguments"]["command"] == "git commit -m 'update token handling'"

@@ -343,15 +343,20 @@ def test_the_agent_cannot_answer_its_own_request(ws: Path) -> None:
         QueueApprover(ws / ".approvals", (ws,))
 
 
+class SessionSupervisor:
+    """Approves every request for the session, noting one field of each request it saw."""
+
+    def __init__(self, asked: list[str], field: str) -> None:
+        self.asked, self.field = asked, field
+
+    def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
+        self.asked.append(getattr(request, self.field))
+        return Approval(True, "alice", request.digest, "tty-session")
+
+
 def test_approve_for_session_covers_only_that_exact_call(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
     asked: list[str] = []
-
-    class Supervisor:
-        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
-            asked.append(request.command)
-            return Approval(True, "alice", request.digest, "tty-session")
-
-    gw = gateway(policy, tmp_path, Supervisor())
+    gw = gateway(policy, tmp_path, SessionSupervisor(asked, "command"))
     (ws / "a").write_text("1")
     (ws / "b").write_text("2")
     assert run(gw, "rm a")["status"] == "ok"
@@ -565,13 +570,7 @@ def test_secrets_in_the_command_text_are_redacted_and_nothing_is_hidden(policy: 
 
 def test_session_approvals_do_not_cross_principals(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
     asked: list[str] = []
-
-    class Supervisor:
-        def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
-            asked.append(request.principal)
-            return Approval(True, "alice", request.digest, "tty-session")
-
-    gw = gateway(policy, tmp_path, Supervisor())
+    gw = gateway(policy, tmp_path, SessionSupervisor(asked, "principal"))
     for who in ("agent", "other"):
         (ws / "a").write_text("1")
         gw.handle(RunCall(principal=who, command="rm a"))
@@ -600,3 +599,17 @@ def test_a_void_approval_is_recorded_as_a_denial(policy: CompiledPolicy, tmp_pat
     run(gateway(policy, tmp_path, Stale()), "rm victim")
     approval = next(r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval")
     assert approval["decision"] == "deny" and approval["data"]["bound"] is False
+
+
+def test_an_included_policy_file_inside_a_write_root_is_refused(tmp_path: Path, ws: Path) -> None:
+    from gateway.policy.compile import load_policy
+
+    rules = json.dumps(PERMISSIVE["rules"])
+    (ws / "rules.yaml").write_text(f"version: 1\nrules: {rules}\n")  # the agent could edit this
+    top = tmp_path / "top.yaml"
+    body = {k: v for k, v in PERMISSIVE.items() if k != "rules"} | {"include": [str(ws / "rules.yaml")]}
+    top.write_text(json.dumps(body))  # JSON is YAML
+    out = Gateway(load_policy(top, ws), AuditLog(tmp_path / "audit")).handle(
+        RunCall(principal="agent", command="echo x")
+    )
+    assert out["error"]["code"] == "UNSAFE_SETUP" and "the policy" in out["error"]["message"]  # type: ignore[index]

@@ -99,6 +99,7 @@ class CompiledPolicy:
     workspace: Path
     home: Path | None
     tests: Path | None
+    files: tuple[Path, ...]  # the policy file and every file it includes
     rules: dict[str, Rule]
     by_program: dict[str, tuple[Rule, ...]]
     grants: dict[str, Grant]
@@ -130,11 +131,16 @@ def load_policy(path: Path, workspace: Path | None = None) -> CompiledPolicy:
     digest = hashlib.sha256()
     for f in layered.files:
         digest.update(f.read_bytes())
-    return compile_policy(layered.policy, path, ws, digest.hexdigest(), layered.tests)
+    return compile_policy(layered.policy, path, ws, digest.hexdigest(), layered.tests, layered.files)
 
 
 def compile_policy(
-    policy: Policy, source: Path, workspace: Path, sha256: str = "", tests: Path | None = None
+    policy: Policy,
+    source: Path,
+    workspace: Path,
+    sha256: str = "",
+    tests: Path | None = None,
+    files: tuple[Path, ...] = (),
 ) -> CompiledPolicy:
     ws = Path(workspace).expanduser().resolve()
     home = (ws / policy.home).resolve() if policy.home else None
@@ -181,6 +187,7 @@ def compile_policy(
         workspace=ws,
         home=home,
         tests=tests,
+        files=files or (source,),
         rules={r.id: r for r in policy.rules},
         by_program={k: tuple(v) for k, v in by_program.items()},
         grants=grants,
