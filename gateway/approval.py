@@ -18,6 +18,7 @@ import hashlib
 import json
 import select
 import sys
+import termios
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -55,9 +56,31 @@ class Approval:
 
 
 class Approver(Protocol):
-    """Answers an approval request within `timeout` seconds, or returns None (= deny)."""
+    """Answers an approval request within `timeout` seconds, or returns None (= deny).
+
+    An approver that can also reach the human for the `ask_user` tool has a method
+    `ask_user(question: Question, timeout: float) -> Answer | None` (None: no answer in time)."""
 
     def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None: ...
+
+
+@dataclass(frozen=True)
+class Question:
+    """What the agent asks its user (the ask_user tool)."""
+
+    call_id: str
+    principal: str
+    prompt: str
+    default: str | None
+    password: bool
+    hint: str  # what a valid answer looks like, from the validation rules
+
+
+@dataclass(frozen=True)
+class Answer:
+    value: str | None  # None: the human cancelled
+    by: str
+    how: str
 
 
 class DenyAll:
@@ -66,13 +89,33 @@ class DenyAll:
 
 
 class CallbackApprover:
-    def __init__(self, fn: Callable[[ApprovalRequest], bool | None], who: str = "callback") -> None:
+    """Functions decide: `fn` approvals, `answer` ask_user questions (a string, None for no
+    answer in time, or CANCEL)."""
+
+    def __init__(
+        self,
+        fn: Callable[[ApprovalRequest], bool | None],
+        who: str = "callback",
+        answer: Callable[[Question], str | None] | None = None,
+    ) -> None:
         self.fn = fn
         self.who = who
+        self.answer = answer
 
     def decide(self, request: ApprovalRequest, timeout: float) -> Approval | None:
         answer = self.fn(request)
         return None if answer is None else Approval(bool(answer), self.who, request.digest, "callback")
+
+    def ask_user(self, question: Question, timeout: float) -> Answer | None:
+        if self.answer is None:
+            return None
+        value = self.answer(question)
+        if value is None:
+            return None
+        return Answer(None if value is CANCEL else value, self.who, "callback")
+
+
+CANCEL = "\0cancel"  # a CallbackApprover's answer function returns this to cancel
 
 
 def visible(text: str) -> str:
@@ -117,3 +160,31 @@ class TerminalApprover:
         if answer == "s":
             return Approval(True, self.supervisor, request.digest, "tty-session")
         return Approval(answer in ("y", "yes"), self.supervisor, request.digest, "tty")
+
+    def ask_user(self, question: Question, timeout: float) -> Answer | None:
+        """Ask at the terminal. Echo is off for a password. End of input cancels."""
+        if not self.stdin.isatty():
+            return None
+        w = self.stdout
+        default = f" [{visible(question.default)}]" if question.default and not question.password else ""
+        hint = f" ({question.hint})" if question.hint else ""
+        w.write(f"\n=== the agent asks ({question.principal}) ===\n  {visible(question.prompt)}{hint}{default}\n> ")
+        w.flush()
+        fd = self.stdin.fileno()
+        saved = termios.tcgetattr(fd) if question.password else None
+        try:
+            if saved is not None:
+                quiet = termios.tcgetattr(fd)
+                quiet[3] &= ~termios.ECHO
+                termios.tcsetattr(fd, termios.TCSANOW, quiet)
+            ready, _, _ = select.select([self.stdin], [], [], timeout)
+            if not ready:
+                return None
+            line = self.stdin.readline()
+        finally:
+            if saved is not None:
+                termios.tcsetattr(fd, termios.TCSANOW, saved)
+                w.write("\n")
+        if not line:
+            return Answer(None, self.supervisor, "tty")
+        return Answer(line.rstrip("\n"), self.supervisor, "tty")

@@ -1,24 +1,228 @@
-"""Tool calls, as validated values. Only `run` exists so far (docs/tools.md lists the tools)."""
+"""Tool calls, as validated values: one model per tool family (docs/tools.md lists them).
+
+Each model is frozen and forbids unknown fields, so a typo in a call is INVALID_INPUT naming the
+field. Families with several actions (`session`, `files`, `process`, `env`) carry an `action`
+and the fields the actions use; `_require` names the field an action is missing.
+"""
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Millis = Annotated[int, Field(gt=0, le=24 * 3600 * 1000)]
 
 
-class RunCall(BaseModel):
-    """Run one shell command (the `run` tool)."""
-
+class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    tool: Literal["run"] = "run"
     principal: str
+    """Who calls: set by the gateway (the CLI's --principal, the MCP token's owner), never by the agent."""
+
+
+def _require(call: BaseModel, needs: dict[str, tuple[str, ...]]) -> None:
+    action = getattr(call, "action", None)
+    for name in needs.get(str(action), ()):
+        if getattr(call, name) is None:
+            raise ValueError(f"{name}: required for action {action!r}")
+
+
+class RunCall(_Call):
+    """Run one shell command (the `run` tool)."""
+
+    tool: Literal["run"] = "run"
     command: str = Field(min_length=1)
     """The shell text, as an agent wrote it."""
     cwd: str | None = None
     """Directory to run in (default: the workspace). Must lie in the principal's roots."""
     env: dict[str, str] = {}
     """Variables to set for the command; each name must be allowed by the rules deciding it."""
-    timeout_ms: int | None = Field(default=None, gt=0)
+    timeout_ms: Millis | None = None
     """Wall-clock limit; capped by the policy's limit."""
+    shell: Literal["bash", "sh"] = "bash"
+    """`bash` (default), or `sh` (bash in POSIX mode) where the policy's `shells` allows it."""
+    silent: bool = False
+    """Leave stdout and stderr out of the result (their sizes are still reported)."""
+    capture_output: bool = True
+    """False: the command's output goes to /dev/null and is never read."""
+    background_after_ms: Millis | None = None
+    """A command still running after this long is handed to the process tools (its id is in the
+    result) instead of being killed at the timeout."""
+    fail_on_error: bool = False
+    """A non-zero exit is reported as an error (COMMAND_FAILED) instead of `ok`."""
+
+
+class SessionCall(_Call):
+    """A persistent shell (the `session` tool): pipe or PTY."""
+
+    tool: Literal["session"] = "session"
+    action: Literal["start", "exec", "write", "read", "resize", "kill", "list"]
+    session_id: str | None = None
+    """The session (every action but start and list)."""
+    cwd: str | None = None
+    """start: the directory the shell starts in (default: the workspace)."""
+    env: dict[str, str] = {}
+    """start: variables for the shell (checked like the env tool's)."""
+    pty: bool = False
+    """start: a pseudo-terminal (programs see a terminal, ANSI codes and all) instead of pipes."""
+    rows: int = Field(default=24, ge=2, le=1000)
+    """start, resize: terminal rows (PTY only)."""
+    cols: int = Field(default=80, ge=10, le=1000)
+    """start, resize: terminal columns (PTY only)."""
+    shell_type: Literal["bash", "sh"] = "bash"
+    """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it."""
+    prompt: str | None = Field(default=None, max_length=200)
+    """start: text shown after each command in the output (PTY sessions), like PS1."""
+    startup_commands: list[str] = []
+    """start: commands run first, each decided like an exec."""
+    command: str | None = Field(default=None, min_length=1)
+    """exec: the shell text."""
+    timeout_ms: Millis | None = None
+    """exec: how long to wait for the command to finish (it keeps running after)."""
+    input: str | None = None
+    """write: raw text (a newline is not added). To the shell, each line is a command and is
+    decided; to a running program, it is input."""
+
+    @model_validator(mode="after")
+    def _fields(self) -> SessionCall:
+        needs: dict[str, tuple[str, ...]] = {a: ("session_id",) for a in ("exec", "write", "read", "resize", "kill")}
+        needs["exec"] += ("command",)
+        needs["write"] += ("input",)
+        _require(self, needs)
+        return self
+
+
+class ValidationSpec(BaseModel):
+    """How an answer to ask_user must look."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    pattern: str | None = None
+    """A regular expression the whole answer must match."""
+    min_length: int | None = Field(default=None, ge=0)
+    max_length: int | None = Field(default=None, ge=1)
+    allowed_values: list[str] | None = None
+
+
+class AskUserCall(_Call):
+    """Ask the human a question (the `ask_user` tool)."""
+
+    tool: Literal["ask_user"] = "ask_user"
+    prompt: str = Field(min_length=1, max_length=4000)
+    default: str | None = None
+    """The answer used when the human just presses enter."""
+    validation: ValidationSpec | None = None
+    password: bool = False
+    """Do not echo the answer; it never reaches the audit log."""
+    timeout_ms: Millis | None = None
+
+
+class EnvCall(_Call):
+    """The caller's session environment (the `env` tool): what later run, session and process
+    calls inherit."""
+
+    tool: Literal["env"] = "env"
+    action: Literal["get", "set", "unset", "list"]
+    name: str | None = None
+    value: str | None = None
+
+    @model_validator(mode="after")
+    def _fields(self) -> EnvCall:
+        _require(self, {"get": ("name",), "set": ("name", "value"), "unset": ("name",)})
+        return self
+
+
+class FilesCall(_Call):
+    """File tools (the `files` tool), implemented in the gateway: no program runs."""
+
+    tool: Literal["files"] = "files"
+    action: Literal[
+        "read", "read_json", "write", "edit", "list", "stat", "mkdir", "delete", "grep", "find", "write_output"
+    ]
+    path: str | None = None
+    """The file or directory (relative paths resolve against the workspace). grep/find: where
+    to search (default: the workspace)."""
+    offset: int | None = Field(default=None, ge=0)
+    """read: the first line (1-based) in line mode, the first byte (0-based) in byte mode."""
+    limit: int | None = Field(default=None, ge=1)
+    """read: how many lines."""
+    max_bytes: int | None = Field(default=None, ge=1)
+    """read: byte mode, how many bytes."""
+    encoding: Literal["utf-8", "base64"] = "utf-8"
+    """read (byte mode) and write: how content is carried."""
+    content: str | None = None
+    """write: the new content. write_output: the text (markdown) or a JSON document."""
+    old: str | None = None
+    """edit: the exact text to replace; it must occur exactly once."""
+    new: str | None = None
+    """edit: its replacement."""
+    show_hidden: bool = False
+    """list: include names starting with a dot."""
+    parents: bool = False
+    """mkdir: create missing parents too."""
+    recursive: bool = False
+    """delete: a directory and all it holds (without it, only files and empty directories)."""
+    pattern: str | None = None
+    """grep: a regular expression. find: a glob (`**/*.py`)."""
+    glob: str | None = None
+    """grep: only files whose path matches this glob."""
+    max_results: int = Field(default=200, ge=1, le=10_000)
+    format: Literal["markdown", "json"] = "markdown"
+    """write_output: the document's kind."""
+    name: str | None = Field(default=None, max_length=100)
+    """write_output: a name for the file (date-prefixed, made unique)."""
+
+    @model_validator(mode="after")
+    def _fields(self) -> FilesCall:
+        path_needed = ("read", "read_json", "write", "edit", "list", "stat", "mkdir", "delete")
+        needs: dict[str, tuple[str, ...]] = {a: ("path",) for a in path_needed}
+        needs["write"] += ("content",)
+        needs["edit"] += ("old", "new")
+        needs["grep"] = ("pattern",)
+        needs["find"] = ("pattern",)
+        needs["write_output"] = ("content",)
+        _require(self, needs)
+        return self
+
+
+class ProcessCall(_Call):
+    """Durable background processes (the `process` tool)."""
+
+    tool: Literal["process"] = "process"
+    action: Literal["start", "list", "get", "output", "stop", "stop_all"]
+    process_id: str | None = None
+    command: str | None = Field(default=None, min_length=1)
+    """start: the shell text."""
+    cwd: str | None = None
+    env: dict[str, str] = {}
+    keep_alive: bool = False
+    """start: restart it when it exits (with backoff), until stopped."""
+    name: str | None = Field(default=None, max_length=100)
+    max_bytes: int = Field(default=16_384, ge=1, le=1 << 20)
+    """output: how much of the log's tail to return."""
+
+    @model_validator(mode="after")
+    def _fields(self) -> ProcessCall:
+        _require(
+            self, {"start": ("command",), "get": ("process_id",), "output": ("process_id",), "stop": ("process_id",)}
+        )
+        return self
+
+
+class FormatOutputCall(_Call):
+    """Format a message for a human (the `format_output` tool). Runs nothing."""
+
+    tool: Literal["format_output"] = "format_output"
+    kind: Literal["success", "error", "warning", "info", "table", "json"]
+    message: str | None = None
+    """success / error / warning / info: the text."""
+    data: Any = None
+    """table: a list of objects (or of lists, the first being the header); json: any value."""
+    color: bool = True
+    """Use ANSI colours."""
+
+
+ToolCall = Annotated[
+    RunCall | SessionCall | AskUserCall | EnvCall | FilesCall | ProcessCall | FormatOutputCall,
+    Field(discriminator="tool"),
+]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -27,7 +28,6 @@ from gateway.analysis import Analysis, Assignment, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
-from gateway.calls import RunCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import shell
 from gateway.log import log
@@ -50,10 +50,16 @@ class CheckResult:
 
 
 def evaluate(
-    policy: CompiledPolicy, command: str, principal: str, cwd: Path | None = None, env: dict[str, str] | None = None
+    policy: CompiledPolicy,
+    command: str,
+    principal: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    tool: Tool = Tool.RUN,
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
-    `env` set for it (checked like `NAME=value` before every command)."""
+    `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
+    session or processes: the principal must be allowed that tool family)."""
     analysis: Analysis | None = None
     try:
         grant = policy.grant(principal)
@@ -64,13 +70,9 @@ def evaluate(
                 Decision(Verdict.DENY, None, (Reason("parse", d.code, d.message, None, d.details),)), analysis
             )
         decisions: list[Decision] = []
-        tool = Verdict.parse(policy.tool_decision(principal, Tool.RUN).value)
-        if tool is not Verdict.ALLOW:
-            decisions.append(
-                Decision(
-                    tool, None, (Reason("tool", f"tool_{tool.label}", f"the run tool is {tool.label} for {principal}"),)
-                )
-            )
+        family = tool_decision(policy, principal, tool)
+        if family.verdict is not Verdict.ALLOW:  # an allow names no rule: the command's rule decides
+            decisions.append(family)
         all_matches: list[list[permissions.Match]] = []
         extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items())
         for name in env or {}:
@@ -107,6 +109,15 @@ def evaluate(
         return CheckResult(Decision(Verdict.DENY, None, (reason,)), analysis)
 
 
+def tool_decision(policy: CompiledPolicy, principal: str, tool: Tool) -> Decision:
+    """May `principal` use the tool family at all (casbin, by level)."""
+    verdict = Verdict.parse(policy.tool_decision(principal, tool).value)
+    if verdict is Verdict.ALLOW:
+        return Decision(Verdict.ALLOW, None, ())
+    message = f"the {tool.value} tool is {verdict.label} for {principal} (the policy's tools section)"
+    return Decision(verdict, None, (Reason("tool", f"tool_{verdict.label}", message),))
+
+
 def _strictest(decisions: list[Decision]) -> Decision:
     """The strictest verdict; its rule decides. An allow keeps only the rules' reasons."""
     merged = Decision.merge(decisions)
@@ -119,15 +130,29 @@ def _strictest(decisions: list[Decision]) -> Decision:
 
 
 APPROVAL_TIMEOUT_S = 120.0
+DEFAULT_SESSIONS = 8
+DEFAULT_PROCESSES = 8
+DEFAULT_SESSION_IDLE_S = 1800
+
+
+@dataclass(frozen=True)
+class Gated:
+    """A call the pipeline let through: the policy it was decided under and its audit base."""
+
+    policy: CompiledPolicy
+    base: dict[str, Any]
 
 
 class Gateway:
-    """The whole pipeline for one tool call: decide, audit, approve, execute, audit.
+    """The whole pipeline for every tool call: decide, audit, approve, execute, audit.
 
     Built from a policy source (a callable returning the policy in force, e.g.
-    `PolicyHolder.current`), an approver, an audit log and an executor. `handle(call)` never
-    raises: every failure is a result envelope with a stable error code, and is audited when the
-    audit log works. Nothing executes unless the decision record is on disk.
+    `PolicyHolder.current`), an approver, an audit log and an executor for `run`. `handle(call)`
+    never raises: every failure is a result envelope with a stable error code, and is audited
+    when the audit log works. Nothing executes unless the decision record is on disk.
+
+    The tool families live in `gateway/tools/` (one module each); they call `check_command`,
+    `authorize` and `record_result` here, so every family passes the same gate.
     """
 
     def __init__(
@@ -138,24 +163,44 @@ class Gateway:
         executor: Any = shell.run,
         approval_timeout_s: float = APPROVAL_TIMEOUT_S,
         hidden: tuple[Path, ...] = (),
+        state_dir: Path | None = None,
     ) -> None:
+        from gateway.executors.env import EnvStore
+        from gateway.executors.sessions import SessionManager
+
         self._policy = policy if callable(policy) else (lambda: policy)
         self.audit = audit
         self.approver = approver or DenyAll()
         self.executor = executor
         self.approval_timeout_s = approval_timeout_s
+        # the gateway's own state (background processes): outside every write root, hidden
+        self.state_dir = Path(os.path.realpath(state_dir)) if state_dir else None
         # directories the sandbox hides besides home and the audit log (e.g. the approvals queue)
         queue_dir = getattr(self.approver, "state_dir", None)
-        self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()))
+        self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()), *((self.state_dir,) if self.state_dir else ()))
         # "approve for this session": the digests of calls a supervisor approved for the rest of
         # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
         # narrowest rule covering that one call, void when the policy changes.
         self._session_approved: set[str] = set()
+        self.env = EnvStore()
+        self.sessions = SessionManager(on_event=self._session_event)
+        self.sessions.start_reaper()
+        self._processes: Any = None
+        self._processes_lock = threading.Lock()
 
-    def handle(self, call: RunCall) -> dict[str, Any]:
+    @property
+    def policy(self) -> CompiledPolicy:
+        current: CompiledPolicy = self._policy()
+        return current
+
+    # --- entry --------------------------------------------------------------------------
+    def handle(self, call: Any) -> dict[str, Any]:
+        from gateway import tools
+
         call_id = uuid.uuid4().hex[:16]
         try:
-            out = self._handle(call, call_id)
+            handler = tools.handler(call.tool)
+            out: dict[str, Any] = handler(self, call, call_id)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
@@ -167,18 +212,75 @@ class Gateway:
                 )
             return envelope
 
-    def _handle(self, call: RunCall, call_id: str) -> dict[str, Any]:
-        policy: CompiledPolicy = self._policy()
-        cwd = Path(call.cwd) if call.cwd else policy.workspace
-        if not cwd.is_absolute():
-            cwd = policy.workspace / cwd
-        unsafe = self._unsafe_setup(policy, call.principal)
+    def close(self) -> None:
+        """Kill the sessions; leave durable processes running (the next gateway adopts them)."""
+        self.sessions.close()
+        if self._processes is not None:
+            self._processes.close()
+
+    # --- the gate -------------------------------------------------------------------------
+    def resolve_cwd(self, policy: CompiledPolicy, cwd: str | None) -> Path:
+        path = Path(cwd) if cwd else policy.workspace
+        return path if path.is_absolute() else policy.workspace / path
+
+    def check_command(
+        self,
+        call_id: str,
+        principal: str,
+        tool: str,
+        command: str,
+        cwd: Path,
+        env: dict[str, str],
+        arguments: dict[str, Any],
+        policy: CompiledPolicy | None = None,
+        shell: str = "bash",
+        unattended: bool = False,
+    ) -> Gated | dict[str, Any]:
+        """Decide `command` (as run through `tool`), audit the decision, ask if the policy asks.
+        Returns `Gated` to go ahead, or the envelope that ends the call."""
+        policy = policy or self.policy
+        family = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}[tool]
+        unsafe = self._unsafe_setup(policy, principal)
         if unsafe:
             return _error(call_id, "denied", "UNSAFE_SETUP", unsafe)
-        result = evaluate(policy, call.command, call.principal, cwd, call.env)
-        decision = result.decision
-        base = {"call_id": call_id, "principal": call.principal, "tool": call.tool, "policy_sha256": policy.sha256}
-        arguments = call.model_dump(exclude={"tool", "principal"})
+        if shell not in policy.policy.shells:
+            reason = Reason(
+                "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
+            )
+            result = CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
+        else:
+            result = evaluate(policy, command, principal, cwd, env, family)
+        commands = (
+            [
+                {"argv": c.to_json()["argv"], "redirects": c.to_json().get("redirects", [])}
+                for c in result.analysis.commands
+            ]
+            if result.analysis
+            else []
+        )
+        return self.authorize(
+            call_id, principal, tool, command, cwd, env, result.decision, arguments, policy, {"commands": commands},
+            unattended,
+        )  # fmt: skip
+
+    def authorize(
+        self,
+        call_id: str,
+        principal: str,
+        tool: str,
+        subject: str,
+        cwd: Path,
+        env: dict[str, str],
+        decision: Decision,
+        arguments: dict[str, Any],
+        policy: CompiledPolicy,
+        data: dict[str, Any] | None = None,
+        unattended: bool = False,
+    ) -> Gated | dict[str, Any]:
+        """Audit `decision` durably, then: deny -> the denial; ask -> the approver; allow -> go.
+        `subject` is what a supervisor is asked about (the command, or `files write PATH`).
+        `unattended` (a keep_alive restart): nobody is asked, so an ask is a denial."""
+        base = {"call_id": call_id, "principal": principal, "tool": tool, "policy_sha256": policy.sha256}
         try:
             self.audit.append(
                 "decision",
@@ -187,14 +289,7 @@ class Gateway:
                 decision=decision.verdict.label,
                 rule=decision.rule,
                 reasons=[r.to_json() for r in decision.reasons],
-                data={
-                    "commands": [
-                        {"argv": c.to_json()["argv"], "redirects": c.to_json().get("redirects", [])}
-                        for c in result.analysis.commands
-                    ]
-                    if result.analysis
-                    else []
-                },
+                data=data or {},
             )
         except AuditUnavailable as exc:
             return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
@@ -203,15 +298,17 @@ class Gateway:
             return _denied(call_id, "PATH_OUTSIDE_JAIL" if jail else "POLICY_DENIED", decision)
         if decision.verdict is Verdict.ASK:
             request = ApprovalRequest.bind(
-                call_id, call.principal, call.tool, call.command, str(cwd), dict(call.env), decision.rule,
+                call_id, principal, tool, subject, str(cwd), dict(env), decision.rule,
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
             )  # fmt: skip
             if request.digest in self._session_approved:
                 answer: Approval | None = Approval(True, "session", request.digest, "session")
+            elif unattended:
+                answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
             else:
                 answer = self.approver.decide(request, self.approval_timeout_s)
             bound = answer is not None and answer.digest == request.digest
-            unchanged = self._policy().sha256 == policy.sha256  # approved under another policy: void
+            unchanged = self.policy.sha256 == policy.sha256  # approved under another policy: void
             granted = answer is not None and answer.approved and bound and unchanged
             if granted and answer is not None and answer.how.endswith("-session"):
                 self._session_approved.add(answer.digest)
@@ -238,51 +335,55 @@ class Gateway:
                 return _error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
             if not granted:
                 return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
-        grant = policy.grant(call.principal)
-        role_limits = _limits(policy, call.principal)
-        timeout = min(
-            call.timeout_ms or role_limits.get("timeout_ms") or 120_000, role_limits.get("timeout_ms") or 10**9
-        )
+        return Gated(policy, base)
+
+    def record_result(
+        self, gated: Gated | dict[str, Any], outcome: dict[str, Any], event: str = "result"
+    ) -> dict[str, Any]:
+        """Audit what happened (without bulky or secret fields) and build the envelope."""
+        base = gated.base if isinstance(gated, Gated) else gated
+        envelope = {"call_id": base["call_id"], **outcome}
+        recorded = {k: v for k, v in outcome.items() if k not in _UNRECORDED}
+        for k in ("stdout", "stderr", "output"):
+            if isinstance(outcome.get(k), str):
+                recorded[f"{k}_bytes"] = len(outcome[k])
         try:
-            outcome = self.executor(
-                call.command,
-                cwd,
-                grant.write_roots,
-                env=dict(call.env),
-                home=policy.home,
-                timeout_ms=timeout,
-                output_bytes=role_limits.get("output_bytes") or (1 << 20),
-                read_only=grant.protected,
-                network=policy.policy.sandbox.network,
-                hidden=(Path.home(), self.audit.directory, *self.hidden),
-                read_roots=grant.read_roots,
-                limits=sandbox.Limits(
-                    cpu_seconds=role_limits.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
-                    file_bytes=role_limits.get("file_bytes") or sandbox.Limits.file_bytes,
-                    open_files=role_limits.get("open_files") or sandbox.Limits.open_files,
-                ),
-            )
-        except sandbox.SandboxUnavailable as exc:
-            outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
-        envelope = {"call_id": call_id, **outcome}
-        try:
-            self.audit.append(
-                "result",
-                **base,
-                data={k: v for k, v in outcome.items() if k not in ("stdout", "stderr")}
-                | {"stdout_bytes": len(outcome.get("stdout", "")), "stderr_bytes": len(outcome.get("stderr", ""))},
-            )
+            self.audit.append(event, **base, data=recorded)
         except AuditUnavailable as exc:
             envelope["warning"] = {"code": "AUDIT_UNAVAILABLE", "message": f"the result could not be recorded: {exc}"}
         return envelope
 
+    def spawn_settings(self, policy: CompiledPolicy, principal: str) -> dict[str, Any]:
+        """What every executor gets from the policy: roots, protected paths, limits, network."""
+        grant = policy.grant(principal)
+        lim = limits(policy, principal)
+        return {
+            "write_roots": grant.write_roots,
+            "read_roots": grant.read_roots,
+            "read_only": grant.protected,
+            "hidden": (Path.home(), self.audit.directory, *self.hidden),
+            "network": policy.policy.sandbox.network,
+            "home": policy.home or policy.workspace,
+            "limits": sandbox.Limits(
+                cpu_seconds=lim.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
+                file_bytes=lim.get("file_bytes") or sandbox.Limits.file_bytes,
+                open_files=lim.get("open_files") or sandbox.Limits.open_files,
+            ),
+        }
+
+    def _session_event(self, event: str, session: Any, data: dict[str, Any]) -> None:
+        with contextlib.suppress(AuditUnavailable):
+            self.audit.append(
+                event, principal=session.principal, tool="session", data={"session_id": session.id, **data}
+            )
+
     def _unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
-        """Why this setup must not execute: the agent could rewrite the audit log, the policy or
-        the approvals queue if one of them lies inside its write roots."""
+        """Why this setup must not execute: the agent could rewrite the audit log, the policy,
+        the approvals queue or the gateway's state if one lies inside its write roots."""
         roots = policy.grant(principal).write_roots
         sensitive = [("the audit log", self.audit.directory)]
         sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
-        sensitive += [("the approvals queue", p) for p in self.hidden]
+        sensitive += [("the approvals queue or the gateway's state", p) for p in self.hidden]
         for what, path in sensitive:
             real = Path(os.path.realpath(path))
             for root in roots:
@@ -291,7 +392,11 @@ class Gateway:
         return ""
 
 
-def _limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
+_UNRECORDED = frozenset({"stdout", "stderr", "output", "content", "image", "json", "entries", "matches", "value"})
+
+
+def limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
+    """The principal's limits: for each, the largest any of its roles sets."""
     out: dict[str, int] = {}
     for name in policy.policy.principals[principal].roles:
         for key, value in policy.policy.roles[name].limits.model_dump().items():
@@ -302,6 +407,11 @@ def _limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
 
 def _error(call_id: str, status: str, code: str, message: str) -> dict[str, Any]:
     return {"status": status, "call_id": call_id, "error": {"code": code, "message": message}}
+
+
+def error(call_id: str, status: str, code: str, message: str) -> dict[str, Any]:
+    """An envelope ending a call with `code` (docs/tools.md lists the codes)."""
+    return _error(call_id, status, code, message)
 
 
 def _denied(call_id: str, code: str, decision: Decision) -> dict[str, Any]:

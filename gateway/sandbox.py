@@ -75,11 +75,13 @@ def wrap(
     read_only: tuple[Path, ...] = (),
     hidden: tuple[Path, ...] = (),
     read_roots: tuple[Path, ...] = (),
+    die_with_parent: bool = True,
 ) -> list[str]:
     """The argv that runs `argv` inside the sandbox, in `cwd`. `read_only` paths (the policy's
     protected paths) are bound read-only over the write roots, so the kernel enforces them too.
     `hidden` directories (the gateway user's home, the audit and approvals directories) are
-    covered with an empty tmpfs; read and write roots inside them are bound back."""
+    covered with an empty tmpfs; read and write roots inside them are bound back. Without
+    `die_with_parent` the sandbox outlives the caller (durable processes)."""
     profile = [
         check(),
         "--ro-bind", "/", "/",
@@ -93,8 +95,9 @@ def wrap(
             profile += ["--tmpfs", real]
     for root in read_roots:
         real = str(root)
-        if root.exists() and os.path.realpath(root) == real and any(_under(real, os.path.realpath(h)) for h in hidden):
-            profile += ["--ro-bind", real, real]  # a read root under a hidden directory
+        covered = ("/tmp", *(os.path.realpath(h) for h in hidden))
+        if root.exists() and os.path.realpath(root) == real and any(_under(real, c) for c in covered):
+            profile += ["--ro-bind", real, real]  # a read root under /tmp or a hidden directory
     for root in write_roots:
         # the policy compiled its roots to real paths: a root that no longer resolves to itself
         # (a symlink put where a missing root was) would bind whatever it points to
@@ -103,7 +106,9 @@ def wrap(
     for path in read_only:
         real = os.path.realpath(path)
         profile += ["--ro-bind-try", real, real]  # after the write roots: it must cover them
-    profile += ["--chdir", str(cwd), "--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+    profile += ["--chdir", str(cwd), "--unshare-all", "--new-session", "--cap-drop", "ALL"]
+    if die_with_parent:  # durable processes (the process tool) outlive the gateway on purpose
+        profile.append("--die-with-parent")
     if network:
         profile.append("--share-net")
     rlimits = [

@@ -128,13 +128,23 @@ def run(
     read_only: tuple[Path, ...] = (),
     hidden: tuple[Path, ...] = (),
     read_roots: tuple[Path, ...] = (),
+    posix: bool = False,
+    capture: bool = True,
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
-    sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses)."""
+    sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses). `posix` runs
+    bash in POSIX mode (the `sh` shell); without `capture` the output goes to /dev/null."""
     if not cwd.is_dir():
         return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
     argv = sandbox.wrap(
-        [*SHELL, text], cwd, write_roots, limits or sandbox.Limits(), network, read_only, hidden, read_roots
+        [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text],
+        cwd,
+        write_roots,
+        limits or sandbox.Limits(),
+        network,
+        read_only,
+        hidden,
+        read_roots,
     )
     # the sandbox binds protected paths read-only, but a command can rename their parent away or
     # create a protected path that did not exist: compare after, and put them back
@@ -145,8 +155,8 @@ def run(
         proc = subprocess.Popen(
             argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
+            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
             env=scrubbed_env(home or cwd, env or {}),
             start_new_session=True,  # its own process group, for killpg
             close_fds=True,
@@ -158,9 +168,10 @@ def run(
         "stderr": _Stream(output_bytes, bytearray(), bytearray()),
     }
     sel = selectors.DefaultSelector()
-    assert proc.stdout is not None and proc.stderr is not None
-    sel.register(proc.stdout, selectors.EVENT_READ, "stdout")
-    sel.register(proc.stderr, selectors.EVENT_READ, "stderr")
+    for name in ("stdout", "stderr"):
+        stream = getattr(proc, name)
+        if stream is not None:
+            sel.register(stream, selectors.EVENT_READ, name)
     deadline = started + timeout_ms / 1000
     timed_out = False
     try:
@@ -185,8 +196,9 @@ def run(
                 _kill(proc)
     finally:
         sel.close()
-        proc.stdout.close()
-        proc.stderr.close()
+        for stream in (proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
         if proc.poll() is None:
             _kill(proc)
     duration = int((time.monotonic() - started) * 1000)

@@ -46,13 +46,15 @@ class Limits(_Model):
     output_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
     """Bytes of output kept per stream (head and tail)."""
     sessions: Annotated[StrictInt, Field(ge=0)] | None = None
-    """Live shell sessions per principal."""
+    """Live shell sessions per principal (default 8)."""
+    session_idle_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
+    """A session unused this long is killed (default 1800: 30 minutes)."""
     processes: Annotated[StrictInt, Field(ge=0)] | None = None
-    """Background processes per principal."""
+    """Live background processes per principal (default 8)."""
     cpu_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
     """CPU time of one command (RLIMIT_CPU)."""
     file_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
-    """Largest file a command may write (RLIMIT_FSIZE)."""
+    """Largest file a command may write (RLIMIT_FSIZE), and the file tools' write limit."""
     open_files: Annotated[StrictInt, Field(gt=0)] | None = None
     """Open file descriptors (RLIMIT_NOFILE)."""
 
@@ -178,6 +180,23 @@ class SecondOpinion(_Model):
     construct, was blind to one, or timed out). Disagreement is always a denial."""
 
 
+class EnvironmentSettings(_Model):
+    """What the env tool may set in a principal's session environment (inherited by later run,
+    session and process calls). Protected names (PATH, LD_*, BASH_ENV, HOME, ...) are refused
+    whatever this says."""
+
+    allow: list[str] = []
+    """Names that may be set; a trailing `*` matches a prefix (`PYTHON*`)."""
+
+    @field_validator("allow")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*\*?", n):
+                raise ValueError(f"{n!r} is not a variable name (a trailing * is allowed)")
+        return names
+
+
 class SandboxSettings(_Model):
     network: StrictBool = False
     """Let commands reach the network. Off: the sandbox has only a loopback interface."""
@@ -217,6 +236,10 @@ class Policy(_Model):
     second_opinion: SecondOpinion = SecondOpinion()
     sandbox: SandboxSettings = SandboxSettings()
     audit: AuditSettings = AuditSettings()
+    environment: EnvironmentSettings = EnvironmentSettings()
+    shells: list[Literal["bash", "sh"]] = ["bash"]
+    """Shells `run` and `session` may use: `bash`, and `sh` (bash in POSIX mode; the analyser
+    models bash, so no other shell can be checked)."""
     rules: list[Rule] = []
     tests: str | None = None
     """A JSONL file of expected decisions run by `gateway policy test` (relative to this file):

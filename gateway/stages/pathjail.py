@@ -63,6 +63,8 @@ def check(
                         checked[access].append(p)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
+                for target in cwds:  # a shell session keeps its cwd: a cd out of the jail is refused
+                    _check_path(str(target), "read", grant, cmd.program)
     except _Refused as r:
         return Decision(Verdict.DENY, None, (Reason(STAGE, r.code, r.message, None, r.details),))
     if not checked["read"] and not checked["write"]:
@@ -138,6 +140,22 @@ def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: b
         candidates = (glob.glob(base) or [base]) if Expansion.GLOB in kinds else [base]
         out.extend(os.path.realpath(c) for c in candidates)
     return out
+
+
+class PathRefused(Exception):
+    """A path outside the roots (or protected): `code` is the jail's reason code."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+def check_path(path: str, access: str, grant: Grant, who: str = "files") -> None:
+    """Raise PathRefused unless the real, absolute `path` may be read or written (`access`)."""
+    try:
+        _check_path(path, access, grant, who)
+    except _Refused as r:
+        raise PathRefused(r.code, r.message) from None
 
 
 def _check_path(path: str, access: str, grant: Grant, who: str) -> None:

@@ -1,0 +1,769 @@
+"""Durable background processes: the manager behind the `process` tool.
+
+Each process has a folder `<state_dir>/<id>/` (mode 0700) holding `record.json` (the
+`ProcessRecord`, written atomically) and `process.log` (stdout and stderr, opened with O_APPEND).
+The process runs in its own session (`start_new_session`), so its pid is also its process group
+and session id; stopping it signals the whole group (SIGTERM, SIGKILL after a grace period). In
+the gateway the argv from `build` is the sandbox (bwrap without `--die-with-parent`), whose PID
+namespace takes every descendant with it.
+
+Processes outlive the gateway on purpose. On start the gateway calls `rehydrate()`: a record
+from an earlier boot is `lost`; a pid that is still the same process (same start time in
+`/proc/<pid>/stat`, still its own group and session leader, same user) is adopted; anything else
+has exited (and a keep-alive process is scheduled for a restart).
+
+The policy is not decided here: `gate(record, "start" | "restart")` is called before every spawn,
+restarts included (the policy may have changed since), and `event(name, record, details)` is
+the audit hook. Both are called without the manager's lock held.
+
+The state directory must lie outside every write root and be hidden from the sandbox: whoever
+can edit a record can make the gateway signal the pid it names.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from gateway.log import log
+
+GRACE_SECONDS = 2.0
+KILL_WAIT_SECONDS = 5.0
+POLL_SECONDS = 0.02
+LIVE_STATES = ("running", "backoff")
+RECORD = "record.json"
+LOG = "process.log"
+OLD_LOG = "process.log.1"
+_ID = re.compile(r"[0-9a-f]{16}")
+
+Build = Callable[["ProcessRecord"], tuple[list[str], dict[str, str]]]
+Gate = Callable[["ProcessRecord", str], str | None]
+Event = Callable[[str, "ProcessRecord", dict[str, Any]], None]
+_Events = list[tuple[str, "ProcessRecord", dict[str, Any]]]
+_Target = tuple["ProcessRecord", "subprocess.Popen[bytes] | None", int, int | None]
+"""A process being stopped: its record, our Popen (None when adopted), its pid and start ticks."""
+_Targets = list[_Target]
+_Records = list["ProcessRecord"]
+_Ids = list[str]
+
+
+@dataclass
+class ProcessRecord:
+    """One durable process, as stored in `<state_dir>/<id>/record.json`."""
+
+    id: str
+    principal: str
+    name: str | None
+    command: str
+    cwd: str
+    env: dict[str, str]
+    keep_alive: bool
+    desired: str
+    """"running" or "stopped" (set by stop: never restart it)."""
+    pid: int | None
+    start_ticks: int | None
+    """Field 22 of /proc/<pid>/stat when it started: tells a reused pid apart."""
+    boot_id: str
+    """/proc/sys/kernel/random/boot_id when it started."""
+    started_at: str | None
+    ended_at: str | None
+    exit_code: int | None
+    restarts: int
+    next_restart_at: float | None
+    """Wall-clock epoch seconds of the next restart (state "backoff")."""
+    state: str
+    """running | exited | stopped | backoff | failed (the gate refused a restart) | lost (an earlier boot)."""
+    failures: int = 0
+    """Consecutive runs shorter than stable_after_s: the backoff exponent."""
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "id": (str,),
+    "principal": (str,),
+    "name": (str, type(None)),
+    "command": (str,),
+    "cwd": (str,),
+    "env": (dict,),
+    "keep_alive": (bool,),
+    "desired": (str,),
+    "pid": (int, type(None)),
+    "start_ticks": (int, type(None)),
+    "boot_id": (str,),
+    "started_at": (str, type(None)),
+    "ended_at": (str, type(None)),
+    "exit_code": (int, type(None)),
+    "restarts": (int,),
+    "next_restart_at": (float, int, type(None)),
+    "state": (str,),
+    "failures": (int,),
+}
+_STATES = ("running", "exited", "stopped", "backoff", "failed", "lost")
+
+
+def _parse_record(data: Any) -> ProcessRecord:
+    """A record from its JSON, every field checked. Raises ValueError."""
+    if not isinstance(data, dict):
+        raise ValueError("not an object")
+    known = {f.name for f in fields(ProcessRecord)}
+    if set(data) - known:
+        raise ValueError(f"unknown fields: {sorted(set(data) - known)}")
+    values: dict[str, Any] = {}
+    for name, types in _TYPES.items():
+        if name not in data:
+            if name == "failures":
+                continue
+            raise ValueError(f"missing field {name}")
+        value = data[name]
+        bool_ok = bool in types
+        if not isinstance(value, types) or (isinstance(value, bool) and not bool_ok):
+            raise ValueError(f"field {name} has the wrong type")
+        values[name] = value
+    env = values["env"]
+    if not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        raise ValueError("env must map strings to strings")
+    if values["state"] not in _STATES or values["desired"] not in ("running", "stopped"):
+        raise ValueError("unknown state")
+    if not _ID.fullmatch(values["id"]):
+        raise ValueError("malformed id")
+    if values["next_restart_at"] is not None:
+        values["next_restart_at"] = float(values["next_restart_at"])
+    return ProcessRecord(**values)
+
+
+def _now_iso() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def _age_seconds(iso: str | None) -> float:
+    if iso is None:
+        return 0.0
+    try:
+        return max(0.0, time.time() - datetime.fromisoformat(iso).timestamp())
+    except ValueError:
+        return 0.0
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return "unknown"
+
+
+@dataclass(frozen=True)
+class _Stat:
+    state: str
+    pgrp: int
+    session: int
+    start_ticks: int
+    uid: int
+
+
+def _stat(pid: int) -> _Stat | None:
+    """What /proc says about `pid`, or None when there is no such process."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+        uid = os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+    # the command name (field 2) is in parentheses and may hold anything: split after the last ")"
+    rest = raw[raw.rfind(b")") + 2 :].split()
+    try:
+        return _Stat(rest[0].decode(), int(rest[2]), int(rest[3]), int(rest[19]), uid)
+    except (IndexError, ValueError):
+        return None
+
+
+def _same_process(pid: int | None, start_ticks: int | None) -> bool:
+    """`pid` is still the process we started, alive (not a zombie), leading its own group and
+    session, and ours."""
+    if pid is None or start_ticks is None or pid <= 1:
+        return False
+    st = _stat(pid)
+    return (
+        st is not None
+        and st.start_ticks == start_ticks
+        and st.state not in ("Z", "X", "x")
+        and st.pgrp == pid
+        and st.session == pid
+        and st.uid == os.getuid()
+    )
+
+
+def _error(code: str, message: str, status: str = "error") -> dict[str, Any]:
+    return {"status": status, "error": {"code": code, "message": message}}
+
+
+def _not_found(process_id: str) -> dict[str, Any]:
+    return _error("PROCESS_NOT_FOUND", f"no process {process_id!r}")
+
+
+def _tail(path: Path, count: int) -> tuple[bytes, int]:
+    """The last `count` bytes of `path` and its size (b"", 0 when missing)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return b"", 0
+    try:
+        size = os.fstat(fd).st_size
+        if count <= 0:
+            return b"", size
+        start = max(0, size - count)
+        chunks = []
+        left = size - start
+        while left > 0:
+            chunk = os.pread(fd, min(left, 1 << 20), start)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            start += len(chunk)
+            left -= len(chunk)
+        return b"".join(chunks), size
+    finally:
+        os.close(fd)
+
+
+class ProcessManager:
+    """The record table and the processes behind it. One lock guards the table; `tick` (the
+    monitor) and the API calls may run concurrently."""
+
+    def __init__(
+        self,
+        state_dir: Path,
+        *,
+        build: Build,
+        gate: Gate,
+        event: Event,
+        log_max_bytes: int = 8 << 20,
+        backoff_initial_s: float = 1.0,
+        backoff_max_s: float = 60.0,
+        stable_after_s: float = 30.0,
+    ) -> None:
+        self.state_dir = Path(state_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        os.chmod(self.state_dir, 0o700)
+        self._build = build
+        self._gate = gate
+        self._event = event
+        self.log_max_bytes = log_max_bytes
+        self.backoff_initial_s = backoff_initial_s
+        self.backoff_max_s = backoff_max_s
+        self.stable_after_s = stable_after_s
+        self._lock = threading.RLock()
+        self._records: dict[str, ProcessRecord] = {}
+        self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._boot_id = boot_id()
+        self._stop_monitor = threading.Event()
+        self._monitor: threading.Thread | None = None
+
+    # --- persistence -------------------------------------------------------------------------
+
+    def _dir(self, process_id: str) -> Path:
+        return self.state_dir / process_id
+
+    def log_path(self, process_id: str) -> Path:
+        return self._dir(process_id) / LOG
+
+    def _persist(self, rec: ProcessRecord) -> None:
+        folder = self._dir(rec.id)
+        tmp = folder / f".{RECORD}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps(asdict(rec), ensure_ascii=False, indent=1).encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, folder / RECORD)
+        dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+
+    def _save(self, rec: ProcessRecord) -> None:
+        """Persist, logging (not raising) a failure: the table in memory stays the truth."""
+        try:
+            self._persist(rec)
+        except OSError as exc:
+            log.warning("process_record_write_failed", process_id=rec.id, error=str(exc))
+
+    def _emit(self, events: _Events) -> None:
+        for name, rec, details in events:
+            self._event(name, rec, details)
+
+    # --- spawning ----------------------------------------------------------------------------
+
+    def _spawn(self, rec: ProcessRecord) -> str | None:
+        """Start `rec`'s command; fill pid, start_ticks, boot_id, started_at. Returns an error
+        message when it cannot start."""
+        argv, env = self._build(rec)
+        try:
+            logfd = os.open(
+                self.log_path(rec.id),
+                os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+            )
+        except OSError as exc:
+            return f"cannot open the log: {exc}"
+        try:
+            proc = subprocess.Popen(
+                argv,
+                env=env,
+                cwd=rec.cwd,
+                stdin=subprocess.DEVNULL,
+                stdout=logfd,
+                stderr=logfd,
+                start_new_session=True,
+                close_fds=True,
+            )
+        except OSError as exc:
+            return str(exc)
+        finally:
+            os.close(logfd)
+        st = _stat(proc.pid)
+        self._children[rec.id] = proc
+        rec.pid = proc.pid
+        rec.start_ticks = st.start_ticks if st else None
+        rec.boot_id = self._boot_id
+        rec.started_at = _now_iso()
+        rec.ended_at = None
+        rec.exit_code = None
+        rec.next_restart_at = None
+        rec.state = "running"
+        return None
+
+    def _live_count(self, principal: str) -> int:
+        return sum(1 for r in self._records.values() if r.principal == principal and r.state in LIVE_STATES)
+
+    # --- the API -----------------------------------------------------------------------------
+
+    def start(
+        self,
+        principal: str,
+        command: str,
+        cwd: str,
+        env: dict[str, str],
+        keep_alive: bool,
+        name: str | None,
+        max_live: int,
+    ) -> dict[str, Any]:
+        """Start a durable process. Result fields of the `process` tool's start action."""
+        limit_msg = f"{principal} already has {max_live} live processes (the limit): stop one first"
+        with self._lock:
+            if self._live_count(principal) >= max_live:
+                return _error("PROCESS_LIMIT", limit_msg)
+            process_id = secrets.token_hex(8)
+            while process_id in self._records or self._dir(process_id).exists():
+                process_id = secrets.token_hex(8)
+        rec = ProcessRecord(
+            id=process_id,
+            principal=principal,
+            name=name,
+            command=command,
+            cwd=cwd,
+            env=dict(env),
+            keep_alive=keep_alive,
+            desired="running",
+            pid=None,
+            start_ticks=None,
+            boot_id=self._boot_id,
+            started_at=None,
+            ended_at=None,
+            exit_code=None,
+            restarts=0,
+            next_restart_at=None,
+            state="running",
+        )
+        denial = self._gate(replace(rec), "start")  # outside the lock: it may wait for a human
+        if denial is not None:
+            return _error("POLICY_DENIED", denial, status="denied")
+        with self._lock:
+            if self._live_count(principal) >= max_live:  # counted again: another start may have won
+                return _error("PROCESS_LIMIT", limit_msg)
+            folder = self._dir(process_id)
+            try:
+                folder.mkdir(mode=0o700)
+                os.chmod(folder, 0o700)
+            except OSError as exc:
+                return _error("SPAWN_FAILED", f"cannot create the process folder: {exc}")
+            failure = self._spawn(rec)
+            if failure is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+                return _error("SPAWN_FAILED", failure)
+            self._records[process_id] = rec
+            self._save(rec)
+            view = self._view(rec)
+            snapshot = replace(rec)
+        self._emit([("process_started", snapshot, {"pid": snapshot.pid})])
+        return {"status": "ok", "process": view}
+
+    def list(self, principal: str) -> dict[str, Any]:
+        with self._lock:
+            mine = [r for r in self._records.values() if r.principal == principal]
+            mine.sort(key=lambda r: (r.started_at or "", r.id))
+            return {"status": "ok", "processes": [self._view(r) for r in mine]}
+
+    def _find(self, principal: str, process_id: str) -> ProcessRecord | None:
+        rec = self._records.get(process_id)
+        return rec if rec is not None and rec.principal == principal else None
+
+    def get(self, principal: str, process_id: str) -> dict[str, Any]:
+        with self._lock:
+            rec = self._find(principal, process_id)
+            if rec is None:
+                return _not_found(process_id)
+            return {"status": "ok", "process": {**self._view(rec), "log_path": str(self.log_path(rec.id))}}
+
+    def output(self, principal: str, process_id: str, max_bytes: int) -> dict[str, Any]:
+        """The tail of the log (reaching into the rotated one when the current one is short)."""
+        with self._lock:
+            rec = self._find(principal, process_id)
+            if rec is None:
+                return _not_found(process_id)
+            state = rec.state
+        data, size = _tail(self.log_path(process_id), max_bytes)
+        older, old_size = b"", 0
+        if len(data) < max_bytes:
+            older, old_size = _tail(self._dir(process_id) / OLD_LOG, max_bytes - len(data))
+        text = (older + data).decode("utf-8", "replace")
+        return {
+            "status": "ok",
+            "process_id": process_id,
+            "state": state,
+            "output": text,
+            "truncated": size + old_size > max_bytes,
+        }
+
+    def stop(self, principal: str, process_id: str) -> dict[str, Any]:
+        """Stop it for good: desired=stopped, SIGTERM to its group, SIGKILL after the grace."""
+        with self._lock:
+            rec = self._find(principal, process_id)
+            if rec is None:
+                return _not_found(process_id)
+        self._stop_many([rec])
+        with self._lock:
+            return {"status": "ok", "process": self._view(rec)}
+
+    def stop_all(self, principal: str) -> dict[str, Any]:
+        """Stop every process of `principal` (and nobody else's)."""
+        with self._lock:
+            mine = [
+                r for r in self._records.values() if r.principal == principal and r.state in (*LIVE_STATES, "failed")
+            ]
+        stopped = self._stop_many(mine)
+        with self._lock:
+            return {"status": "ok", "stopped": stopped, "processes": [self._view(r) for r in mine]}
+
+    def _stop_many(self, records: _Records) -> _Ids:
+        """Signal all of them together; wait; SIGKILL what is left; record. Returns the ids of
+        those that were live (running or waiting to restart)."""
+        events: _Events = []
+        targets: _Targets = []
+        was_live: _Ids = []
+        with self._lock:
+            for rec in records:
+                rec.desired = "stopped"
+                rec.next_restart_at = None
+                if rec.state == "running" and rec.pid is not None:
+                    targets.append((rec, self._children.get(rec.id), rec.pid, rec.start_ticks))
+                    was_live.append(rec.id)
+                elif rec.state in ("backoff", "failed"):
+                    if rec.state == "backoff":
+                        was_live.append(rec.id)
+                    rec.state = "stopped"
+                    events.append(("process_stopped", replace(rec), {"was": "not running"}))
+                self._save(rec)
+        self._signal_all(targets, signal.SIGTERM)
+        deadline = time.monotonic() + GRACE_SECONDS
+        left = [t for t in targets if not self._gone(t)]
+        while left and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            left = [t for t in left if not self._gone(t)]
+        killed = {t[0].id for t in left}
+        # SIGKILL what is left, and the group of every child (members that outlived its leader)
+        self._signal_all([t for t in targets if t[1] is not None or t in left], signal.SIGKILL)
+        deadline = time.monotonic() + KILL_WAIT_SECONDS
+        while left and time.monotonic() < deadline:
+            time.sleep(POLL_SECONDS)
+            left = [t for t in left if not self._gone(t)]
+        with self._lock:
+            for rec, proc, _pid, _ticks in targets:
+                if rec.state == "running":
+                    code = proc.returncode if proc is not None else None
+                    self._finish(rec, code)
+                self._children.pop(rec.id, None)
+                self._save(rec)
+                details = {"exit_code": rec.exit_code, "killed": rec.id in killed}
+                if any(t[0] is rec for t in left):
+                    details["still_running"] = True
+                events.append(("process_stopped", replace(rec), details))
+        self._emit(events)
+        return was_live
+
+    @staticmethod
+    def _signal_all(targets: _Targets, sig: int) -> None:
+        for _rec, proc, pid, ticks in targets:
+            # our child: its pid stays taken while its group has members, so the group is ours (and
+            # pids are handed out cyclically: a just-freed one is not reused within milliseconds)
+            if proc is None and not _same_process(pid, ticks):
+                continue  # adopted and gone (or the pid now belongs to someone else): never signal
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+
+    @staticmethod
+    def _gone(target: _Target) -> bool:
+        _rec, proc, pid, ticks = target
+        if proc is not None:
+            return proc.poll() is not None
+        return not _same_process(pid, ticks)
+
+    def wait_for(self, principal: str, process_id: str, timeout_s: float) -> bool:
+        """True when the process is no longer running within `timeout_s` (it exited, or is
+        waiting to restart). Raises KeyError for an unknown id."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            with self._lock:
+                rec = self._find(principal, process_id)
+                if rec is None:
+                    raise KeyError(process_id)
+                proc = self._children.get(process_id)
+                running = rec.state == "running"
+            if not running:
+                return True
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(max(0.0, min(POLL_SECONDS * 5, deadline - time.monotonic())))
+            else:
+                time.sleep(POLL_SECONDS)
+            self._reap([process_id])
+            if time.monotonic() >= deadline:
+                with self._lock:
+                    return rec.state != "running"
+
+    # --- the monitor -------------------------------------------------------------------------
+
+    def _finish(self, rec: ProcessRecord, exit_code: int | None) -> dict[str, Any]:
+        """Record an exit (the lock is held). Returns the details of the exit event."""
+        rec.ended_at = _now_iso()
+        rec.exit_code = exit_code
+        self._children.pop(rec.id, None)
+        details: dict[str, Any] = {"exit_code": exit_code, "pid": rec.pid}
+        if rec.desired == "stopped":
+            rec.state = "stopped"
+        elif rec.keep_alive:
+            if _age_seconds(rec.started_at) >= self.stable_after_s:
+                rec.failures = 0
+            delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(rec.failures, 62))
+            rec.failures += 1
+            rec.state = "backoff"
+            rec.next_restart_at = time.time() + delay
+            details["restart_in_s"] = delay
+        else:
+            rec.state = "exited"
+        return details
+
+    def _reap(self, ids: _Ids | None = None) -> _Events:
+        """Notice exits among running processes; emits their events."""
+        events: _Events = []
+        with self._lock:
+            for rec in list(self._records.values()):
+                if rec.state != "running" or (ids is not None and rec.id not in ids):
+                    continue
+                proc = self._children.get(rec.id)
+                if proc is not None:
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    exit_code: int | None = code
+                elif _same_process(rec.pid, rec.start_ticks):
+                    continue
+                else:
+                    exit_code = None  # adopted: not our child, its status is not ours to read
+                stopping = rec.desired == "stopped"
+                details = self._finish(rec, exit_code)
+                self._save(rec)
+                if not stopping:  # a stop reports its own event
+                    events.append(("process_exited", replace(rec), details))
+        self._emit(events)
+        return events
+
+    def _restart_due(self) -> None:
+        now = time.time()
+        with self._lock:
+            due = [
+                replace(r)
+                for r in self._records.values()
+                if r.state == "backoff" and r.desired == "running" and (r.next_restart_at or 0.0) <= now
+            ]
+        for snapshot in due:
+            denial = self._gate(snapshot, "restart")  # the policy may have changed since the start
+            events: _Events = []
+            with self._lock:
+                rec = self._records.get(snapshot.id)
+                if rec is None or rec.state != "backoff" or rec.desired != "running":
+                    continue  # stopped meanwhile
+                if denial is not None:
+                    rec.state = "failed"
+                    rec.next_restart_at = None
+                    events.append(("process_restart_denied", replace(rec), {"message": denial}))
+                else:
+                    failure = self._spawn(rec)
+                    if failure is None:
+                        rec.restarts += 1
+                        events.append(("process_restarted", replace(rec), {"pid": rec.pid, "restarts": rec.restarts}))
+                    else:
+                        delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(rec.failures, 62))
+                        rec.failures += 1
+                        rec.next_restart_at = time.time() + delay
+                        events.append(
+                            ("process_spawn_failed", replace(rec), {"message": failure, "restart_in_s": delay})
+                        )
+                self._save(rec)
+            self._emit(events)
+
+    def _rotate_logs(self) -> None:
+        with self._lock:
+            ids = [r.id for r in self._records.values()]
+        for process_id in ids:
+            path = self.log_path(process_id)
+            try:
+                if os.lstat(path).st_size <= self.log_max_bytes:
+                    continue
+                # copy-truncate: the process writes with O_APPEND, so it goes on at the new end
+                tmp = path.with_name(f".{OLD_LOG}.tmp")
+                with open(path, "rb") as src:
+                    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+                    with os.fdopen(fd, "wb") as dst:
+                        shutil.copyfileobj(src, dst, 1 << 20)
+                os.replace(tmp, path.with_name(OLD_LOG))
+                os.truncate(path, 0)
+            except OSError as exc:
+                if not isinstance(exc, FileNotFoundError):
+                    log.warning("process_log_rotation_failed", process_id=process_id, error=str(exc))
+
+    def tick(self) -> None:
+        """One monitor pass: reap exits, restart what is due (asking the gate), rotate logs."""
+        self._reap()
+        self._restart_due()
+        self._rotate_logs()
+
+    def start_monitor(self, interval_s: float = 0.5) -> None:
+        if self._monitor is not None and self._monitor.is_alive():
+            return
+        self._stop_monitor.clear()
+
+        def loop() -> None:
+            while not self._stop_monitor.is_set():
+                try:
+                    self.tick()
+                except Exception as exc:  # the monitor must outlive a failing hook
+                    log.error("process_monitor_failed", error=repr(exc))
+                self._stop_monitor.wait(interval_s)
+
+        self._monitor = threading.Thread(target=loop, name="process-monitor", daemon=True)
+        self._monitor.start()
+
+    def close(self) -> None:
+        """Stop the monitor. The processes keep running: they outlive the gateway by design."""
+        self._stop_monitor.set()
+        if self._monitor is not None:
+            self._monitor.join(timeout=10)
+            self._monitor = None
+
+    # --- rehydration -------------------------------------------------------------------------
+
+    def rehydrate(self) -> None:
+        """Load every record (on gateway start): adopt what still runs, mark the rest."""
+        events: _Events = []
+        try:
+            folders = sorted(self.state_dir.iterdir())
+        except OSError as exc:
+            log.error("process_state_unreadable", path=str(self.state_dir), error=str(exc))
+            return
+        with self._lock:
+            for folder in folders:
+                if folder.name.startswith(".") or folder.name in self._records:
+                    continue
+                try:
+                    if not folder.is_dir() or folder.is_symlink():
+                        raise ValueError("not a directory")
+                    rec = _parse_record(json.loads((folder / RECORD).read_bytes()))
+                    if rec.id != folder.name:
+                        raise ValueError("the record's id is not its folder's name")
+                except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
+                    stub = ProcessRecord(
+                        id=folder.name,
+                        principal="",
+                        name=None,
+                        command="",
+                        cwd="",
+                        env={},
+                        keep_alive=False,
+                        desired="stopped",
+                        pid=None,
+                        start_ticks=None,
+                        boot_id="",
+                        started_at=None,
+                        ended_at=None,
+                        exit_code=None,
+                        restarts=0,
+                        next_restart_at=None,
+                        state="lost",
+                    )
+                    events.append(("process_record_corrupt", stub, {"path": str(folder), "error": str(exc)}))
+                    continue
+                self._records[rec.id] = rec
+                if rec.state not in LIVE_STATES:
+                    continue
+                if rec.boot_id != self._boot_id:
+                    rec.state = "lost"
+                    rec.pid = None
+                    rec.start_ticks = None
+                    rec.next_restart_at = None
+                    self._save(rec)
+                    events.append(("process_cleared", replace(rec), {"reason": "started before the last boot"}))
+                elif rec.state == "backoff":
+                    continue  # its restart stays scheduled
+                elif _same_process(rec.pid, rec.start_ticks):
+                    events.append(("process_adopted", replace(rec), {"pid": rec.pid}))
+                else:
+                    details = self._finish(rec, None)
+                    details["reason"] = "exited while the gateway was down"
+                    self._save(rec)
+                    events.append(("process_exited", replace(rec), details))
+        self._emit(events)
+
+    # --- views -------------------------------------------------------------------------------
+
+    @staticmethod
+    def _view(rec: ProcessRecord) -> dict[str, Any]:
+        """What the agent sees (the env's names only: values may be secrets)."""
+        return {
+            "id": rec.id,
+            "name": rec.name,
+            "command": rec.command,
+            "cwd": rec.cwd,
+            "env_names": sorted(rec.env),
+            "keep_alive": rec.keep_alive,
+            "state": rec.state,
+            "desired": rec.desired,
+            "pid": rec.pid,
+            "started_at": rec.started_at,
+            "ended_at": rec.ended_at,
+            "exit_code": rec.exit_code,
+            "restarts": rec.restarts,
+            "next_restart_at": rec.next_restart_at,
+        }

@@ -1,0 +1,438 @@
+"""Persistent shell sessions (the `session` tool): pipe or PTY, inside the same sandbox as `run`.
+
+How the gate holds inside a session. The shell never reads commands from its terminal or its
+stdin. It runs a loop that reads commands from a private control pipe, which only the gateway
+writes, and only after the pipeline allowed the command:
+
+    loop:  read CWD and TEXT (NUL-terminated) from the control pipe
+           cd -- CWD          (the directory the gateway checked the command against)
+           eval TEXT          (with the control pipe closed for it)
+           print the end marker with the exit status
+
+So the terminal (PTY) or stdin (pipe) is data only: whatever the agent `write`s while a command
+runs is input to that program, and input nobody read is never run as a command later. A `write`
+while the shell is idle is taken as commands, each line decided like an `exec`.
+
+The gateway knows the shell is idle from its own protocol: every command it sent has printed its
+end marker. Allowed code could print a fake marker; that only makes the gateway decide more
+(input taken for commands) or treat commands as input, never run text undecided. Each command
+runs in the cwd it was checked against (the `cd -- CWD` above), so a command still running when
+a fake marker arrives cannot move the next command's relative paths. The session's cwd shown to
+the agent is read from `/proc/<shell>/cwd`, not from the shell's output.
+
+Why not `ptyprocess`: its spawn runs Python between fork and exec (unsafe in a threaded server),
+a read on its non-blocking fd can report a false EOF after which `isalive()` blocks, and killing
+its process group misses `setsid` children. Here the PTY is `os.openpty()`, the child is started
+by `subprocess.Popen` (fork and exec in C), the shell gets the terminal as its controlling tty
+from `setsid -w -c` inside the sandbox, output is read by one blocking reader thread per session,
+and killing kills bubblewrap, whose PID namespace takes every descendant with it. The terminal
+has `-isig`: ^C is a byte, and the `interrupt` of `write` signals the shell's children instead,
+so the loop itself survives (bash without job control dies of a ^C that reaches its group).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import re
+import secrets
+import signal
+import struct
+import subprocess
+import termios
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gateway import sandbox
+from gateway.executors.shell import scrubbed_env
+
+_LOOP = r"""
+{ready}
+while :; do
+  IFS= read -r -d '' __gw_cwd <&{fd} || break
+  IFS= read -r -d '' __gw_cmd <&{fd} || break
+  if builtin cd -- "$__gw_cwd" 2>/dev/null; then
+    eval "$__gw_cmd" {fd}<&-
+    __gw_status=$?
+  else
+    __gw_status=126
+  fi
+  builtin printf '\036GW{nonce}:%d\036%s' "$__gw_status" {prompt}
+done
+"""
+
+
+@dataclass
+class Buffer:
+    """Unread output, bounded: the oldest bytes go first, counted in `dropped`."""
+
+    limit: int
+    data: bytearray = field(default_factory=bytearray)
+    dropped: int = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.data += chunk
+        excess = len(self.data) - self.limit
+        if excess > 0:
+            del self.data[:excess]
+            self.dropped += excess
+
+    def take(self, upto: int | None = None) -> tuple[str, int]:
+        end = len(self.data) if upto is None else min(upto, len(self.data))
+        out = bytes(self.data[:end])
+        del self.data[:end]
+        dropped, self.dropped = self.dropped, 0
+        return out.decode("utf-8", "replace"), dropped
+
+
+class Session:
+    """One live shell. Thread-safe: a reader thread fills the buffer; calls read it."""
+
+    def __init__(
+        self,
+        session_id: str,
+        principal: str,
+        proc: subprocess.Popen[bytes],
+        output_fd: int,
+        input_fd: int,
+        control_fd: int,
+        pty: bool,
+        nonce: str,
+        buffer_bytes: int,
+    ) -> None:
+        self.id = session_id
+        self.principal = principal
+        self.proc = proc
+        self.pty = pty
+        self.output_fd = output_fd  # the PTY master, or the read end of the output pipe
+        self.input_fd = input_fd  # the PTY master, or the write end of the shell's stdin
+        self.control_fd = control_fd
+        self.marker = re.compile(rb"\x1eGW" + nonce.encode() + rb":(\d+)\x1e")
+        self.buffer = Buffer(buffer_bytes)
+        self.cond = threading.Condition()
+        self.outstanding = 1  # the loop prints a marker when it is ready
+        self.last_exit: int | None = None
+        self.done_at: int | None = None  # where in the buffer the last finished command's output ends
+        self.started = time.monotonic()
+        self.last_used = self.started
+        self.shell_pid: int | None = None
+        self.closed = False
+        self._carry = b""
+        self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
+        self.reader.start()
+
+    # --- output ------------------------------------------------------------------------
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self.output_fd, 65536)  # blocking, on this thread only
+            except OSError:  # EIO: the PTY's other side is gone
+                chunk = b""
+            with self.cond:
+                if not chunk:
+                    if self._carry:
+                        self.buffer.add(self._carry)
+                        self._carry = b""
+                    self.closed = True
+                    self.cond.notify_all()
+                    return
+                self._scan(self._carry + chunk)
+
+    def _scan(self, data: bytes) -> None:
+        """Move output into the buffer, taking end markers out. A marker may be split across
+        reads: a tail that could begin one is carried to the next chunk."""
+        while True:
+            m = self.marker.search(data)
+            if m is None:
+                break
+            self.buffer.add(data[: m.start()])
+            self.outstanding = max(0, self.outstanding - 1)
+            self.last_exit = int(m.group(1))
+            self.done_at = len(self.buffer.data)
+            data = data[m.end() :]
+        cut = data.rfind(b"\x1e")
+        if cut != -1 and len(data) - cut < 64:
+            self._carry = data[cut:]
+            data = data[:cut]
+        else:
+            self._carry = b""
+        self.buffer.add(data)
+        self.cond.notify_all()
+
+    # --- state -------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return not self.closed and self.proc.poll() is None
+
+    @property
+    def busy(self) -> bool:
+        return self.outstanding > 0
+
+    def touch(self) -> None:
+        self.last_used = time.monotonic()
+
+    def cwd(self) -> str | None:
+        if self.shell_pid is None:
+            return None
+        with contextlib.suppress(OSError):
+            return os.readlink(f"/proc/{self.shell_pid}/cwd")
+        return None
+
+    def wait_idle(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while self.outstanding and not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return not self.outstanding
+
+    # --- input -------------------------------------------------------------------------
+    def send_command(self, cwd: str, text: str) -> None:
+        with self.cond:
+            self.outstanding += 1
+            self.done_at = None
+        os.write(self.control_fd, cwd.encode() + b"\0" + text.encode() + b"\0")
+
+    def send_input(self, text: str) -> None:
+        data = text.encode()
+        while data:
+            n = os.write(self.input_fd, data)
+            data = data[n:]
+
+    def take_output(self, finished_only: bool = False) -> tuple[str, int]:
+        with self.cond:
+            return self.buffer.take(self.done_at if finished_only else None)
+
+    def resize(self, rows: int, cols: int) -> None:
+        fcntl.ioctl(self.input_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+
+    def interrupt(self) -> int:
+        """SIGINT to every descendant of the shell (not the shell: it runs the loop)."""
+        pids = descendants(self.shell_pid) if self.shell_pid else []
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGINT)
+        return len(pids)
+
+    def kill(self) -> None:
+        """Kill bubblewrap's group; its PID namespace takes every process of the session."""
+        for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                break
+            try:
+                self.proc.wait(wait)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        for fd in {self.input_fd, self.control_fd}:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.reader.join(2.0)
+        if self.output_fd != self.input_fd or not self.reader.is_alive():
+            with contextlib.suppress(OSError):
+                os.close(self.output_fd)
+
+    def describe(self) -> dict[str, Any]:
+        now = time.monotonic()
+        return {
+            "session_id": self.id,
+            "alive": self.alive,
+            "pty": self.pty,
+            "running": self.busy and self.alive,
+            "cwd": self.cwd(),
+            "idle_seconds": round(now - self.last_used, 1),
+            "uptime_seconds": round(now - self.started, 1),
+        }
+
+
+def children(pid: int) -> list[int]:
+    out: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
+                out += [int(p) for p in f.read().split()]
+    return out
+
+
+def descendants(pid: int) -> list[int]:
+    out: list[int] = []
+    todo = children(pid)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += children(p)
+    return out
+
+
+def _find_shell(root: int) -> int | None:
+    """The loop's bash, the first `bash` below bubblewrap: found before any command runs."""
+    todo = [root]
+    while todo:
+        p = todo.pop(0)
+        with contextlib.suppress(OSError), open(f"/proc/{p}/comm") as f:
+            if p != root and f.read().strip() == "bash":
+                return p
+        todo += children(p)
+    return None
+
+
+@dataclass(frozen=True)
+class Spawn:
+    """What the sandbox needs to start a shell (the same as `run` gets)."""
+
+    write_roots: tuple[Path, ...]
+    read_roots: tuple[Path, ...]
+    read_only: tuple[Path, ...]
+    hidden: tuple[Path, ...]
+    limits: sandbox.Limits
+    network: bool
+    home: Path
+
+
+class SessionError(Exception):
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code, self.message = code, message
+
+
+class SessionManager:
+    """The live sessions, per principal. `reap()` ends idle ones (a thread calls it)."""
+
+    def __init__(self, on_event: Callable[[str, Session, dict[str, Any]], None] | None = None) -> None:
+        self._sessions: dict[str, Session] = {}
+        self._lock = threading.Lock()
+        self._spawn_lock = threading.Lock()  # one place starts shells
+        self.on_event = on_event or (lambda event, session, data: None)
+        self._idle_limits: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._reaper: threading.Thread | None = None
+
+    def start(
+        self,
+        principal: str,
+        cwd: Path,
+        env: dict[str, str],
+        spawn: Spawn,
+        *,
+        pty: bool,
+        rows: int,
+        cols: int,
+        posix: bool,
+        prompt: str | None,
+        max_sessions: int,
+        idle_seconds: float,
+        buffer_bytes: int,
+    ) -> Session:
+        with self._lock:
+            live = [s for s in self._sessions.values() if s.principal == principal and s.alive]
+            if len(live) >= max_sessions:
+                raise SessionError(
+                    "SESSION_LIMIT", f"{principal} has {len(live)} live sessions (limit {max_sessions}): kill one first"
+                )
+        if not cwd.is_dir():
+            raise SessionError("INVALID_INPUT", f"cwd {cwd} is not a directory")
+        nonce = secrets.token_hex(8)
+        control_r, control_w = os.pipe()
+        quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
+        ready = "stty -isig 2>/dev/null; " if pty else ""
+        ready += f"builtin printf '\\036GW{nonce}:0\\036'"
+        loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
+        shell = ["bash", "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
+        inner = ["setsid", "-w", "-c", *shell] if pty else shell
+        argv = sandbox.wrap(
+            inner, cwd, spawn.write_roots, spawn.limits, spawn.network, spawn.read_only, spawn.hidden, spawn.read_roots
+        )
+        full_env = scrubbed_env(spawn.home, env)
+        full_env["TERM"] = "xterm-256color" if pty else "dumb"
+        with self._spawn_lock:
+            try:
+                if pty:
+                    master, slave = os.openpty()
+                    fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+                    proc = subprocess.Popen(
+                        argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=(control_r,),
+                        start_new_session=True, env=full_env,
+                    )  # fmt: skip
+                    os.close(slave)
+                    out_fd = in_fd = master
+                else:
+                    proc = subprocess.Popen(
+                        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                        pass_fds=(control_r,), start_new_session=True, env=full_env,
+                    )  # fmt: skip
+                    assert proc.stdin is not None and proc.stdout is not None
+                    out_fd, in_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
+                    proc.stdout.close()
+                    proc.stdin.close()
+            finally:
+                os.close(control_r)
+        session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
+        if not session.wait_idle(10.0):
+            session.kill()
+            output, _ = session.take_output()
+            raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
+        session.shell_pid = _find_shell(proc.pid)
+        session.take_output()
+        with self._lock:
+            self._sessions[session.id] = session
+            self._idle_limits[session.id] = idle_seconds
+        return session
+
+    def get(self, principal: str, session_id: str) -> Session:
+        with self._lock:
+            s = self._sessions.get(session_id)
+        if s is None or s.principal != principal:  # another principal's session does not exist for you
+            raise SessionError("SESSION_NOT_FOUND", f"no session {session_id!r} (session list shows yours)")
+        return s
+
+    def of(self, principal: str) -> list[Session]:
+        with self._lock:
+            return [s for s in self._sessions.values() if s.principal == principal]
+
+    def kill(self, principal: str, session_id: str) -> None:
+        s = self.get(principal, session_id)
+        with self._lock:
+            self._sessions.pop(s.id, None)
+            self._idle_limits.pop(s.id, None)
+        s.kill()
+
+    def reap(self) -> list[str]:
+        """End sessions idle longer than their limit, and forget dead ones."""
+        now = time.monotonic()
+        ended: list[str] = []
+        with self._lock:
+            expired = [s for s in self._sessions.values() if now - s.last_used > self._idle_limits.get(s.id, 1800)]
+            for s in expired:
+                self._sessions.pop(s.id, None)
+                self._idle_limits.pop(s.id, None)
+        for s in expired:
+            s.kill()
+            self.on_event("session_expired", s, {"idle_seconds": round(now - s.last_used, 1)})
+            ended.append(s.id)
+        return ended
+
+    def start_reaper(self, interval_s: float = 5.0) -> None:
+        def loop() -> None:
+            while not self._stop.wait(interval_s):
+                with contextlib.suppress(Exception):
+                    self.reap()
+
+        self._reaper = threading.Thread(target=loop, name="session-reaper", daemon=True)
+        self._reaper.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        with self._lock:
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+        for s in sessions:
+            s.kill()

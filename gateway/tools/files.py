@@ -1,0 +1,62 @@
+"""The `files` tool: file operations done by the gateway itself (no program runs). Every path
+passes the path jail with the access the action needs; the executor checks again at open time,
+on the opened file, so a symlink swapped in after the decision is refused
+(gateway/executors/files.py)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from gateway.calls import FilesCall
+from gateway.decision import Decision, Reason, Verdict
+from gateway.executors import files
+from gateway.pipeline import Gated, limits, tool_decision
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.schema import Tool
+from gateway.stages.pathjail import PathRefused, check_path
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Gateway
+
+OUTPUTS = "outputs"  # write_output's directory, inside the workspace
+
+
+def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tuple[str, str]]]:
+    """The tool family's decision, then the jail for every path the call touches."""
+    paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
+    decision = tool_decision(policy, call.principal, Tool.FILES)
+    if decision.verdict is Verdict.DENY:
+        return decision, paths
+    grant = policy.grant(call.principal)
+    for path, access in paths:
+        try:
+            check_path(path, access, grant, f"files {call.action}")
+        except PathRefused as exc:
+            reason = Reason("pathjail", exc.code, exc.message, None, {"path": path, "access": access})
+            return Decision(Verdict.DENY, None, (reason,)), paths
+    if decision.verdict is Verdict.ALLOW:
+        checked = {"read": [p for p, a in paths if a == "read"], "write": [p for p, a in paths if a == "write"]}
+        reason = Reason("pathjail", "paths_checked", f"{len(paths)} path(s) inside the roots", None, checked)
+        decision = Decision(Verdict.ALLOW, None, (reason,))
+    return decision, paths
+
+
+def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
+    policy = gw.policy
+    decision, paths = decide(policy, call)
+    arguments = call.model_dump(exclude={"tool", "principal", "content"}, exclude_none=True)
+    if call.content is not None:
+        arguments["content_bytes"] = len(call.content.encode())
+    subject = f"files {call.action} " + " ".join(p for p, _ in paths)
+    gated = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, decision, arguments, policy)
+    if not isinstance(gated, Gated):
+        return gated
+    lim = limits(policy, call.principal)
+    file_limits = files.FileLimits(
+        read_bytes=lim.get("output_bytes") or files.FileLimits.read_bytes,
+        write_bytes=lim.get("file_bytes") or files.FileLimits.write_bytes,
+    )
+    outcome = files.execute(
+        call, policy.grant(call.principal), policy.workspace, policy.workspace / OUTPUTS, file_limits
+    )
+    return gw.record_result(gated, outcome)

@@ -1,0 +1,69 @@
+"""The `format_output` tool: a message, table or JSON document formatted for a human, with ANSI
+colours. It runs nothing and touches no file; it is audited like every call."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from gateway.calls import FormatOutputCall
+from gateway.pipeline import error
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Gateway
+
+STYLES = {  # kind: (symbol, SGR code)
+    "success": ("✔", "32"),
+    "error": ("✖", "31"),
+    "warning": ("⚠", "33"),
+    "info": ("\u2139", "36"),
+}
+BOLD = "1"
+
+
+def _sgr(code: str, text: str, color: bool, used: set[str]) -> str:
+    if not color:
+        return text
+    used.add(code)
+    return f"\x1b[{code}m{text}\x1b[0m"
+
+
+def render(call: FormatOutputCall) -> tuple[str, list[str]]:
+    """The formatted text and the SGR codes it used. Raises ValueError on unusable data."""
+    used: set[str] = set()
+    if call.kind in STYLES:
+        if call.message is None:
+            raise ValueError(f"message: required for kind {call.kind!r}")
+        symbol, code = STYLES[call.kind]
+        return _sgr(code, f"{symbol} {call.message}", call.color, used), sorted(used)
+    if call.kind == "json":
+        return json.dumps(call.data, indent=2, ensure_ascii=False, sort_keys=True), []
+    rows = call.data
+    if not isinstance(rows, list) or not rows:
+        raise ValueError("data: a table needs a non-empty list of objects, or of lists (the first one the header)")
+    if all(isinstance(r, dict) for r in rows):
+        header = list(dict.fromkeys(k for r in rows for k in r))
+        body = [[r.get(k, "") for k in header] for r in rows]
+    elif all(isinstance(r, list) for r in rows):
+        header, body = rows[0], rows[1:]
+    else:
+        raise ValueError("data: every row must be an object, or every row a list")
+    cells = [[str(c) for c in header], *[[str(c) for c in r] for r in body]]
+    width = [max(len(r[i]) if i < len(r) else 0 for r in cells) for i in range(len(cells[0]))]
+    lines = []
+    for n, row in enumerate(cells):
+        text = "  ".join(c.ljust(width[i]) for i, c in enumerate(row[: len(width)])).rstrip()
+        lines.append(_sgr(BOLD, text, call.color, used) if n == 0 else text)
+        if n == 0:
+            lines.append("  ".join("-" * w for w in width))
+    return "\n".join(lines), sorted(used)
+
+
+def handle(gw: Gateway, call: FormatOutputCall, call_id: str) -> dict[str, Any]:
+    base = {"call_id": call_id, "principal": call.principal, "tool": "format_output"}
+    try:
+        text, codes = render(call)
+        out: dict[str, Any] = {"status": "ok", "text": text, "ansi_codes": codes}
+    except ValueError as exc:
+        out = error(call_id, "error", "INVALID_INPUT", str(exc))
+    return gw.record_result(base, out)

@@ -1,0 +1,168 @@
+"""The `process` tool: durable background processes. The command is decided at `start` like a
+`run`, and again before every restart (the policy may have changed): a restart the policy now
+denies or would ask about does not happen unattended. The mechanics (records, logs, adoption
+after a gateway restart, backoff) are in gateway/executors/processes.py."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway import sandbox
+from gateway.calls import ProcessCall, RunCall
+from gateway.executors.shell import SHELL, scrubbed_env
+from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, tool_decision
+from gateway.policy.schema import Tool
+
+if TYPE_CHECKING:
+    from gateway.executors.processes import ProcessManager, ProcessRecord
+    from gateway.pipeline import Gateway
+
+_lock = threading.Lock()
+
+
+def manager(gw: Gateway) -> ProcessManager | None:
+    """The gateway's process manager, made (and its records rehydrated) on first use."""
+    from gateway.executors.processes import ProcessManager
+
+    if gw.state_dir is None:
+        return None
+    with _lock:
+        if gw._processes is None:
+            pm = ProcessManager(
+                gw.state_dir / "processes",
+                build=lambda rec: _build(gw, rec),
+                gate=lambda rec, why: _gate(gw, rec, why),
+                event=lambda event, rec, data: _event(gw, event, rec, data),
+            )
+            pm.rehydrate()
+            pm.start_monitor()
+            gw._processes = pm
+        found: ProcessManager = gw._processes
+        return found
+
+
+def _build(gw: Gateway, rec: ProcessRecord) -> tuple[list[str], dict[str, str]]:
+    policy = gw.policy
+    s = gw.spawn_settings(policy, rec.principal)
+    argv = sandbox.wrap(
+        [*SHELL, rec.command], Path(rec.cwd), s["write_roots"], s["limits"], s["network"], s["read_only"],
+        s["hidden"], s["read_roots"], die_with_parent=False,
+    )  # fmt: skip
+    return argv, scrubbed_env(s["home"], rec.env)
+
+
+# Starts decided by the tool call itself: (principal, command, cwd) -> count, consumed by _gate.
+_decided: dict[tuple[str, str, str], int] = {}
+
+
+def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
+    key = (rec.principal, rec.command, rec.cwd)
+    if why == "start":
+        with _lock:
+            if _decided.get(key):
+                _decided[key] -= 1
+                return None
+        return "a start must be decided by the process tool first"
+    arguments = {"action": "restart", "process_id": rec.id, "command": rec.command, "cwd": rec.cwd}
+    gated = gw.check_command(
+        _new_id(), rec.principal, "process", rec.command, Path(rec.cwd), rec.env, arguments, unattended=True
+    )
+    if isinstance(gated, Gated):
+        return None
+    return str(gated.get("error", {}).get("message", "denied"))
+
+
+def _event(gw: Gateway, event: str, rec: ProcessRecord, data: dict[str, Any]) -> None:
+    try:
+        gw.audit.append(event, principal=rec.principal, tool="process", data={"process_id": rec.id, **data})
+    except Exception:  # an event of a running process: the process stays; the log reports it
+        from gateway.log import log
+
+        log.warning("audit_failed", event=event, process_id=rec.id)
+
+
+def _new_id() -> str:
+    import uuid
+
+    return uuid.uuid4().hex[:16]
+
+
+def _start(gw: Gateway, pm: ProcessManager, principal: str, command: str, cwd: Path, env: dict[str, str],
+           keep_alive: bool, name: str | None) -> dict[str, Any]:  # fmt: skip
+    policy = gw.policy
+    key = (principal, command, str(cwd))
+    with _lock:
+        _decided[key] = _decided.get(key, 0) + 1
+    try:
+        return pm.start(
+            principal, command, str(cwd), env, keep_alive, name,
+            limits(policy, principal).get("processes", DEFAULT_PROCESSES),
+        )  # fmt: skip
+    finally:
+        with _lock:
+            if _decided.get(key):
+                _decided[key] -= 1
+
+
+def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
+    policy = gw.policy
+    pm = manager(gw)
+    if pm is None:
+        return error(call_id, "error", "PROCESSES_UNAVAILABLE", "the gateway runs without a state directory")
+    arguments = call.model_dump(exclude={"tool", "principal"}, exclude_none=True)
+    if call.action == "start":
+        assert call.command is not None
+        cwd = gw.resolve_cwd(policy, call.cwd)
+        gated = gw.check_command(call_id, call.principal, "process", call.command, cwd, call.env, arguments, policy)
+        if not isinstance(gated, Gated):
+            return gated
+        env = {**gw.env.effective(policy, call.principal), **call.env}
+        out = _start(gw, pm, call.principal, call.command, cwd, env, call.keep_alive, call.name)
+        return gw.record_result(gated, out)
+    decision = tool_decision(policy, call.principal, Tool.PROCESSES)
+    subject = f"process {call.action} {call.process_id or ''}".strip()
+    gated = gw.authorize(call_id, call.principal, "process", subject, policy.workspace, {}, decision, arguments, policy)
+    if not isinstance(gated, Gated):
+        return gated
+    if call.action == "list":
+        out = pm.list(call.principal)
+    elif call.action == "stop_all":
+        out = pm.stop_all(call.principal)
+    else:
+        assert call.process_id is not None
+        if call.action == "get":
+            out = pm.get(call.principal, call.process_id)
+        elif call.action == "output":
+            out = pm.output(call.principal, call.process_id, call.max_bytes)
+        else:
+            out = pm.stop(call.principal, call.process_id)
+    return gw.record_result(gated, out)
+
+
+def run_in_background(
+    gw: Gateway, call: RunCall, gated: Gated, cwd: Path, env: dict[str, str], after_ms: int
+) -> dict[str, Any]:
+    """`run` with background_after_ms: the command runs as a durable process; if it is still
+    running after `after_ms`, the process tools take it over and the result says which id."""
+    pm = manager(gw)
+    if pm is None:
+        out = {"status": "error", "error": {"code": "PROCESSES_UNAVAILABLE", "message": "no state directory"}}
+        return gw.record_result(gated, out)
+    started = _start(gw, pm, call.principal, call.command, cwd, env, False, None)
+    if started.get("status") != "ok":
+        return gw.record_result(gated, started)
+    pid = started["process"]["id"]
+    finished = pm.wait_for(call.principal, pid, after_ms / 1000)
+    record = pm.get(call.principal, pid)
+    tail = pm.output(call.principal, pid, limits(gw.policy, call.principal).get("output_bytes") or (1 << 20))
+    result: dict[str, Any] = {"status": "ok", "cwd": str(cwd), "output": tail.get("output", "")}
+    if finished:
+        result["exit_code"] = record.get("process", {}).get("exit_code")
+        result["backgrounded"] = False
+    else:
+        result["backgrounded"] = True
+        result["process_id"] = pid
+        result["notice"] = f"still running after {after_ms} ms: process output / stop with process_id {pid}"
+    return gw.record_result(gated, result)

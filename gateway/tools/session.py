@@ -1,0 +1,241 @@
+"""The `session` tool: persistent shells (pipe or PTY). Every command, whether sent with `exec`
+or typed with `write` while the shell is idle, passes the whole pipeline; text written while a
+command runs is input to that program and is audited as input. The mechanics, and why the
+shell cannot run undecided text, are in gateway/executors/sessions.py."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from gateway import sandbox
+from gateway.calls import SessionCall
+from gateway.decision import Decision, Reason, Verdict
+from gateway.executors import env as envstore
+from gateway.executors.sessions import Session, SessionError, Spawn
+from gateway.pipeline import (
+    DEFAULT_SESSION_IDLE_S,
+    DEFAULT_SESSIONS,
+    Gated,
+    error,
+    limits,
+    tool_decision,
+)
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.schema import Tool
+from gateway.stages.pathjail import PathRefused, check_path
+
+if TYPE_CHECKING:
+    from gateway.pipeline import Gateway
+
+DEFAULT_EXEC_TIMEOUT_MS = 30_000
+DEFAULT_WRITE_WAIT_MS = 1_000
+INTERRUPT = "\x03"
+
+
+def handle(gw: Gateway, call: SessionCall, call_id: str) -> dict[str, Any]:
+    policy = gw.policy
+    try:
+        if call.action == "start":
+            return _start(gw, call, call_id, policy)
+        if call.action == "list":
+            gated = _gate_action(gw, call, call_id, policy)
+            if not isinstance(gated, Gated):
+                return gated
+            return gw.record_result(
+                gated, {"status": "ok", "sessions": [s.describe() for s in gw.sessions.of(call.principal)]}
+            )
+        assert call.session_id is not None
+        session = gw.sessions.get(call.principal, call.session_id)
+        session.touch()
+        if call.action == "exec":
+            assert call.command is not None
+            return _exec(gw, call, call_id, policy, session, call.command, call.timeout_ms or DEFAULT_EXEC_TIMEOUT_MS)
+        if call.action == "write":
+            return _write(gw, call, call_id, policy, session)
+        gated = _gate_action(gw, call, call_id, policy)
+        if not isinstance(gated, Gated):
+            return gated
+        if call.action == "read":
+            return gw.record_result(gated, _output(session, finished_only=False))
+        if call.action == "resize":
+            if not session.pty:
+                return gw.record_result(
+                    gated, error(call_id, "error", "INVALID_INPUT", "resize: a pipe session has no terminal")
+                )
+            session.resize(call.rows, call.cols)
+            return gw.record_result(gated, {"status": "ok", "rows": call.rows, "cols": call.cols})
+        gw.sessions.kill(call.principal, session.id)  # kill
+        return gw.record_result(gated, {"status": "ok", "session_id": session.id, "alive": False})
+    except SessionError as exc:
+        return error(call_id, "error", exc.code, exc.message)
+
+
+def _arguments(call: SessionCall) -> dict[str, Any]:
+    keep = {"action", "session_id", "cwd", "env", "pty", "rows", "cols", "shell_type", "startup_commands", "command",
+            "timeout_ms", "input"}  # fmt: skip
+    return {k: v for k, v in call.model_dump().items() if k in keep and v not in (None, [], {})}
+
+
+def _gate_action(
+    gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, decision: Decision | None = None
+) -> Gated | dict[str, Any]:
+    """Decide and audit an action that runs no command: the tool family decides."""
+    decision = decision or tool_decision(policy, call.principal, Tool.SESSION)
+    subject = f"session {call.action} {call.session_id or ''}".strip()
+    return gw.authorize(
+        call_id, call.principal, "session", subject, policy.workspace, {}, decision, _arguments(call), policy
+    )
+
+
+def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy) -> dict[str, Any]:
+    cwd = gw.resolve_cwd(policy, call.cwd)
+    decisions = [tool_decision(policy, call.principal, Tool.SESSION)]
+    problems = [envstore.refusal(policy, k, v) for k, v in call.env.items()]
+    if call.shell_type not in policy.policy.shells:
+        problems.append(f"shell {call.shell_type!r} is not in the policy's shells {policy.policy.shells}")
+    try:
+        check_path(os.path.realpath(cwd), "read", policy.grant(call.principal), "session")
+    except PathRefused as exc:
+        decisions.append(Decision(Verdict.DENY, None, (Reason("pathjail", exc.code, exc.message),)))
+    for p in problems:
+        if p:
+            decisions.append(Decision(Verdict.DENY, None, (Reason("session", "start_refused", p),)))
+    decision = Decision.merge(decisions)
+    if decision.verdict is Verdict.ALLOW:
+        decision = Decision(Verdict.ALLOW, None, ())
+    else:  # only the reasons of the strictest verdict
+        decision = Decision(
+            decision.verdict, None, tuple(r for d in decisions if d.verdict is decision.verdict for r in d.reasons)
+        )
+    gated = _gate_action(gw, call, call_id, policy, decision)
+    if not isinstance(gated, Gated):
+        return gated
+    lim = limits(policy, call.principal)
+    settings = gw.spawn_settings(policy, call.principal)
+    spawn = Spawn(
+        settings["write_roots"], settings["read_roots"], settings["read_only"], settings["hidden"],
+        settings["limits"], settings["network"], settings["home"],
+    )  # fmt: skip
+    env = {**gw.env.effective(policy, call.principal), **call.env}
+    try:
+        session = gw.sessions.start(
+            call.principal, Path(os.path.realpath(cwd)), env, spawn,
+            pty=call.pty, rows=call.rows, cols=call.cols, posix=call.shell_type == "sh", prompt=call.prompt,
+            max_sessions=lim.get("sessions", DEFAULT_SESSIONS),
+            idle_seconds=lim.get("session_idle_seconds", DEFAULT_SESSION_IDLE_S),
+            buffer_bytes=lim.get("output_bytes") or (1 << 20),
+        )  # fmt: skip
+    except sandbox.SandboxUnavailable as exc:
+        return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
+    except SessionError as exc:
+        return gw.record_result(gated, error(call_id, "error", exc.code, exc.message))
+    out: dict[str, Any] = {"status": "ok", **session.describe()}
+    startup = []
+    for text in call.startup_commands:
+        result = _exec(gw, call, gw_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
+        startup.append(result)
+        if result["status"] != "ok":
+            out = {**out, "status": result["status"], "error": {
+                "code": result.get("error", {}).get("code", "STARTUP_FAILED"),
+                "message": f"startup command {text!r}: {result.get('error', {}).get('message', '')}",
+            }}  # fmt: skip
+            break
+    if startup:
+        out["startup"] = startup
+    return gw.record_result(gated, out)
+
+
+def gw_call_id() -> str:
+    return os.urandom(8).hex()
+
+
+def _exec(
+    gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session, text: str, timeout_ms: int
+) -> dict[str, Any]:
+    if not session.alive:
+        return error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
+    if session.busy:
+        return error(
+            call_id, "error", "SESSION_BUSY",
+            "a command is still running: read its output, write input to it, or kill the session",
+        )  # fmt: skip
+    cwd = Path(session.cwd() or policy.workspace)
+    arguments = {**_arguments(call), "command": text, "session_id": session.id}
+    gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
+    if not isinstance(gated, Gated):
+        return gated
+    session.send_command(str(cwd), text)
+    session.wait_idle(timeout_ms / 1000)
+    return gw.record_result(gated, _output(session, finished_only=True))
+
+
+def _output(session: Session, finished_only: bool) -> dict[str, Any]:
+    running = session.busy and session.alive
+    text, dropped = session.take_output(finished_only=finished_only and not running)
+    out: dict[str, Any] = {
+        "status": "ok",
+        "session_id": session.id,
+        "output": text,
+        "dropped_bytes": dropped,
+        "running": running,
+        "alive": session.alive,
+        "exit_code": None if running else session.last_exit,
+        "cwd": session.cwd(),
+    }
+    if running:
+        out["notice"] = "still running: session read for more output, session write to answer it, session kill to stop"
+    return out
+
+
+def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session) -> dict[str, Any]:
+    assert call.input is not None
+    if not session.alive:
+        return error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
+    text = call.input
+    sent: list[dict[str, Any]] = []
+    shown: list[str] = []  # the output of the commands run, in order
+    while text:
+        if session.busy:  # a program runs: the rest is its input
+            result = _input(gw, call, call_id, policy, session, text)
+            sent.append({"as": "input", "bytes": len(text.encode())})
+            if result["status"] != "ok":
+                return result
+            break
+        line, newline, rest = text.partition("\n")
+        if not newline:
+            return error(
+                call_id, "error", "INVALID_INPUT",
+                "text written to the idle shell is a command and must end with a newline (or use exec)",
+            )  # fmt: skip
+        if line.strip():
+            result = _exec(gw, call, gw_call_id(), policy, session, line, call.timeout_ms or DEFAULT_WRITE_WAIT_MS)
+            sent.append({"as": "command", "command": line, "status": result["status"], "call_id": result["call_id"]})
+            shown.append(result.get("output", ""))
+            if result["status"] != "ok":  # the lines after it are not sent; what ran before shows
+                return {**result, "call_id": call_id, "sent": sent, "output": "".join(shown)}
+        text = rest
+    out = _output(session, finished_only=False)
+    return {**out, "output": "".join(shown) + out["output"], "call_id": call_id, "sent": sent}
+
+
+def _input(
+    gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session, text: str
+) -> dict[str, Any]:
+    """Text for the running program: decided by the tool family, audited as input, sent."""
+    reason = Reason("session", "input", "input to the program running in the session, not a command")
+    decision = tool_decision(policy, call.principal, Tool.SESSION)
+    if decision.verdict is Verdict.ALLOW:
+        decision = Decision(Verdict.ALLOW, None, (reason,))
+    gated = gw.authorize(
+        call_id, call.principal, "session", f"session input {text!r}", policy.workspace, {}, decision,
+        {"action": "write", "session_id": session.id, "input": text, "as": "input"}, policy,
+    )  # fmt: skip
+    if not isinstance(gated, Gated):
+        return gated
+    if text == INTERRUPT:
+        n = session.interrupt()
+        return gw.record_result(gated, {"status": "ok", "interrupted": n})
+    session.send_input(text)
+    return gw.record_result(gated, {"status": "ok"})

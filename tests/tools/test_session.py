@@ -1,0 +1,280 @@
+"""Shell sessions through the whole gateway: real bash in the real sandbox, real PTYs, real
+audit files. The gate must hold inside a session: every command decided, input never run."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.approval import CallbackApprover
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import SessionCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+
+POLICY: dict[str, Any] = {
+    "version": 1,
+    "principals": {"agent": {"roles": ["dev"]}, "other": {"roles": ["dev"]}, "limited": {"roles": ["small"]}},
+    "roles": {
+        "dev": {
+            "level": 2,
+            "read_roots": ["."],
+            "write_roots": ["."],
+            "protected": [".git/hooks"],
+            "limits": {"timeout_ms": 20000, "output_bytes": 65536, "sessions": 3},
+        },
+        "small": {"level": 2, "read_roots": ["."], "limits": {"sessions": 1, "session_idle_seconds": 1}},
+    },
+    "tools": {"session": {"allow_from": 2}, "run": {"allow_from": 2}},
+    "environment": {"allow": ["APP_*"]},
+    "second_opinion": {"unconfirmed": "allow"},
+    "rules": [
+        {
+            "id": "basics",
+            "decision": "allow",
+            "justification": "harmless programs",
+            "programs": ["echo", "printf", "cat", "sleep", "stty", "pwd", "cd", "read", "true", "false", "ls", "touch"],
+            "accept_unknown": True,
+            "examples": {"match": ["echo x"]},
+        },
+        {
+            "id": "touch-writes",
+            "decision": "allow",
+            "justification": "touch writes files",
+            "programs": ["touch"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["touch x"]},
+        },
+        {
+            "id": "export-app",
+            "decision": "allow",
+            "justification": "APP_ variables may be exported",
+            "programs": ["export"],
+            "env": ["APP_*"],
+            "examples": {"match": ["export APP_X=1"]},
+        },
+        {
+            "id": "rm-asks",
+            "decision": "ask",
+            "justification": "deleting asks a supervisor",
+            "programs": ["rm"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["rm x"]},
+        },
+    ],
+}
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    (w / "sub").mkdir(parents=True)
+    (w / "sub" / "note.txt").write_text("hello\n")
+    return w
+
+
+@pytest.fixture
+def policy(ws: Path) -> CompiledPolicy:
+    return compile_policy(Policy.model_validate(POLICY), ws.parent / "p.yaml", ws, sha256="test")
+
+
+@pytest.fixture
+def gw(policy: CompiledPolicy, tmp_path: Path) -> Iterator[Gateway]:
+    g = Gateway(policy, AuditLog(tmp_path / "audit"), CallbackApprover(lambda r: "ok" in r.command))
+    yield g
+    g.close()
+    assert verify(tmp_path / "audit").ok
+
+
+def call(gw: Gateway, action: str, principal: str = "agent", **kw: Any) -> dict[str, Any]:
+    return gw.handle(SessionCall(principal=principal, action=action, **kw))  # type: ignore[arg-type]
+
+
+def start(gw: Gateway, **kw: Any) -> str:
+    out = call(gw, "start", **kw)
+    assert out["status"] == "ok", out
+    sid: str = out["session_id"]
+    return sid
+
+
+def read_until(gw: Gateway, sid: str, needle: str, timeout: float = 5.0) -> str:
+    seen = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen += call(gw, "read", session_id=sid)["output"]
+        if needle in seen:
+            return seen
+        time.sleep(0.05)
+    raise AssertionError(f"{needle!r} not in {seen!r}")
+
+
+@pytest.mark.parametrize("pty", [False, True])
+def test_env_and_cwd_persist_across_exec(gw: Gateway, ws: Path, pty: bool) -> None:
+    sid = start(gw, pty=pty)
+    assert call(gw, "exec", session_id=sid, command="cd sub")["exit_code"] == 0
+    assert call(gw, "exec", session_id=sid, command="export APP_COLOR=blue")["exit_code"] == 0
+    out = call(gw, "exec", session_id=sid, command='pwd; echo "$APP_COLOR"; cat note.txt')
+    assert out["status"] == "ok" and out["exit_code"] == 0, out
+    assert out["output"].split() == [str(ws / "sub"), "blue", "hello"]
+    assert out["cwd"] == str(ws / "sub")  # read from /proc, not from the shell's output
+    assert call(gw, "exec", session_id=sid, command="false")["exit_code"] == 1
+
+
+def test_pipe_session_has_no_terminal_and_no_ansi(gw: Gateway) -> None:
+    sid = start(gw)
+    out = call(gw, "exec", session_id=sid, command="stty size")
+    assert out["exit_code"] != 0 and "\x1b[" not in out["output"]
+
+
+def test_pty_interactive_prompt_answered_with_write(gw: Gateway) -> None:
+    sid = start(gw, pty=True)
+    out = call(gw, "exec", session_id=sid, command="read -p 'Continue? ' ans; echo got=$ans", timeout_ms=500)
+    assert out["running"] is True and "Continue? " in out["output"]
+    w = call(gw, "write", session_id=sid, input="yes\n")
+    assert w["status"] == "ok" and w["sent"][0]["as"] == "input"
+    assert "got=yes" in w["output"] or "got=yes" in read_until(gw, sid, "got=yes")
+    assert call(gw, "exec", session_id=sid, command="echo after")["output"].strip() == "after"
+
+
+def test_resize_is_seen_by_stty(gw: Gateway) -> None:
+    sid = start(gw, pty=True, rows=30, cols=100)
+    assert call(gw, "exec", session_id=sid, command="stty size")["output"].strip() == "30 100"
+    assert call(gw, "resize", session_id=sid, rows=50, cols=132)["status"] == "ok"
+    assert call(gw, "exec", session_id=sid, command="stty size")["output"].strip() == "50 132"
+
+
+def test_denied_command_typed_into_the_idle_shell(gw: Gateway, ws: Path) -> None:
+    sid = start(gw, pty=True)
+    out = call(gw, "write", session_id=sid, input="curl http://example.com\n")
+    assert out["status"] == "denied" and out["error"]["code"] == "POLICY_DENIED"
+    out = call(gw, "write", session_id=sid, input="echo one\ntouch ../outside\n")
+    assert out["status"] == "denied" and out["error"]["code"] == "PATH_OUTSIDE_JAIL"
+    assert [s["as"] for s in out["sent"]] == ["command", "command"]
+    assert not (ws.parent / "outside").exists()
+    assert "one" in out["output"]
+
+
+@pytest.mark.parametrize("pty", [False, True])
+def test_input_typed_ahead_never_runs_as_a_command(gw: Gateway, ws: Path, pty: bool) -> None:
+    """Text written while a program runs is its input; what it leaves unread stays data."""
+    sid = start(gw, pty=pty)
+    out = call(gw, "exec", session_id=sid, command="sleep 1", timeout_ms=100)
+    assert out["running"] is True
+    assert call(gw, "write", session_id=sid, input="touch ../escaped; touch injected\n")["status"] == "ok"
+    assert call(gw, "exec", session_id=sid, command="echo busy")["error"]["code"] == "SESSION_BUSY"
+    time.sleep(1.5)
+    out = call(gw, "exec", session_id=sid, command="ls")
+    assert out["exit_code"] == 0
+    assert not (ws / "injected").exists() and not (ws.parent / "escaped").exists()
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "cd /",  # out of the jail
+        "cd ..",
+        "export PATH=/tmp",  # PATH changes
+        "PATH=/tmp",
+        "export LD_PRELOAD=/x.so",  # forbidden variables
+        "export HOME=/",
+        "exec 3</dev/null",  # the control pipe's number cannot be redirected to a file
+        "exec bash",  # replace the loop with a shell reading the terminal
+        "bash",
+        "eval echo hi",
+        "source /dev/stdin",
+        "builtin cd /",
+    ],
+)
+def test_known_ways_around_the_session_gate_are_denied(gw: Gateway, ws: Path, command: str) -> None:
+    sid = start(gw)
+    out = call(gw, "exec", session_id=sid, command=command)
+    assert out["status"] == "denied", out
+    assert call(gw, "exec", session_id=sid, command="pwd")["output"].strip() == str(ws)
+
+
+def test_ask_in_a_session_goes_to_the_supervisor(gw: Gateway, ws: Path) -> None:
+    (ws / "a").write_text("")
+    (ws / "ok").write_text("")
+    sid = start(gw)
+    denied = call(gw, "exec", session_id=sid, command="rm a")
+    assert denied["error"]["code"] == "APPROVAL_DENIED" and (ws / "a").exists()
+    assert call(gw, "exec", session_id=sid, command="rm ok")["exit_code"] == 0
+    assert not (ws / "ok").exists()
+
+
+def test_startup_commands_are_gated(gw: Gateway) -> None:
+    out = call(gw, "start", startup_commands=["cd sub", "curl x"])
+    assert out["status"] == "denied"
+    assert out["startup"][0]["status"] == "ok" and out["startup"][1]["error"]["code"] == "POLICY_DENIED"
+
+
+def test_interrupt_stops_the_program_not_the_session(gw: Gateway) -> None:
+    sid = start(gw, pty=True)
+    assert call(gw, "exec", session_id=sid, command="sleep 30", timeout_ms=200)["running"] is True
+    assert call(gw, "write", session_id=sid, input="\x03")["status"] == "ok"
+    read_until(gw, sid, "", timeout=0.2)
+    deadline = time.monotonic() + 5
+    while call(gw, "read", session_id=sid)["running"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert call(gw, "exec", session_id=sid, command="echo alive")["output"].strip() == "alive"
+
+
+def test_kill_ends_the_whole_tree_and_list_shows_it(gw: Gateway) -> None:
+    sid = start(gw)
+    call(gw, "exec", session_id=sid, command="sleep 60 & sleep 61", timeout_ms=200)
+    listed = call(gw, "list")["sessions"]
+    assert [s["session_id"] for s in listed] == [sid] and listed[0]["alive"] and listed[0]["running"]
+    session = gw.sessions.get("agent", sid)
+    pids = [session.shell_pid]
+    assert call(gw, "kill", session_id=sid)["status"] == "ok"
+    assert not any(Path(f"/proc/{p}").exists() for p in pids)
+    assert call(gw, "list")["sessions"] == []
+    assert call(gw, "exec", session_id=sid, command="true")["error"]["code"] == "SESSION_NOT_FOUND"
+
+
+def test_sessions_belong_to_their_principal(gw: Gateway) -> None:
+    sid = start(gw)
+    for action in ("exec", "read", "kill", "write"):
+        out = call(gw, action, principal="other", session_id=sid, command="echo x", input="x\n")
+        assert out["error"]["code"] == "SESSION_NOT_FOUND"
+    assert call(gw, "list", principal="other")["sessions"] == []
+
+
+def test_limit_and_idle_expiry(gw: Gateway, tmp_path: Path) -> None:
+    sid = start(gw, principal="limited")
+    assert call(gw, "start", principal="limited")["error"]["code"] == "SESSION_LIMIT"
+    time.sleep(1.2)
+    assert sid in gw.sessions.reap()
+    assert call(gw, "read", principal="limited", session_id=sid)["error"]["code"] == "SESSION_NOT_FOUND"
+    assert "session_expired" in [r["event"] for _, _, r, _ in records(tmp_path / "audit") if r]
+    start(gw, principal="limited")  # the slot is free again
+
+
+def test_output_buffer_is_bounded(gw: Gateway) -> None:
+    sid = start(gw)
+    out = call(gw, "exec", session_id=sid, command="printf '%0200000d' 0")
+    assert len(out["output"]) <= 65536 and out["dropped_bytes"] >= 200000 - 65536
+
+
+def test_start_refuses_forbidden_env_and_cwd(gw: Gateway, ws: Path) -> None:
+    out = call(gw, "start", env={"LD_PRELOAD": "/x.so"})
+    assert out["status"] == "denied" and "protected" in out["error"]["message"]
+    out = call(gw, "start", env={"OTHER": "1"})
+    assert out["status"] == "denied" and "environment.allow" in out["error"]["message"]
+    out = call(gw, "start", cwd="/")
+    assert out["error"]["code"] == "PATH_OUTSIDE_JAIL"
+    out = call(gw, "start", shell_type="sh")
+    assert out["status"] == "denied" and "shells" in out["error"]["message"]
+
+
+def test_every_session_command_is_audited(gw: Gateway, tmp_path: Path) -> None:
+    sid = start(gw)
+    call(gw, "exec", session_id=sid, command="echo audited")
+    recs = [r for _, _, r, _ in records(tmp_path / "audit") if r]
+    decided = [r for r in recs if r["event"] == "decision" and r["tool"] == "session"]
+    assert any(r["arguments"].get("command") == "echo audited" for r in decided)
