@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import gateway.executors.files as files
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
-from gateway.executors import files
 from gateway.pipeline import Gated, limits, tool_decision
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool

@@ -1,0 +1,114 @@
+"""The files tool through the gateway: the jail decides before anything opens, the audit log
+records the paths and never the content."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import FilesCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+
+POLICY: dict[str, Any] = {
+    "version": 1,
+    "principals": {"agent": {"roles": ["dev"]}, "reader": {"roles": ["ro"]}, "nobody": {"roles": ["none"]}},
+    "roles": {
+        "dev": {
+            "level": 2,
+            "read_roots": ["."],
+            "write_roots": ["."],
+            "protected": ["locked"],
+            "limits": {"file_bytes": 1000},
+        },
+        "ro": {"level": 1, "read_roots": ["."]},
+        "none": {"level": 0, "read_roots": ["."]},
+    },
+    "tools": {"files": {"allow_from": 1}},
+    "rules": [],
+}
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "a.txt").write_text("one\ntwo\n")
+    (tmp_path / "outside.txt").write_text("secret\n")
+    return w
+
+
+@pytest.fixture
+def gw(ws: Path, tmp_path: Path) -> Iterator[Gateway]:
+    policy: CompiledPolicy = compile_policy(Policy.model_validate(POLICY), tmp_path / "p.yaml", ws, sha256="t")
+    g = Gateway(policy, AuditLog(tmp_path / "audit"))
+    yield g
+    g.close()
+    assert verify(tmp_path / "audit").ok
+
+
+def files(gw: Gateway, action: str, principal: str = "agent", **kw: Any) -> dict[str, Any]:
+    return gw.handle(FilesCall(principal=principal, action=action, **kw))  # type: ignore[arg-type]
+
+
+def test_read_write_edit_inside_the_jail(gw: Gateway, ws: Path) -> None:
+    assert files(gw, "read", path="a.txt")["content"] == "one\ntwo\n"
+    assert files(gw, "write", path="b.txt", content="hello world")["status"] == "ok"
+    assert files(gw, "edit", path="b.txt", old="world", new="there")["status"] == "ok"
+    assert (ws / "b.txt").read_text() == "hello there"
+    blob = bytes(range(256))
+    assert files(gw, "write", path="bin", content=base64.b64encode(blob).decode(), encoding="base64")["status"] == "ok"
+    back = files(gw, "read", path="bin", max_bytes=1000, encoding="base64")
+    assert base64.b64decode(back["content"]) == blob
+
+
+@pytest.mark.parametrize(
+    ("action", "kw", "code"),
+    [
+        ("read", {"path": "../outside.txt"}, "PATH_OUTSIDE_JAIL"),
+        ("read", {"path": "/etc/passwd"}, "PATH_OUTSIDE_JAIL"),
+        ("write", {"path": "../new.txt", "content": "x"}, "PATH_OUTSIDE_JAIL"),
+        ("write", {"path": "locked/x", "content": "x"}, "PATH_OUTSIDE_JAIL"),
+        ("write", {"path": ".git/config", "content": "x"}, "PATH_OUTSIDE_JAIL"),
+        ("delete", {"path": "..", "recursive": True}, "PATH_OUTSIDE_JAIL"),
+        ("grep", {"pattern": "secret", "path": ".."}, "PATH_OUTSIDE_JAIL"),
+    ],
+)
+def test_the_jail_decides_before_anything_opens(gw: Gateway, action: str, kw: dict[str, Any], code: str) -> None:
+    out = files(gw, action, **kw)
+    assert out["status"] == "denied" and out["error"]["code"] == code, out
+
+
+def test_roles_and_levels(gw: Gateway, ws: Path) -> None:
+    assert files(gw, "read", principal="reader", path="a.txt")["status"] == "ok"
+    out = files(gw, "write", principal="reader", path="a.txt", content="x")
+    assert out["error"]["code"] == "PATH_OUTSIDE_JAIL"
+    out = files(gw, "read", principal="nobody", path="a.txt")
+    assert out["error"]["code"] == "POLICY_DENIED" and "files tool" in out["error"]["message"]
+
+
+def test_write_limit_comes_from_the_policy(gw: Gateway) -> None:
+    assert files(gw, "write", path="big", content="x" * 1001)["error"]["code"] == "FILE_TOO_LARGE"
+
+
+def test_audit_records_paths_not_content(gw: Gateway, ws: Path, tmp_path: Path) -> None:
+    files(gw, "write", path="c.txt", content="TOP-SECRET-CONTENT")
+    files(gw, "read", path="c.txt")
+    recs = [r for _, _, r, _ in records(tmp_path / "audit") if r]
+    text = "".join(p.read_text() for p in (tmp_path / "audit").iterdir())
+    assert "TOP-SECRET-CONTENT" not in text
+    decided = [r for r in recs if r["event"] == "decision"]
+    assert decided[0]["arguments"]["content_bytes"] == len("TOP-SECRET-CONTENT")
+    assert str(ws / "c.txt") in decided[0]["reasons"][0]["details"]["write"]
+
+
+def test_write_output_lands_in_outputs(gw: Gateway, ws: Path) -> None:
+    out = files(gw, "write_output", content='{"ok": true}', format="json", name="report")
+    assert out["status"] == "ok", out
+    assert (ws / "outputs").is_dir() and any(p.name.endswith("-report.json") for p in (ws / "outputs").iterdir())
