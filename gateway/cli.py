@@ -180,6 +180,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         approver = DenyAll()
     gw = Gateway(holder.current, audit, approver)
     result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
+    gw.close()
     if result.get("stdout"):
         sys.stdout.write(result["stdout"])
     if result.get("stderr"):

@@ -1,1 +1,2 @@
-"""Executors: one module per tool family. Every one runs through gateway.sandbox."""
+"""Executors: one module per tool family. Everything that runs a program goes through
+gateway.sandbox; the file tools (files.py) and the env store (env.py) run no program."""
