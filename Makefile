@@ -28,6 +28,7 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/analysis.py
+	$(BIN)/python bench/sessions.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

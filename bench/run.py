@@ -43,7 +43,7 @@ def median_ms(fn: object) -> float:
 
 def main() -> None:
     ws = Path(tempfile.mkdtemp())
-    policy = compile_policy(Policy.model_validate(POLICY), ws / "p.yaml", ws, sha256="bench")
+    policy = compile_policy(Policy.model_validate(POLICY), Path(tempfile.mkdtemp()) / "p.yaml", ws, sha256="bench")
     gw = Gateway(policy, AuditLog(Path(tempfile.mkdtemp())))
     for text in ("true", "echo hi", "yes | head -c 1000000"):
         bare = median_ms(lambda t=text: subprocess.run(["bash", "--noprofile", "--norc", "-c", t], capture_output=True))
