@@ -2,7 +2,7 @@
 
 Paths come from the deciding rules (`path_args`, `path_options`), from redirects (`>`/`>>` are
 writes, `<` a read) and from the cwd. Each is made absolute against the cwd, `~` is the policy's
-`home`, and symlinks and `..` are resolved (`os.path.realpath`, which also resolves the existing
+`home`, and symlinks and `..` are resolved (`real_path`: like `os.path.realpath`, which also resolves the existing
 parent of a path that does not exist yet). Roots are compared by path components
 (`/srv/ws2` is not inside `/srv/ws`). A write must be inside a write root and outside every
 protected path; a read inside a read or write root.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import glob
 import os
+import stat
 from pathlib import Path
 
 from gateway.analysis import Command, Expansion, RedirectMode, Word
@@ -34,10 +35,62 @@ ALWAYS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/d
 _CHANGES_DIR = frozenset({"cd", "pushd"})
 
 
-class _Refused(Exception):
-    def __init__(self, code: str, message: str, details: dict[str, object]) -> None:
+class PathRefused(Exception):
+    """A path outside the roots (or protected, or in /proc): `code` is the jail's reason code."""
+
+    def __init__(self, code: str, message: str, details: dict[str, object] | None = None) -> None:
         super().__init__(message)
-        self.code, self.message, self.details = code, message, details
+        self.code, self.message, self.details = code, message, details or {}
+
+
+_Refused = PathRefused
+
+
+_PROC = "/proc"
+MAX_LINKS = 40
+
+
+def real_path(path: str) -> str:
+    """`os.path.realpath` for a command's path, refusing any path that is, or passes through,
+    `/proc` (`/dev/fd`, `/dev/stdout` and friends are links into it). Resolved here, `/proc/self`
+    is the gateway's own process, not the sandboxed command's: `/proc/self/fd/N` would name
+    whatever the gateway has open at N. Devices in ALWAYS are taken as they are written."""
+    if os.path.normpath(path) in ALWAYS:
+        return os.path.normpath(path)
+    todo = [p for p in path.split("/") if p][::-1]
+    cur = "/"
+    links = 0
+    while todo:
+        name = todo.pop()
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur)
+            continue
+        nxt = os.path.join(cur, name)
+        if nxt == _PROC or nxt.startswith(_PROC + "/"):
+            raise _Refused(
+                "proc_path",
+                f"{path} is, or leads into, /proc: resolved by the gateway it would name the gateway's "
+                "own process, not the command's",
+                {"path": path},
+            )
+        try:
+            st = os.lstat(nxt)
+        except OSError:
+            cur = nxt  # missing: the rest is taken literally, like realpath
+            continue
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise _Refused("symlink_loop", f"{path}: too many symbolic links", {"path": path})
+            target = os.readlink(nxt)
+            if target.startswith("/"):
+                cur = "/"
+            todo.extend([p for p in target.split("/") if p][::-1])
+        else:
+            cur = nxt
+    return cur
 
 
 def inside(path: str, root: Path) -> bool:
@@ -50,7 +103,7 @@ def check(
 ) -> Decision:
     checked: dict[str, list[str]] = {"read": [], "write": []}
     try:
-        cwds = [Path(os.path.realpath(cwd))]
+        cwds = [Path(real_path(str(cwd)))]
         _check_path(str(cwds[0]), "read", grant, "cwd")
         for cmd, found in zip(commands, matches, strict=True):
             unknown_ok = any(m.rule.accept_unknown_paths for m in found)
@@ -138,30 +191,21 @@ def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: b
     for cwd in cwds:
         base = value if value.startswith("/") else str(cwd / value)
         candidates = (glob.glob(base) or [base]) if Expansion.GLOB in kinds else [base]
-        out.extend(os.path.realpath(c) for c in candidates)
+        out.extend(real_path(c) for c in candidates)
     return out
-
-
-class PathRefused(Exception):
-    """A path outside the roots (or protected): `code` is the jail's reason code."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code, self.message = code, message
 
 
 def check_path(path: str, access: str, grant: Grant, who: str = "files") -> None:
     """Raise PathRefused unless the real, absolute `path` may be read or written (`access`)."""
-    try:
-        _check_path(path, access, grant, who)
-    except _Refused as r:
-        raise PathRefused(r.code, r.message) from None
+    _check_path(path, access, grant, who)
 
 
 def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
     if path in ALWAYS:
         return
     details: dict[str, object] = {"path": path, "access": access}
+    if path == _PROC or path.startswith(_PROC + "/"):
+        raise _Refused("proc_path", f"{who}: {path} is inside /proc, which the jail never allows", details)
     if access == "write":
         if not any(inside(path, r) for r in grant.write_roots):
             details["roots"] = [str(r) for r in grant.write_roots]

@@ -24,7 +24,7 @@ from gateway.pipeline import (
 )
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
-from gateway.stages.pathjail import PathRefused, check_path
+from gateway.stages.pathjail import PathRefused, check_path, real_path
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -96,7 +96,8 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     if call.shell_type not in policy.policy.shells:
         problems.append(f"shell {call.shell_type!r} is not in the policy's shells {policy.policy.shells}")
     try:
-        check_path(os.path.realpath(cwd), "read", policy.grant(call.principal), "session")
+        real = real_path(str(cwd))
+        check_path(real, "read", policy.grant(call.principal), "session")
     except PathRefused as exc:
         decisions.append(Decision(Verdict.DENY, None, (Reason("pathjail", exc.code, exc.message),)))
     for p in problems:
@@ -121,7 +122,7 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     env = {**gw.env.effective(policy, call.principal), **call.env}
     try:
         session = gw.sessions.start(
-            call.principal, Path(os.path.realpath(cwd)), env, spawn,
+            call.principal, Path(real_path(str(cwd))), env, spawn,
             pty=call.pty, rows=call.rows, cols=call.cols, posix=call.shell_type == "sh", prompt=call.prompt,
             max_sessions=lim.get("sessions", DEFAULT_SESSIONS),
             idle_seconds=lim.get("session_idle_seconds", DEFAULT_SESSION_IDLE_S),

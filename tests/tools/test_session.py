@@ -188,6 +188,11 @@ def test_input_typed_ahead_never_runs_as_a_command(gw: Gateway, ws: Path, pty: b
         "eval echo hi",
         "source /dev/stdin",
         "builtin cd /",
+        # /proc/self resolved by the gateway is the gateway: the jail must not let a command
+        # reopen a descriptor (such as the loop's saved control pipe) through it
+        "echo 'touch pwned' > /proc/self/fd/10",
+        "echo x > /dev/fd/10",
+        "cat < /proc/self/environ",
     ],
 )
 def test_known_ways_around_the_session_gate_are_denied(gw: Gateway, ws: Path, command: str) -> None:
@@ -278,3 +283,11 @@ def test_every_session_command_is_audited(gw: Gateway, tmp_path: Path) -> None:
     recs = [r for _, _, r, _ in records(tmp_path / "audit") if r]
     decided = [r for r in recs if r["event"] == "decision" and r["tool"] == "session"]
     assert any(r["arguments"].get("command") == "echo audited" for r in decided)
+
+
+def test_a_symlink_into_proc_is_refused(gw: Gateway, ws: Path) -> None:
+    (ws / "lnk").symlink_to("/proc/self/fd/10")
+    sid = start(gw)
+    out = call(gw, "exec", session_id=sid, command="echo 'touch pwned' > lnk")
+    assert out["status"] == "denied" and "/proc" in out["error"]["message"], out
+    assert call(gw, "exec", session_id=sid, command="echo ok > /dev/null; echo shown > /dev/stdout")["exit_code"] == 0
