@@ -103,6 +103,21 @@ def wrap(
         # (a symlink put where a missing root was) would bind whatever it points to
         if root.is_dir() and os.path.realpath(root) == str(root):
             profile += ["--bind", str(root), str(root)]  # after --tmpfs /tmp, so roots under /tmp show
+    pinned: list[str] = []
+    for path in read_only:
+        # every directory between a write root and a protected path becomes a mount point of its
+        # own, which cannot be renamed or removed (EBUSY): `mv .git x; mkdir .git` is refused
+        real = os.path.realpath(path)
+        for root in write_roots:
+            parent = os.path.dirname(real)
+            chain: list[str] = []
+            while _under(parent, str(root)) and parent != str(root):
+                chain.append(parent)
+                parent = os.path.dirname(parent)
+            for d in reversed(chain):
+                if d not in pinned and os.path.isdir(d) and not os.path.islink(d):
+                    pinned.append(d)
+                    profile += ["--bind", d, d]
     for path in read_only:
         real = os.path.realpath(path)
         profile += ["--ro-bind-try", real, real]  # after the write roots: it must cover them

@@ -533,7 +533,10 @@ def test_a_symlink_put_where_a_missing_write_root_was_binds_nothing(
 )
 def test_protected_paths_are_put_back(policy: CompiledPolicy, tmp_path: Path, ws: Path, attack: str) -> None:
     out = run(gateway(policy, tmp_path), attack)
-    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
+    if "rename" in attack:  # .git is pinned (a mount point of its own): it cannot be moved away
+        assert "Device or resource busy" in str(out["stderr"]), out
+    else:
+        assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
     assert not (ws / ".git" / "config").exists()
     assert (ws / ".git" / "hooks").is_dir()
@@ -613,3 +616,19 @@ def test_an_included_policy_file_inside_a_write_root_is_refused(tmp_path: Path, 
         RunCall(principal="agent", command="echo x")
     )
     assert out["error"]["code"] == "UNSAFE_SETUP" and "the policy" in out["error"]["message"]  # type: ignore[index]
+
+
+def test_restore_never_follows_a_symlink_put_where_git_was(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    """No .git when the sandbox starts: a command makes .git a symlink to a directory of the
+    user's. Putting the protected paths back must remove the link, never write through it."""
+    import shutil
+
+    shutil.rmtree(ws / ".git")
+    elsewhere = tmp_path / "users-config"
+    (elsewhere / "hooks").mkdir(parents=True)
+    (elsewhere / "hooks" / "important").write_text("keep")
+    out = run(gateway(policy, tmp_path), f'python3 -c \'import os; os.symlink("{elsewhere}", ".git")\'')
+    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
+    assert not (ws / ".git").exists() and not (ws / ".git").is_symlink()
+    assert (elsewhere / "hooks" / "important").read_text() == "keep"
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["hooks"]

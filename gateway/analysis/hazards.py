@@ -49,6 +49,8 @@ BASH_BUILTINS = frozenset({
 PROTECTED_VARIABLES = frozenset(
     {
         "PATH",
+        "LANG",
+        "LANGUAGE",
         "BASH_ENV",
         "ENV",
         "SHELLOPTS",
@@ -73,7 +75,9 @@ PROTECTED_VARIABLES = frozenset(
         "BASH_ALIASES",  # BASH_ALIASES[ls]=... defines an alias
     }
 )
-PROTECTED_PREFIXES = ("LD_", "BASH_FUNC_")
+# LC_*/LANG: in GBK, BIG5 or GB18030 a backslash byte can end a multibyte character, so bash in
+# such a locale splits text the analyser (reading UTF-8) saw as one quoted word.
+PROTECTED_PREFIXES = ("LD_", "BASH_FUNC_", "LC_")
 
 # Builtins that evaluate a literal word as arithmetic or as a variable name with a subscript,
 # where `a[$(cmd)]` runs cmd.

@@ -51,11 +51,23 @@ from typing import Any
 from gateway import sandbox
 from gateway.executors.shell import scrubbed_env
 
+# One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
+# (refused with control characters) nor a command (the analyser refuses them) holds GS, US or
+# NUL. Code running inside `eval` can read the loop's saved control descriptor; if it swallows
+# all or part of a record, the loop's next read starts mid-record, lacks the GS, and is dropped:
+# a decided command can be lost, but no other text can become a command.
 _LOOP = r"""
 {ready}
 while :; do
-  IFS= read -r -d '' __gw_cwd <&{fd} || break
-  IFS= read -r -d '' __gw_cmd <&{fd} || break
+  unset -v __gw_rec __gw_cwd __gw_cmd || break
+  IFS= read -r -d '' __gw_rec <&{fd} || break
+  case $__gw_rec in
+    $'\x1d'*$'\x1f'*) ;;
+    *) builtin printf '\036GW{nonce}:125\036'; continue ;;
+  esac
+  __gw_rec=${{__gw_rec#$'\x1d'}}
+  __gw_cwd=${{__gw_rec%%$'\x1f'*}}
+  __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
     eval "$__gw_cmd" {fd}<&-
     __gw_status=$?
@@ -195,10 +207,13 @@ class Session:
 
     # --- input -------------------------------------------------------------------------
     def send_command(self, cwd: str, text: str) -> None:
+        record = "\x1d" + cwd + "\x1f" + text
+        if any(ord(c) < 0x20 and c not in "\t\n" for c in cwd + text) or record.count("\x1f") != 1:
+            raise SessionError("INVALID_INPUT", "a command or cwd holding control characters is not sent")
         with self.cond:
             self.outstanding += 1
             self.done_at = None
-        os.write(self.control_fd, cwd.encode() + b"\0" + text.encode() + b"\0")
+        os.write(self.control_fd, record.encode() + b"\0")
 
     def send_input(self, text: str) -> None:
         data = text.encode()
@@ -332,8 +347,11 @@ class SessionManager:
         idle_seconds: float,
         buffer_bytes: int,
     ) -> Session:
+        if prompt and any(ord(c) < 0x20 or ord(c) == 0x7F for c in prompt):
+            raise SessionError("INVALID_INPUT", "prompt: control characters are not allowed")
+        self.forget_dead()
         with self._lock:
-            live = [s for s in self._sessions.values() if s.principal == principal and s.alive]
+            live = [s for s in self._sessions.values() if s.principal == principal]
             if len(live) >= max_sessions:
                 raise SessionError(
                     "SESSION_LIMIT", f"{principal} has {len(live)} live sessions (limit {max_sessions}): kill one first"
@@ -353,10 +371,12 @@ class SessionManager:
         )
         full_env = scrubbed_env(spawn.home, env)
         full_env["TERM"] = "xterm-256color" if pty else "dumb"
+        opened: list[int] = []
         with self._spawn_lock:
             try:
                 if pty:
                     master, slave = os.openpty()
+                    opened += [master, slave]
                     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                     proc = subprocess.Popen(
                         argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=(control_r,),
@@ -373,6 +393,11 @@ class SessionManager:
                     out_fd, in_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
                     proc.stdout.close()
                     proc.stdin.close()
+            except BaseException:
+                for fd in (*opened, control_w):
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+                raise
             finally:
                 os.close(control_r)
         session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
@@ -404,6 +429,17 @@ class SessionManager:
             self._sessions.pop(s.id, None)
             self._idle_limits.pop(s.id, None)
         s.kill()
+
+    def forget_dead(self) -> None:
+        """Close the descriptors of sessions whose shell has ended (`exit`), now, not at idle expiry."""
+        with self._lock:
+            dead = [s for s in self._sessions.values() if not s.alive]
+            for s in dead:
+                self._sessions.pop(s.id, None)
+                self._idle_limits.pop(s.id, None)
+        for s in dead:
+            s.kill()
+            self.on_event("session_ended", s, {})
 
     def reap(self) -> list[str]:
         """End sessions idle longer than their limit, and forget dead ones."""

@@ -63,11 +63,26 @@ DIR = b"\0dir"
 ABSENT = b"\0absent"
 
 
+LINKED = b"\0linked-ancestor"
+
+
+def _linked_ancestor(path: Path) -> Path | None:
+    """The first directory above `path` that is a symlink (never follow one: it may lead out)."""
+    for parent in reversed(path.parents):
+        if os.path.islink(parent):
+            return parent
+    return None
+
+
 def snapshot(paths: tuple[Path, ...]) -> dict[str, bytes]:
-    """What lies under each protected path: file contents, symlink targets, DIR or ABSENT."""
+    """What lies under each protected path: file contents, symlink targets, DIR or ABSENT; a
+    path below a symlinked directory is LINKED and is not read through the link."""
     out: dict[str, bytes] = {}
     total = 0
     for root in paths:
+        if _linked_ancestor(root) is not None:
+            out[str(root)] = LINKED
+            continue
         if not os.path.lexists(root):
             out[str(root)] = ABSENT
             continue
@@ -94,15 +109,21 @@ def restore(paths: tuple[Path, ...], before: dict[str, bytes]) -> list[str]:
     if not changed:
         return []
     for root in paths:
+        link = _linked_ancestor(root)
+        if link is not None:  # a directory swapped for a symlink: remove the link, not its target
+            os.unlink(link)
+    for root in paths:
         if os.path.islink(root) or os.path.isfile(root):
             os.unlink(root)
         elif os.path.isdir(root):
             shutil.rmtree(root)
     for name in sorted(before, key=len):
         data = before[name]
+        if _linked_ancestor(Path(name)) is not None:
+            continue
         if data == DIR:
             os.makedirs(name, exist_ok=True)
-        elif data != ABSENT:
+        elif data not in (ABSENT, LINKED):
             os.makedirs(os.path.dirname(name), exist_ok=True)
             Path(name).write_bytes(data)
     return changed

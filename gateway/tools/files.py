@@ -44,9 +44,12 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     decision, paths = decide(policy, call)
-    arguments = call.model_dump(exclude={"tool", "principal", "content"}, exclude_none=True)
-    if call.content is not None:
-        arguments["content_bytes"] = len(call.content.encode())
+    # content and edit text may hold secrets: the audit log keeps their sizes
+    arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new"}, exclude_none=True)
+    for name in ("content", "old", "new"):
+        value = getattr(call, name)
+        if value is not None:
+            arguments[f"{name}_bytes"] = len(value.encode())
     subject = f"files {call.action} " + " ".join(p for p, _ in paths)
     gated = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, decision, arguments, policy)
     if not isinstance(gated, Gated):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import sandbox
 from gateway.calls import ProcessCall, RunCall
+from gateway.executors import env as envstore
 from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, tool_decision
 from gateway.policy.schema import Tool
@@ -66,9 +67,16 @@ def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
                 return None
         return "a start must be decided by the process tool first"
     arguments = {"action": "restart", "process_id": rec.id, "command": rec.command, "cwd": rec.cwd}
-    gated = gw.check_command(
-        _new_id(), rec.principal, "process", rec.command, Path(rec.cwd), rec.env, arguments, unattended=True
-    )
+    try:
+        policy = gw.policy
+        # decided as at start: the call's own variables against the rules; what the env store
+        # gave is checked against environment.allow, as every inherited variable is
+        own = {k: v for k, v in rec.env.items() if envstore.refusal(policy, k, v) is not None}
+        gated = gw.check_command(
+            _new_id(), rec.principal, "process", rec.command, Path(rec.cwd), own, arguments, policy, unattended=True
+        )
+    except Exception as exc:  # e.g. the principal left the policy: no restart, and say why
+        return f"the restart could not be decided: {type(exc).__name__}: {exc}"
     if isinstance(gated, Gated):
         return None
     return str(gated.get("error", {}).get("message", "denied"))

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import sandbox
 from gateway.calls import RunCall
 from gateway.pipeline import Gated, limits
+from gateway.policy.schema import Tool
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -31,6 +32,13 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
     timeout = min(call.timeout_ms or cap, cap)
     if call.background_after_ms is not None and call.background_after_ms < timeout:
         from gateway.tools import process
+
+        if policy.tool_decision(call.principal, Tool.PROCESSES).value != "allow":
+            why = f"background_after_ms hands the command to the process tool, which {call.principal} may not use"
+            return gw.record_result(gated, {"status": "denied", "error": {"code": "POLICY_DENIED", "message": why}})
+        if call.shell != "bash" or not call.capture_output:
+            why = "background_after_ms runs with bash and captures output to the process log"
+            return gw.record_result(gated, {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
 
         return process.run_in_background(gw, call, gated, cwd, env, call.background_after_ms)
     settings = gw.spawn_settings(policy, call.principal)

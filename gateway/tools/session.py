@@ -5,6 +5,7 @@ shell cannot run undecided text, are in gateway/executors/sessions.py."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,6 +14,7 @@ from gateway import sandbox
 from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import env as envstore
+from gateway.executors import shell
 from gateway.executors.sessions import Session, SessionError, Spawn
 from gateway.pipeline import (
     DEFAULT_SESSION_IDLE_S,
@@ -74,8 +76,15 @@ def handle(gw: Gateway, call: SessionCall, call_id: str) -> dict[str, Any]:
 
 def _arguments(call: SessionCall) -> dict[str, Any]:
     keep = {"action", "session_id", "cwd", "env", "pty", "rows", "cols", "shell_type", "startup_commands", "command",
-            "timeout_ms", "input"}  # fmt: skip
-    return {k: v for k, v in call.model_dump().items() if k in keep and v not in (None, [], {})}
+            "timeout_ms"}  # fmt: skip
+    out = {k: v for k, v in call.model_dump().items() if k in keep and v not in (None, [], {})}
+    return out | (_digest(call.input) if call.input is not None else {})
+
+
+def _digest(text: str) -> dict[str, Any]:
+    """Input typed to a program may be a password: the audit log keeps its size and hash only
+    (the commands a write carries are recorded in full, each in its own decision)."""
+    return {"input_bytes": len(text.encode()), "input_sha256": hashlib.sha256(text.encode()).hexdigest()}
 
 
 def _gate_action(
@@ -167,9 +176,22 @@ def _exec(
     gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
     if not isinstance(gated, Gated):
         return gated
+    grant = policy.grant(call.principal)
+    protected = tuple(p for p in grant.protected if any(p == r or r in p.parents for r in grant.write_roots))
+    before = shell.snapshot(protected)
     session.send_command(str(cwd), text)
     session.wait_idle(timeout_ms / 1000)
-    return gw.record_result(gated, _output(session, finished_only=True))
+    out = _output(session, finished_only=True)
+    # as after a run: put protected paths back (the sandbox pins their parents; this catches a
+    # protected path created where none was). A command still running is checked by the next one.
+    changed = shell.restore(protected, before) if not out["running"] else []
+    if changed:
+        out["status"] = "error"
+        out["error"] = {
+            "code": "PROTECTED_PATH_CHANGED",
+            "message": f"the command changed protected paths, which were restored: {', '.join(changed[:5])}",
+        }
+    return gw.record_result(gated, out)
 
 
 def _output(session: Session, finished_only: bool) -> dict[str, Any]:
@@ -230,8 +252,8 @@ def _input(
     if decision.verdict is Verdict.ALLOW:
         decision = Decision(Verdict.ALLOW, None, (reason,))
     gated = gw.authorize(
-        call_id, call.principal, "session", f"session input {text!r}", policy.workspace, {}, decision,
-        {"action": "write", "session_id": session.id, "input": text, "as": "input"}, policy,
+        call_id, call.principal, "session", "session input", policy.workspace, {}, decision,
+        {"action": "write", "session_id": session.id, "as": "input", **_digest(text)}, policy,
     )  # fmt: skip
     if not isinstance(gated, Gated):
         return gated

@@ -38,7 +38,21 @@ POLICY: dict[str, Any] = {
             "id": "basics",
             "decision": "allow",
             "justification": "harmless programs",
-            "programs": ["echo", "printf", "cat", "sleep", "stty", "pwd", "cd", "read", "true", "false", "ls", "touch"],
+            "programs": [
+                "echo",
+                "printf",
+                "cat",
+                "sleep",
+                "stty",
+                "pwd",
+                "cd",
+                "read",
+                "true",
+                "false",
+                "ls",
+                "touch",
+                "exit",
+            ],
             "accept_unknown": True,
             "examples": {"match": ["echo x"]},
         },
@@ -291,3 +305,40 @@ def test_a_symlink_into_proc_is_refused(gw: Gateway, ws: Path) -> None:
     out = call(gw, "exec", session_id=sid, command="echo 'touch pwned' > lnk")
     assert out["status"] == "denied" and "/proc" in out["error"]["message"], out
     assert call(gw, "exec", session_id=sid, command="echo ok > /dev/null; echo shown > /dev/stdout")["exit_code"] == 0
+
+
+def test_a_fake_marker_and_a_stolen_record_run_nothing_undecided(gw: Gateway, ws: Path) -> None:
+    """The red team's desync: learn the nonce, print a fake end marker so the gateway sends the
+    next command early, and swallow part of the control stream from the loop's saved descriptor
+    so the loop's fields shift. Text the gateway wrote as a cwd must never run as a command."""
+    (ws / "x;mkdir pwned;#").mkdir()
+    (ws / "ls").mkdir()
+    sid = start(gw)
+    script = call(gw, "exec", session_id=sid, command='echo "$BASH_EXECUTION_STRING"')["output"]
+    nonce = script.split("GW", 1)[1].split(":", 1)[0]
+    for steal in ("read -r -d '' -u 10 junk", "read -r -N 3 -u 10 junk", "read -r -d $'\\x1f' -u 10 junk"):
+        attack = f"cd 'x;mkdir pwned;#'; printf '\\036GW{nonce}:0\\036'; {steal}"
+        call(gw, "exec", session_id=sid, command=attack, timeout_ms=500)
+        for _ in range(3):
+            call(gw, "exec", session_id=sid, command="echo next", timeout_ms=500)
+        time.sleep(0.3)
+        assert not list(ws.rglob("pwned")), steal
+
+
+def test_typed_input_is_audited_as_size_and_hash_only(gw: Gateway, tmp_path: Path) -> None:
+    sid = start(gw, pty=True)
+    call(gw, "exec", session_id=sid, command="read -s pw; echo done", timeout_ms=300)
+    call(gw, "write", session_id=sid, input="hunter2-typed\n")
+    text = "".join(p.read_text() for p in (tmp_path / "audit").iterdir())
+    assert "hunter2-typed" not in text and "input_sha256" in text
+
+
+def test_ended_sessions_free_their_slot_and_descriptors(gw: Gateway) -> None:
+    import os
+
+    before = len(os.listdir("/proc/self/fd"))
+    for _ in range(6):  # the limited principal may hold one session
+        sid = start(gw, principal="limited")
+        call(gw, "exec", principal="limited", session_id=sid, command="exit")
+    assert len(os.listdir("/proc/self/fd")) <= before + 4
+    assert call(gw, "start", prompt="a\x00b")["error"]["code"] == "INVALID_INPUT"

@@ -333,3 +333,32 @@ def test_the_state_directory_inside_a_write_root_is_refused(policy: CompiledPoli
     out = g.handle(RunCall(principal="agent", command="echo x"))
     assert out["error"]["code"] == "UNSAFE_SETUP"
     g.close()
+
+
+def test_stop_ends_every_process_of_the_sandbox(gw: Gateway) -> None:
+    out = proc(gw, "start", command="sleep 61 & sleep 62")
+    assert out["status"] == "ok", out
+    outer = out["process"]["pid"]
+    time.sleep(0.3)
+    from gateway.executors.sessions import descendants
+
+    inside = descendants(outer)
+    assert len(inside) >= 2
+    assert proc(gw, "stop", process_id=out["process"]["id"])["status"] == "ok"
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(Path(f"/proc/{p}").exists() for p in inside):
+        time.sleep(0.05)
+    assert not [p for p in inside if Path(f"/proc/{p}").exists()]
+    assert proc(gw, "list")["processes"][0]["state"] == "stopped"
+
+
+def test_background_needs_the_process_tool(gw: Gateway) -> None:
+    out = gw.handle(RunCall(principal="reader", command="sleep 5", background_after_ms=100))
+    assert out["status"] == "denied" and "process tool" in out["error"]["message"]
+
+
+def test_locale_variables_are_protected(gw: Gateway) -> None:
+    """In GBK a backslash byte can end a character: bash would split what the analyser read."""
+    for name in ("LC_ALL", "LANG", "LC_CTYPE"):
+        assert env(gw, "set", name=name, value="zh_CN.GBK")["status"] == "denied"
+        assert gw.handle(RunCall(principal="agent", command="echo x", env={name: "zh_CN.GBK"}))["status"] == "denied"
