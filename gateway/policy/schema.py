@@ -44,7 +44,8 @@ class Limits(_Model):
     timeout_ms: Annotated[StrictInt, Field(gt=0)] | None = None
     """Wall-clock limit of one command, in milliseconds."""
     output_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
-    """Bytes of output kept per stream (head and tail)."""
+    """Bytes of output kept per stream (head and tail); also the most one files read returns
+    and the size of a session's unread-output buffer."""
     sessions: Annotated[StrictInt, Field(ge=0)] | None = None
     """Live shell sessions per principal (default 8)."""
     session_idle_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
