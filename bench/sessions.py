@@ -18,7 +18,7 @@ from pathlib import Path
 
 from gateway.audit import AuditLog
 from gateway.calls import SessionCall
-from gateway.executors.sessions import descendants
+from gateway.executors.proctree import descendants
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy

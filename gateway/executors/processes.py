@@ -38,6 +38,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.executors import proctree
 from gateway.log import log
 
 GRACE_SECONDS = 2.0
@@ -524,8 +525,8 @@ class ProcessManager:
             # (--new-session), so the group of `pid` is not enough. SIGTERM goes to the command's
             # processes (below the init) and leaves bwrap standing, so the SIGKILL round still
             # finds the init: killing it ends the whole namespace.
-            direct = {c for c in _children(pid) if _comm(c) == "bwrap"}  # the namespace's init
-            for proc_id in _descendants(pid):
+            direct = {c for c in proctree.children(pid) if proctree.comm(c) == "bwrap"}  # the namespace's init
+            for proc_id in proctree.descendants(pid):
                 if sig == signal.SIGKILL or proc_id not in direct:
                     with contextlib.suppress(ProcessLookupError, PermissionError):
                         os.kill(proc_id, sig)
@@ -777,31 +778,3 @@ class ProcessManager:
             "restarts": rec.restarts,
             "next_restart_at": rec.next_restart_at,
         }
-
-
-def _children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(p) for p in f.read().split()]
-    return out
-
-
-def _descendants(pid: int) -> list[int]:
-    """Every process below `pid`."""
-    out: list[int] = []
-    todo = _children(pid)
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += _children(p)
-    return out
-
-
-def _comm(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/comm") as f:
-            return f.read().strip()
-    except OSError:
-        return ""

@@ -49,6 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
+from gateway.executors.proctree import children, comm, descendants
 from gateway.executors.shell import scrubbed_env
 
 # One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
@@ -269,33 +270,13 @@ class Session:
         }
 
 
-def children(pid: int) -> list[int]:
-    out: list[int] = []
-    with contextlib.suppress(OSError):
-        for task in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError), open(f"/proc/{pid}/task/{task}/children") as f:
-                out += [int(p) for p in f.read().split()]
-    return out
-
-
-def descendants(pid: int) -> list[int]:
-    out: list[int] = []
-    todo = children(pid)
-    while todo:
-        p = todo.pop()
-        out.append(p)
-        todo += children(p)
-    return out
-
-
 def _find_shell(root: int) -> int | None:
     """The loop's bash, the first `bash` below bubblewrap: found before any command runs."""
     todo = [root]
     while todo:
         p = todo.pop(0)
-        with contextlib.suppress(OSError), open(f"/proc/{p}/comm") as f:
-            if p != root and f.read().strip() == "bash":
-                return p
+        if p != root and comm(p) == "bash":
+            return p
         todo += children(p)
     return None
 

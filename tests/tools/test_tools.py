@@ -340,7 +340,7 @@ def test_stop_ends_every_process_of_the_sandbox(gw: Gateway) -> None:
     assert out["status"] == "ok", out
     outer = out["process"]["pid"]
     time.sleep(0.3)
-    from gateway.executors.sessions import descendants
+    from gateway.executors.proctree import descendants
 
     inside = descendants(outer)
     assert len(inside) >= 2
