@@ -114,7 +114,11 @@ def tool_decision(policy: CompiledPolicy, principal: str, tool: Tool) -> Decisio
     verdict = Verdict.parse(policy.tool_decision(principal, tool).value)
     if verdict is Verdict.ALLOW:
         return Decision(Verdict.ALLOW, None, ())
-    message = f"the {tool.value} tool is {verdict.label} for {principal} (the policy's tools section)"
+    level = policy.grant(principal).level
+    if verdict is Verdict.ASK:
+        message = f"the {tool.value} tool asks a supervisor for {principal} (level {level}; the policy's tools section)"
+    else:
+        message = f"{principal} (level {level}) may not use the {tool.value} tool (the policy's tools section)"
     return Decision(verdict, None, (Reason("tool", f"tool_{verdict.label}", message),))
 
 
@@ -185,8 +189,11 @@ class Gateway:
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
+        # the process manager (gateway/tools/process.py makes it on first use), and the starts
+        # the process tool decided, which its gate lets through once each
         self._processes: Any = None
         self._processes_lock = threading.Lock()
+        self._decided_starts: dict[tuple[str, str, str], int] = {}
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -197,7 +204,7 @@ class Gateway:
     def handle(self, call: Any) -> dict[str, Any]:
         from gateway import tools
 
-        call_id = uuid.uuid4().hex[:16]
+        call_id = new_call_id()
         try:
             handler = tools.handler(call.tool)
             out: dict[str, Any] = handler(self, call, call_id)
@@ -205,7 +212,7 @@ class Gateway:
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
         except Exception as exc:  # fail closed, and say so
-            envelope = _error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
+            envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):  # the envelope must come back whatever the log does
                 self.audit.append(
                     "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
@@ -240,9 +247,6 @@ class Gateway:
         Returns `Gated` to go ahead, or the envelope that ends the call."""
         policy = policy or self.policy
         family = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}[tool]
-        unsafe = self._unsafe_setup(policy, principal)
-        if unsafe:
-            return _error(call_id, "denied", "UNSAFE_SETUP", unsafe)
         if shell not in policy.policy.shells:
             reason = Reason(
                 "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
@@ -280,6 +284,9 @@ class Gateway:
         """Audit `decision` durably, then: deny -> the denial; ask -> the approver; allow -> go.
         `subject` is what a supervisor is asked about (the command, or `files write PATH`).
         `unattended` (a keep_alive restart): nobody is asked, so an ask is a denial."""
+        unsafe = self._unsafe_setup(policy, principal)
+        if unsafe:  # any family could rewrite them (a files write as well as a command)
+            return error(call_id, "denied", "UNSAFE_SETUP", unsafe)
         base = {"call_id": call_id, "principal": principal, "tool": tool, "policy_sha256": policy.sha256}
         try:
             self.audit.append(
@@ -292,7 +299,7 @@ class Gateway:
                 data=data or {},
             )
         except AuditUnavailable as exc:
-            return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
+            return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
         if decision.verdict is Verdict.DENY:
             jail = any(r.stage == "pathjail" for r in decision.reasons)
             return _denied(call_id, "PATH_OUTSIDE_JAIL" if jail else "POLICY_DENIED", decision)
@@ -328,13 +335,13 @@ class Gateway:
                     },
                 )
             except AuditUnavailable as exc:
-                return _error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
+                return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
             if answer is None:
-                return _error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
+                return error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
             if not unchanged:
-                return _error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
+                return error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
             if not granted:
-                return _error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
+                return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
         return Gated(policy, base)
 
     def record_result(
@@ -405,17 +412,18 @@ def limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
     return out
 
 
-def _error(call_id: str, status: str, code: str, message: str) -> dict[str, Any]:
-    return {"status": status, "call_id": call_id, "error": {"code": code, "message": message}}
+def new_call_id() -> str:
+    """A call's id in the audit log and its envelope."""
+    return uuid.uuid4().hex[:16]
 
 
 def error(call_id: str, status: str, code: str, message: str) -> dict[str, Any]:
     """An envelope ending a call with `code` (docs/tools.md lists the codes)."""
-    return _error(call_id, status, code, message)
+    return {"status": status, "call_id": call_id, "error": {"code": code, "message": message}}
 
 
 def _denied(call_id: str, code: str, decision: Decision) -> dict[str, Any]:
-    out = _error(call_id, "denied", code, "; ".join(r.message for r in decision.reasons))
+    out = error(call_id, "denied", code, "; ".join(r.message for r in decision.reasons))
     out["rule"] = decision.rule
     out["reasons"] = [r.to_json() for r in decision.reasons]
     return out

@@ -37,6 +37,7 @@ import fcntl
 import os
 import re
 import secrets
+import select
 import signal
 import struct
 import subprocess
@@ -134,6 +135,9 @@ class Session:
         self.started = time.monotonic()
         self.last_used = self.started
         self.shell_pid: int | None = None
+        # the protected paths as they were before a command that was still running when its
+        # exec returned: the next exec puts them back to this, not to what that command left
+        self.protected_before: dict[str, bytes] | None = None
         self.closed = False
         self._carry = b""
         self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
@@ -216,11 +220,18 @@ class Session:
             self.done_at = None
         os.write(self.control_fd, record.encode() + b"\0")
 
-    def send_input(self, text: str) -> None:
+    def send_input(self, text: str, timeout_s: float = 5.0) -> int:
+        """Write `text` to the program; the bytes written. A program that does not read its
+        input fills the pipe or the terminal's queue: waiting is bounded, never a hung call."""
         data = text.encode()
-        while data:
-            n = os.write(self.input_fd, data)
-            data = data[n:]
+        sent = 0
+        deadline = time.monotonic() + timeout_s
+        while sent < len(data):
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([], [self.input_fd], [], left)[1]:
+                break
+            sent += os.write(self.input_fd, data[sent : sent + 512])  # small: a writable fd takes it whole
+        return sent
 
     def take_output(self, finished_only: bool = False) -> tuple[str, int]:
         with self.cond:
@@ -309,6 +320,7 @@ class SessionManager:
         self._spawn_lock = threading.Lock()  # one place starts shells
         self.on_event = on_event or (lambda event, session, data: None)
         self._idle_limits: dict[str, float] = {}
+        self._starting: dict[str, int] = {}  # per principal: sessions being started now
         self._stop = threading.Event()
         self._reaper: threading.Thread | None = None
 
@@ -331,12 +343,23 @@ class SessionManager:
         if prompt and any(ord(c) < 0x20 or ord(c) == 0x7F for c in prompt):
             raise SessionError("INVALID_INPUT", "prompt: control characters are not allowed")
         self.forget_dead()
-        with self._lock:
-            live = [s for s in self._sessions.values() if s.principal == principal]
-            if len(live) >= max_sessions:
+        with self._lock:  # count the sessions being started too: concurrent starts cannot pass the limit
+            live = sum(s.principal == principal for s in self._sessions.values()) + self._starting.get(principal, 0)
+            if live >= max_sessions:
                 raise SessionError(
-                    "SESSION_LIMIT", f"{principal} has {len(live)} live sessions (limit {max_sessions}): kill one first"
+                    "SESSION_LIMIT", f"{principal} has {live} live sessions (limit {max_sessions}): kill one first"
                 )
+            self._starting[principal] = self._starting.get(principal, 0) + 1
+        try:
+            return self._start(principal, cwd, env, spawn, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes)
+        finally:
+            with self._lock:
+                self._starting[principal] -= 1
+
+    def _start(
+        self, principal: str, cwd: Path, env: dict[str, str], spawn: Spawn, pty: bool, rows: int, cols: int,
+        posix: bool, prompt: str | None, idle_seconds: float, buffer_bytes: int,
+    ) -> Session:  # fmt: skip
         if not cwd.is_dir():
             raise SessionError("INVALID_INPUT", f"cwd {cwd} is not a directory")
         nonce = secrets.token_hex(8)

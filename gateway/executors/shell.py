@@ -129,6 +129,11 @@ def restore(paths: tuple[Path, ...], before: dict[str, bytes]) -> list[str]:
     return changed
 
 
+def writable_protected(read_only: tuple[Path, ...], write_roots: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The protected paths inside a write root: the ones a command could change."""
+    return tuple(p for p in read_only if any(p == r or r in p.parents for r in write_roots))
+
+
 def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
     env = {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
     env.update(extra)
@@ -169,7 +174,7 @@ def run(
     )
     # the sandbox binds protected paths read-only, but a command can rename their parent away or
     # create a protected path that did not exist: compare after, and put them back
-    protected = tuple(p for p in read_only if any(p == r or r in p.parents for r in write_roots))
+    protected = writable_protected(read_only, write_roots)
     before = snapshot(protected)
     started = time.monotonic()
     try:

@@ -5,7 +5,6 @@ after a gateway restart, backoff) are in gateway/executors/processes.py."""
 
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,14 +12,12 @@ from gateway import sandbox
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors import env as envstore
 from gateway.executors.shell import SHELL, scrubbed_env
-from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, tool_decision
+from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.schema import Tool
 
 if TYPE_CHECKING:
     from gateway.executors.processes import ProcessManager, ProcessRecord
     from gateway.pipeline import Gateway
-
-_lock = threading.Lock()
 
 
 def manager(gw: Gateway) -> ProcessManager | None:
@@ -29,7 +26,7 @@ def manager(gw: Gateway) -> ProcessManager | None:
 
     if gw.state_dir is None:
         return None
-    with _lock:
+    with gw._processes_lock:
         if gw._processes is None:
             pm = ProcessManager(
                 gw.state_dir / "processes",
@@ -54,16 +51,12 @@ def _build(gw: Gateway, rec: ProcessRecord) -> tuple[list[str], dict[str, str]]:
     return argv, scrubbed_env(s["home"], rec.env)
 
 
-# Starts decided by the tool call itself: (principal, command, cwd) -> count, consumed by _gate.
-_decided: dict[tuple[str, str, str], int] = {}
-
-
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
     key = (rec.principal, rec.command, rec.cwd)
     if why == "start":
-        with _lock:
-            if _decided.get(key):
-                _decided[key] -= 1
+        with gw._processes_lock:  # a start the tool call decided: let it through, once
+            if gw._decided_starts.get(key):
+                gw._decided_starts[key] -= 1
                 return None
         return "a start must be decided by the process tool first"
     arguments = {"action": "restart", "process_id": rec.id, "command": rec.command, "cwd": rec.cwd}
@@ -73,7 +66,7 @@ def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
         # gave is checked against environment.allow, as every inherited variable is
         own = {k: v for k, v in rec.env.items() if envstore.refusal(policy, k, v) is not None}
         gated = gw.check_command(
-            _new_id(), rec.principal, "process", rec.command, Path(rec.cwd), own, arguments, policy, unattended=True
+            new_call_id(), rec.principal, "process", rec.command, Path(rec.cwd), own, arguments, policy, unattended=True
         )
     except Exception as exc:  # e.g. the principal left the policy: no restart, and say why
         return f"the restart could not be decided: {type(exc).__name__}: {exc}"
@@ -91,27 +84,21 @@ def _event(gw: Gateway, event: str, rec: ProcessRecord, data: dict[str, Any]) ->
         log.warning("audit_failed", event=event, process_id=rec.id)
 
 
-def _new_id() -> str:
-    import uuid
-
-    return uuid.uuid4().hex[:16]
-
-
 def _start(gw: Gateway, pm: ProcessManager, principal: str, command: str, cwd: Path, env: dict[str, str],
            keep_alive: bool, name: str | None) -> dict[str, Any]:  # fmt: skip
     policy = gw.policy
     key = (principal, command, str(cwd))
-    with _lock:
-        _decided[key] = _decided.get(key, 0) + 1
+    with gw._processes_lock:
+        gw._decided_starts[key] = gw._decided_starts.get(key, 0) + 1
     try:
         return pm.start(
             principal, command, str(cwd), env, keep_alive, name,
             limits(policy, principal).get("processes", DEFAULT_PROCESSES),
         )  # fmt: skip
     finally:
-        with _lock:
-            if _decided.get(key):
-                _decided[key] -= 1
+        with gw._processes_lock:
+            if gw._decided_starts.get(key):
+                gw._decided_starts[key] -= 1
 
 
 def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:

@@ -6,7 +6,6 @@ shell cannot run undecided text, are in gateway/executors/sessions.py."""
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from gateway.pipeline import (
     Gated,
     error,
     limits,
+    new_call_id,
     tool_decision,
 )
 from gateway.policy.compile import CompiledPolicy
@@ -144,7 +144,7 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     out: dict[str, Any] = {"status": "ok", **session.describe()}
     startup = []
     for text in call.startup_commands:
-        result = _exec(gw, call, gw_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
+        result = _exec(gw, call, new_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
         startup.append(result)
         if result["status"] != "ok":
             out = {**out, "status": result["status"], "error": {
@@ -155,10 +155,6 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     if startup:
         out["startup"] = startup
     return gw.record_result(gated, out)
-
-
-def gw_call_id() -> str:
-    return os.urandom(8).hex()
 
 
 def _exec(
@@ -177,14 +173,22 @@ def _exec(
     if not isinstance(gated, Gated):
         return gated
     grant = policy.grant(call.principal)
-    protected = tuple(p for p in grant.protected if any(p == r or r in p.parents for r in grant.write_roots))
-    before = shell.snapshot(protected)
+    protected = shell.writable_protected(grant.protected, grant.write_roots)
+    # as after a run: put protected paths back (the sandbox pins their parents; this catches a
+    # protected path created where none was). A command still running when its exec returned is
+    # checked here, against the snapshot taken before it.
+    before = session.protected_before
+    changed = shell.restore(protected, before) if before is not None else []
+    if before is None:
+        before = shell.snapshot(protected)
     session.send_command(str(cwd), text)
     session.wait_idle(timeout_ms / 1000)
     out = _output(session, finished_only=True)
-    # as after a run: put protected paths back (the sandbox pins their parents; this catches a
-    # protected path created where none was). A command still running is checked by the next one.
-    changed = shell.restore(protected, before) if not out["running"] else []
+    if out["running"]:
+        session.protected_before = before
+    else:
+        session.protected_before = None
+        changed += shell.restore(protected, before)
     if changed:
         out["status"] = "error"
         out["error"] = {
@@ -233,7 +237,7 @@ def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy,
                 "text written to the idle shell is a command and must end with a newline (or use exec)",
             )  # fmt: skip
         if line.strip():
-            result = _exec(gw, call, gw_call_id(), policy, session, line, call.timeout_ms or DEFAULT_WRITE_WAIT_MS)
+            result = _exec(gw, call, new_call_id(), policy, session, line, call.timeout_ms or DEFAULT_WRITE_WAIT_MS)
             sent.append({"as": "command", "command": line, "status": result["status"], "call_id": result["call_id"]})
             shown.append(result.get("output", ""))
             if result["status"] != "ok":  # the lines after it are not sent; what ran before shows
@@ -260,5 +264,9 @@ def _input(
     if text == INTERRUPT:
         n = session.interrupt()
         return gw.record_result(gated, {"status": "ok", "interrupted": n})
-    session.send_input(text)
+    sent = session.send_input(text)
+    if sent < len(text.encode()):
+        why = f"the program took {sent} of {len(text.encode())} bytes and is not reading more"
+        out = error(call_id, "error", "INPUT_NOT_READ", f"{why}: read its output, or kill the session")
+        return gw.record_result(gated, out)
     return gw.record_result(gated, {"status": "ok"})

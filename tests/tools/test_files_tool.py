@@ -112,3 +112,12 @@ def test_write_output_lands_in_outputs(gw: Gateway, ws: Path) -> None:
     out = files(gw, "write_output", content='{"ok": true}', format="json", name="report")
     assert out["status"] == "ok", out
     assert (ws / "outputs").is_dir() and any(p.name.endswith("-report.json") for p in (ws / "outputs").iterdir())
+
+
+def test_an_audit_log_inside_a_write_root_stops_the_files_tool_too(ws: Path, tmp_path: Path) -> None:
+    policy = compile_policy(Policy.model_validate(POLICY), tmp_path / "p.yaml", ws, sha256="t")
+    g = Gateway(policy, AuditLog(ws / "audit"))
+    out = files(g, "write", path="audit/forged.jsonl", content="{}")
+    assert out["error"]["code"] == "UNSAFE_SETUP"
+    assert not (ws / "audit" / "forged.jsonl").exists()
+    g.close()

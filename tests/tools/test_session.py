@@ -52,6 +52,7 @@ POLICY: dict[str, Any] = {
                 "ls",
                 "touch",
                 "exit",
+                "python3",
             ],
             "accept_unknown": True,
             "examples": {"match": ["echo x"]},
@@ -342,3 +343,24 @@ def test_ended_sessions_free_their_slot_and_descriptors(gw: Gateway) -> None:
         call(gw, "exec", principal="limited", session_id=sid, command="exit")
     assert len(os.listdir("/proc/self/fd")) <= before + 4
     assert call(gw, "start", prompt="a\x00b")["error"]["code"] == "INVALID_INPUT"
+
+
+def test_input_a_program_does_not_read_ends_the_call(gw: Gateway) -> None:
+    """A pipe to a program that never reads fills up: the write returns instead of hanging."""
+    sid = start(gw)
+    assert call(gw, "exec", session_id=sid, command="sleep 30", timeout_ms=100)["running"] is True
+    out = call(gw, "write", session_id=sid, input="x" * 200_000)
+    assert out["error"]["code"] == "INPUT_NOT_READ" and "kill the session" in out["error"]["message"]
+    call(gw, "kill", session_id=sid)
+
+
+def test_protected_paths_changed_by_a_command_still_running_are_put_back_later(gw: Gateway, ws: Path) -> None:
+    """No .git when the command starts: it plants a hook after its exec returned. The next exec
+    restores against the snapshot taken before that command, not against what it left."""
+    sid = start(gw)
+    plant = "import os, time; time.sleep(0.5); os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('x')"
+    assert call(gw, "exec", session_id=sid, command=f'python3 -c "{plant}"', timeout_ms=100)["running"] is True
+    time.sleep(1.5)
+    out = call(gw, "exec", session_id=sid, command="echo next")
+    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED", out
+    assert not (ws / ".git" / "hooks" / "pre-commit").exists()
