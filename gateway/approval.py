@@ -37,13 +37,17 @@ class ApprovalRequest:
     reason: str
     policy_sha256: str
     digest: str = field(default="")
+    asking: tuple[str | None, ...] = ()
+    """Every rule that asks about this call (None: a stage that asks without a rule). A client may
+    answer only when each of them opts in (`approval: client`)."""
 
     @staticmethod
     def bind(call_id: str, principal: str, tool: str, command: str, cwd: str, env: dict[str, str],
-             rule: str | None, reason: str, policy_sha256: str) -> ApprovalRequest:  # fmt: skip
+             rule: str | None, reason: str, policy_sha256: str,
+             asking: tuple[str | None, ...] = ()) -> ApprovalRequest:  # fmt: skip
         body = json.dumps([principal, tool, command, cwd, sorted(env.items()), policy_sha256], ensure_ascii=False)
         digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-        return ApprovalRequest(call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest)
+        return ApprovalRequest(call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest, asking)
 
 
 @dataclass(frozen=True)
@@ -134,6 +138,8 @@ def visible(text: str) -> str:
 class TerminalApprover:
     """Asks at a terminal: approve once (y), approve this exact call for the session (s), deny
     (n). Anything else, or no answer in time, denies."""
+
+    one_at_a_time = True  # one terminal: concurrent calls must take turns
 
     def __init__(self, supervisor: str, stdin: TextIO | None = None, stdout: TextIO | None = None) -> None:
         self.supervisor = supervisor

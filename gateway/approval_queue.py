@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.approval import Approval, ApprovalRequest
+from gateway.cancellation import cancelled
 from gateway.stages.pathjail import inside
 
 POLL_SECONDS = 0.2
@@ -67,7 +68,7 @@ class QueueApprover:
         _write_atomically(pending, {**asdict(request), "created": _now(), "expires": _now() + timeout})
         deadline = time.monotonic() + timeout
         try:
-            while time.monotonic() < deadline:
+            while time.monotonic() < deadline and not cancelled():
                 if answer_path.exists():
                     used = answer_path.with_suffix(".used")
                     os.replace(answer_path, used)  # single use: nobody reads it twice

@@ -15,7 +15,7 @@ Millis = Annotated[int, Field(gt=0, le=24 * 3600 * 1000)]
 
 
 class _Call(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     principal: str
     """Who calls: set by the gateway (the CLI's --principal, the MCP token's owner), never by the agent."""
@@ -96,7 +96,7 @@ class SessionCall(_Call):
 class ValidationSpec(BaseModel):
     """How an answer to ask_user must look."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
     pattern: str | None = None
     """A regular expression the whole answer must match."""
     min_length: int | None = Field(default=None, ge=0)

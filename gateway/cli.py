@@ -50,7 +50,10 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 DEFAULT_POLICY = Path("policies/default.yaml")
-DEFAULT_STATE_DIR = str(Path.home() / ".local" / "state" / "agent-gateway" / "approvals")
+STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agent-gateway"
+DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
+DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
+DEFAULT_PROCESS_DIR = str(STATE_HOME / "processes")
 _EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
 
 
@@ -296,12 +299,38 @@ def _follow(directory: Path, shown: list[dict[str, Any]], as_json: bool) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
-    print(
-        "gateway serve: the MCP server is not built yet (it lands with the serve issue). "
-        "Today you can try the analyser: gateway analyze -- 'ls | grep x'",
-        file=sys.stderr,
-    )
-    return EXIT_USAGE
+    from gateway.server import serve
+
+    return serve.main(args)
+
+
+def _cmd_token(args: argparse.Namespace) -> int:
+    from gateway.server import tokens
+
+    path = Path(args.tokens)
+    try:
+        if args.action == "create":
+            if not args.principal:
+                return _fatal("token create needs --principal NAME (a principal of the policy)")
+            policy = _policy(args)
+            if args.principal not in policy.grants:
+                known = ", ".join(sorted(policy.grants))
+                return _fatal(f"{args.policy}: no principal {args.principal!r} (the policy defines: {known})")
+            token, entry = tokens.create(path, args.principal, args.label or "")
+            print(f"created token {entry.id} for {entry.principal} in {path} (shown once; only its hash is kept):",
+                  file=sys.stderr)  # fmt: skip
+            print(token)
+        elif args.action == "list":
+            for e in tokens.load(path):
+                print(f"{e.id}  {e.principal:12}  {e.created}  {e.label}")
+        else:
+            if not args.token_id:
+                return _fatal("token revoke needs a TOKEN_ID (see: gateway token list)")
+            gone = tokens.revoke(path, args.token_id)
+            print(f"revoked {gone.id} ({gone.principal})")
+    except (tokens.TokenError, PolicyError) as exc:
+        return _fatal(str(exc))
+    return EXIT_OK
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -352,8 +381,31 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
     au.add_argument("--json", action="store_true", help="one JSON record per line")
     au.set_defaults(func=_cmd_audit)
-    sv = sub.add_parser("serve", help="serve the gateway to MCP clients (not built yet)")
+    sv = sub.add_parser("serve", parents=[common], help="serve the gateway to MCP clients (stdio or HTTP)")
+    how = sv.add_mutually_exclusive_group(required=True)
+    how.add_argument("--stdio", action="store_true", help="speak MCP on stdin/stdout (the client spawns the gateway)")
+    how.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp")
+    sv.add_argument("--tokens", default=DEFAULT_TOKENS, help="HTTP: the bearer tokens file (default: %(default)s)")
+    sv.add_argument("--allow-remote", action="store_true", help="HTTP: allow a non-loopback address (warns)")
+    sv.add_argument("--approver", choices=["queue", "tty", "deny"], default="queue",
+                    help="who answers ask decisions (default: %(default)s: `gateway approvals ...`)")  # fmt: skip
+    sv.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals queue (default: %(default)s)")
+    sv.add_argument("--process-dir", default=DEFAULT_PROCESS_DIR, help="background processes' records and logs")
+    sv.add_argument("--approval-timeout", type=float, default=120.0, help="seconds a supervisor has to answer")
+    sv.add_argument("--pending-after", type=float, default=5.0, help="seconds before an asked call returns pending")
+    sv.add_argument("--grace", type=float, default=10.0, help="seconds running calls get at shutdown")
+    sv.add_argument("--quickstart", action="store_true",
+                    help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip
     sv.set_defaults(func=_cmd_serve)
+    tk = sub.add_parser("token", help="bearer tokens for HTTP clients (each maps to a principal)")
+    tk.add_argument("action", choices=["create", "list", "revoke"])
+    tk.add_argument("token_id", nargs="?", help="for revoke: the token's id (see: gateway token list)")
+    tk.add_argument("--principal", help="create: the principal the token acts as")
+    tk.add_argument("--label", help="create: a note kept with the token")
+    tk.add_argument("--tokens", default=DEFAULT_TOKENS, help="the tokens file (default: %(default)s)")
+    tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
+    tk.add_argument("--workspace", help=argparse.SUPPRESS)
+    tk.set_defaults(func=_cmd_token)
     return ap
 
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gateway import sandbox
+from gateway import cancellation, sandbox
 from gateway.analysis import Analysis, Assignment, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
@@ -201,13 +201,15 @@ class Gateway:
         return current
 
     # --- entry --------------------------------------------------------------------------
-    def handle(self, call: Any) -> dict[str, Any]:
+    def handle(self, call: Any, cancel: threading.Event | None = None) -> dict[str, Any]:
+        """Decide, run and audit one call. Setting `cancel` kills what it runs (`current_cancel`)."""
         from gateway import tools
 
         call_id = new_call_id()
         try:
             handler = tools.handler(call.tool)
-            out: dict[str, Any] = handler(self, call, call_id)
+            with cancellation.handling(cancel):
+                out: dict[str, Any] = handler(self, call, call_id)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
@@ -284,7 +286,7 @@ class Gateway:
         """Audit `decision` durably, then: deny -> the denial; ask -> the approver; allow -> go.
         `subject` is what a supervisor is asked about (the command, or `files write PATH`).
         `unattended` (a keep_alive restart): nobody is asked, so an ask is a denial."""
-        unsafe = self._unsafe_setup(policy, principal)
+        unsafe = self.unsafe_setup(policy, principal)
         if unsafe:  # any family could rewrite them (a files write as well as a command)
             return error(call_id, "denied", "UNSAFE_SETUP", unsafe)
         base = {"call_id": call_id, "principal": principal, "tool": tool, "policy_sha256": policy.sha256}
@@ -307,6 +309,7 @@ class Gateway:
             request = ApprovalRequest.bind(
                 call_id, principal, tool, subject, str(cwd), dict(env), decision.rule,
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
+                tuple(r.rule for r in decision.reasons) or (None,),
             )  # fmt: skip
             if request.digest in self._session_approved:
                 answer: Approval | None = Approval(True, "session", request.digest, "session")
@@ -316,7 +319,8 @@ class Gateway:
                 answer = self.approver.decide(request, self.approval_timeout_s)
             bound = answer is not None and answer.digest == request.digest
             unchanged = self.policy.sha256 == policy.sha256  # approved under another policy: void
-            granted = answer is not None and answer.approved and bound and unchanged
+            gone = cancellation.cancelled()  # the caller went away (or the server stops) while it waited
+            granted = answer is not None and answer.approved and bound and unchanged and not gone
             if granted and answer is not None and answer.how.endswith("-session"):
                 self._session_approved.add(answer.digest)
             try:
@@ -332,10 +336,13 @@ class Gateway:
                         "how": answer.how if answer else "timeout",
                         "bound": bound,
                         "policy_unchanged": unchanged,
+                        **({"cancelled": True} if gone else {}),
                     },
                 )
             except AuditUnavailable as exc:
                 return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
+            if gone:
+                return error(call_id, "denied", "CALL_CANCELLED", "the call was cancelled while it waited for approval")
             if answer is None:
                 return error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
             if not unchanged:
@@ -384,7 +391,7 @@ class Gateway:
                 event, principal=session.principal, tool="session", data={"session_id": session.id, **data}
             )
 
-    def _unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
+    def unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy,
         the approvals queue or the gateway's state if one lies inside its write roots."""
         roots = policy.grant(principal).write_roots

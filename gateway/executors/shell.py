@@ -18,6 +18,7 @@ import selectors
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,10 +157,12 @@ def run(
     read_roots: tuple[Path, ...] = (),
     posix: bool = False,
     capture: bool = True,
+    cancel: threading.Event | None = None,
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses). `posix` runs
-    bash in POSIX mode (the `sh` shell); without `capture` the output goes to /dev/null."""
+    bash in POSIX mode (the `sh` shell); without `capture` the output goes to /dev/null. Setting
+    `cancel` (the caller went away, the server shuts down) kills the command: CALL_CANCELLED."""
     if not cwd.is_dir():
         return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
     argv = sandbox.wrap(
@@ -199,20 +202,26 @@ def run(
         if stream is not None:
             sel.register(stream, selectors.EVENT_READ, name)
     deadline = started + timeout_ms / 1000
-    timed_out = False
+    timed_out = cancelled = False
     try:
-        while sel.get_map():
+        while sel.get_map() or (cancel is not None and proc.poll() is None):
             left = deadline - time.monotonic()
             if left <= 0:
                 timed_out = True
                 break
-            for key, _ in sel.select(min(left, 0.5)):
+            if cancel is not None and cancel.is_set():
+                cancelled = True
+                break
+            if not sel.get_map() and cancel is not None:  # output closed, still running: wait, watch cancel
+                cancel.wait(min(left, 0.1))
+                continue
+            for key, _ in sel.select(min(left, 0.1 if cancel is not None else 0.5)):
                 chunk = os.read(key.fd, 65536)
                 if chunk:
                     streams[key.data].add(chunk)
                 else:
                     sel.unregister(key.fileobj)
-        if timed_out:
+        if timed_out or cancelled:
             _kill(proc)
         else:
             try:
@@ -247,7 +256,13 @@ def run(
             "message": f"the command changed protected paths, which were restored: {', '.join(changed[:5])}",
         }
         return result
-    if timed_out:
+    if cancelled:
+        result["status"] = "error"
+        result["error"] = {
+            "code": "CALL_CANCELLED",
+            "message": "killed: the call was cancelled (client gone or shutdown)",
+        }
+    elif timed_out:
         result["error"] = {"code": "COMMAND_TIMEOUT", "message": f"killed after {timeout_ms} ms"}
     elif proc.returncode == 127:
         result["error"] = {"code": "COMMAND_NOT_FOUND", "message": streams["stderr"].text().strip()[-300:]}

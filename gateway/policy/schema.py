@@ -151,6 +151,11 @@ class Rule(_Model):
     accept_unknown_paths: StrictBool = False
     """Let path arguments whose value is only known at run time pass the path jail unchecked
     (the sandbox is then the only barrier). Redirect targets are never exempt."""
+    approval: Literal["supervisor", "client"] = "supervisor"
+    """Who answers when this rule asks. `supervisor` (default): the supervisor channel (the
+    approvals queue or the gateway's terminal). `client`: the agent's own MCP client, through an
+    elicitation form; only for low-risk rules, since that client may answer by itself. Such
+    approvals are recorded as client-attested. Only on `ask` rules."""
     min_level: Level = 0
     final: StrictBool = False
     """A later policy layer may not redefine this rule (docs/policy.md, layering)."""
@@ -173,6 +178,14 @@ class Rule(_Model):
             if not p or ("/" in p and not p.startswith("/")):
                 raise ValueError(f"program {p!r} must be a name or an absolute path")
         return programs
+
+    @model_validator(mode="after")
+    def _approval_only_on_ask(self) -> Rule:
+        if self.approval != "supervisor" and self.decision is not RuleDecision.ASK:
+            raise ValueError(
+                f"approval: {self.approval!r} only applies to rules that ask (this one is {self.decision})"
+            )
+        return self
 
 
 class SecondOpinion(_Model):

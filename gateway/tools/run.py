@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import sandbox
 from gateway.calls import RunCall
+from gateway.cancellation import current_cancel
 from gateway.pipeline import Gated, limits
 from gateway.policy.schema import Tool
 
@@ -59,6 +60,7 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             limits=settings["limits"],
             **({"posix": True} if call.shell == "sh" else {}),
             **({} if call.capture_output else {"capture": False}),
+            **({"cancel": cancel} if (cancel := current_cancel()) is not None else {}),
         )
     except sandbox.SandboxUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}

@@ -1,0 +1,480 @@
+"""The MCP server: every tool of the surface as an MCP tool, in front of one `Gateway`.
+
+A tool call becomes a pydantic call model (`gateway/calls.py`) for the caller's principal and
+is handled by `Gateway.handle` on a worker thread, so the event loop stays free while commands
+run. Results are the gateway's envelope: as JSON text, as structured content, and with `isError`
+when the call was denied or failed, so a denial is a tool result an agent can read (code, rule,
+justification), never a protocol error.
+
+The principal comes from the bearer token over HTTP (`get_access_token()`), or is fixed when the
+server is built (stdio, in-memory). The agent never names it.
+
+Approvals (`approvals.py`): an `ask` goes to the supervisor channel; the call returns `pending`
+after `pending_after_s` and `await_call` fetches its result. Rules that opt in to client
+approval, and `ask_user`, use elicitation through SDK resolvers (both protocol eras), which run
+before the call's body; the policy is consulted first, so nobody is asked about a call the
+policy denies anyway.
+"""
+
+import asyncio
+import contextlib
+import json
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Annotated, Any, Literal
+
+from mcp.server import MCPServer
+from mcp.server.auth.middleware.auth_context import get_access_token
+from mcp.server.auth.provider import TokenVerifier
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, ElicitationResult, Resolve
+from mcp.types import CallToolResult, ImageContent, TextContent
+from pydantic import BaseModel, Field, ValidationError, create_model
+
+from gateway.approval import Answer, ApprovalRequest
+from gateway.audit import AuditUnavailable
+from gateway.calls import AskUserCall
+from gateway.log import log
+from gateway.pipeline import Gateway, error, evaluate, new_call_id, tool_decision
+from gateway.policy.schema import Tool
+from gateway.server.approvals import (
+    NO_CHANNEL,
+    Attestation,
+    McpApprover,
+    Ticket,
+    client_may_answer,
+    has_client_rules,
+    serving,
+)
+from gateway.server.specs import BY_NAME, SPECS, AwaitCall, Spec
+
+INSTRUCTIONS = (
+    "agent-gateway: shell and file tools behind a security policy. Every call is decided by the "
+    "policy and recorded in an audit log. A denied call returns isError with a code, the rule and "
+    "its justification: follow the justification instead of retrying. A call that needs a "
+    "supervisor returns status `pending`: call `await_call` with its call_id."
+)
+PENDING_AFTER_S = 5.0
+MAX_IN_FLIGHT = 256
+KEEP_FINISHED_S = 3600.0
+_FAILED = ("denied", "error", "timeout")
+
+
+class ClientApproval(BaseModel):
+    """The form a client answers for a rule that opted in to client approval."""
+
+    approve: bool = Field(description="Run this exact command?")
+
+
+class NotAsked(ClientApproval):
+    """A resolver's answer when nobody was asked (the policy did not need it, or no form support)."""
+
+
+class UserAnswer(BaseModel):
+    answer: str = ""
+
+
+class NoUserChannel(UserAnswer):
+    """ask_user: the client cannot show forms, or the policy denies ask_user."""
+
+
+@dataclass
+class _Flight:
+    """One call on its worker thread, as the server tracks it."""
+
+    principal: str
+    tool: str
+    ticket: Ticket
+    loop: asyncio.AbstractEventLoop
+    changed: asyncio.Event
+    started: float = field(default_factory=time.monotonic)
+    call_id: str | None = None
+    request: ApprovalRequest | None = None  # set while a supervisor is asked
+    expires: float | None = None
+    result: dict[str, Any] | None = None
+    finished: float | None = None
+
+    def poke(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
+            self.loop.call_soon_threadsafe(self.changed.set)
+
+
+class GatewayServer:
+    """An `MCPServer` whose tools are the gateway's. One per listening endpoint; several may
+    share one `Gateway` (and so the principals' sessions, processes and env)."""
+
+    def __init__(
+        self,
+        gateway: Gateway,
+        principal: str | None = None,
+        *,
+        token_verifier: TokenVerifier | None = None,
+        auth: AuthSettings | None = None,
+        pending_after_s: float = PENDING_AFTER_S,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        name: str = "agent-gateway",
+    ) -> None:
+        if principal is None and token_verifier is None:
+            raise ValueError("a server needs a fixed principal (stdio) or a token verifier (HTTP)")
+        self.gw = gateway
+        if not isinstance(gateway.approver, McpApprover):
+            gateway.approver = McpApprover(gateway.approver, lambda: gateway.policy)
+        self.principal = principal
+        self.pending_after_s = pending_after_s
+        self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._lock = threading.Lock()
+        self._flights: dict[int, _Flight] = {}
+        self._by_call: dict[str, _Flight] = {}
+        self.accepting = True
+        self.mcp: MCPServer[Any] = MCPServer(
+            name,
+            instructions=INSTRUCTIONS,
+            token_verifier=token_verifier,
+            auth=auth,
+            middleware=[self._filter_listing],
+        )
+        for spec in SPECS:
+            self._register(spec)
+
+    # --- who calls ---------------------------------------------------------------------------
+    def caller(self) -> str | None:
+        """The principal of the current request: the token's owner over HTTP, else the fixed one."""
+        token = get_access_token()
+        if token is not None:
+            return token.client_id
+        return self.principal if self.gw_has_no_tokens() else None
+
+    def gw_has_no_tokens(self) -> bool:
+        return self.mcp.settings.auth is None
+
+    def visible_tools(self, principal: str) -> set[str]:
+        """The tools `principal` may ever use: a family the policy denies is not listed."""
+        policy = self.gw.policy
+        try:
+            policy.grant(principal)
+        except Exception:
+            return set()
+        out = set()
+        for spec in SPECS:
+            if spec.family is None or policy.tool_decision(principal, spec.family).value != "deny":
+                out.add(spec.name)
+        return out
+
+    async def _filter_listing(self, ctx: Any, call_next: Any) -> Any:
+        result = await call_next(ctx)
+        if ctx.method == "tools/list" and isinstance(result, dict) and isinstance(result.get("tools"), list):
+            principal = self.caller()
+            shown = self.visible_tools(principal) if principal else set()
+            result = {**result, "tools": [t for t in result["tools"] if t.get("name") in shown]}
+        return result
+
+    # --- registration ------------------------------------------------------------------------
+    def _register(self, spec: Spec) -> None:
+        if spec.name == "await_call":
+
+            async def await_fn(ctx: Context) -> CallToolResult:
+                return await self._await_call(ctx)
+
+            fn: Any = await_fn
+        elif spec.name == "ask_user":
+
+            async def ask_fn(
+                ctx: Context, user: Annotated[ElicitationResult[UserAnswer], Resolve(self._ask_user_form)]
+            ) -> CallToolResult:
+                return await self._call(ctx, spec, user=user)
+
+            fn = ask_fn
+        elif spec.name in ("run", "session", "process"):
+
+            async def gated_fn(
+                ctx: Context, client: Annotated[ElicitationResult[ClientApproval], Resolve(self._client_approval)]
+            ) -> CallToolResult:
+                return await self._call(ctx, spec, client=client)
+
+            fn = gated_fn
+        else:
+
+            async def plain_fn(ctx: Context) -> CallToolResult:
+                return await self._call(ctx, spec)
+
+            fn = plain_fn
+        self.mcp.add_tool(
+            fn, name=spec.name, title=spec.title, description=spec.description, annotations=spec.annotations
+        )
+        registered = self.mcp._tool_manager.get_tool(spec.name)  # the schema comes from the call model
+        assert registered is not None
+        registered.parameters = spec.input_schema()
+
+    # --- resolvers: they run before the body, and consult the policy before asking anyone -----
+    async def _client_approval(self, ctx: Context) -> ClientApproval | Elicit[ClientApproval]:
+        policy = self.gw.policy
+        if not has_client_rules(policy):
+            return NotAsked(approve=False)
+        principal = self.caller()
+        args = _arguments(ctx)
+        tool = str((ctx.request_context.params or {}).get("name", ""))
+        command, family = args.get("command"), {"run": Tool.RUN, "session": Tool.SESSION}.get(tool, Tool.PROCESSES)
+        if principal is None or not isinstance(command, str) or (tool == "session" and args.get("action") != "exec"):
+            return NotAsked(approve=False)
+        if tool == "process" and args.get("action") != "start":
+            return NotAsked(approve=False)
+        cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+        env = args.get("env") if isinstance(args.get("env"), dict) else {}
+        result = await asyncio.to_thread(evaluate, policy, command, principal, cwd, env, family)
+        d = result.decision
+        if d.verdict.label != "ask" or not client_may_answer(policy, tuple(r.rule for r in d.reasons) or (None,)):
+            return NotAsked(approve=False)
+        if not _can_elicit(ctx):
+            return NotAsked(approve=False)  # the supervisor channel answers instead
+        why = "; ".join(r.message for r in d.reasons)
+        return Elicit(
+            f"The agent ({principal}) wants to run:\n\n{command}\n\nin {cwd}. Rule {d.rule}: {why}", ClientApproval
+        )
+
+    async def _ask_user_form(self, ctx: Context) -> UserAnswer | Elicit[BaseModel]:
+        principal = self.caller()
+        try:
+            call = AskUserCall.model_validate({**_arguments(ctx), "principal": principal or "-"})
+        except ValidationError:
+            return NoUserChannel()  # the body reports the invalid input
+        if principal is None or tool_decision(self.gw.policy, principal, Tool.ASK_USER).verdict.label != "allow":
+            return NoUserChannel()  # never ask about a call the policy denies: the body records the denial
+        if not _can_elicit(ctx):
+            return NoUserChannel()
+        return Elicit(call.prompt, _answer_form(call))
+
+    # --- the call ----------------------------------------------------------------------------
+    async def _call(
+        self,
+        ctx: Context,
+        spec: Spec,
+        client: ElicitationResult[ClientApproval] | None = None,
+        user: ElicitationResult[UserAnswer] | None = None,
+    ) -> CallToolResult:
+        principal = self.caller()
+        if principal is None:
+            return _result(error(new_call_id(), "denied", "UNAUTHENTICATED", "no principal for this connection"))
+        if not self.accepting:
+            return _result(error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down"))
+        raw = _arguments(ctx)
+        smuggled = sorted(k for k in ("principal", "tool") if k in raw)
+        try:
+            if smuggled:
+                raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
+            call = spec.model.model_validate({**raw, "principal": principal})
+        except (ValidationError, ValueError) as exc:
+            return _result(self._reject(principal, spec.name, exc))
+        ticket = Ticket(principal)
+        policy = self.gw.policy
+        if isinstance(client, AcceptedElicitation) and not isinstance(client.data, NotAsked):
+            approved = bool(getattr(client.data, "approve", False))
+            ticket.attestation = Attestation(approved, principal, spec.name, str(raw.get("command")), policy.sha256)
+        elif client is not None and not isinstance(client, AcceptedElicitation):  # declined or cancelled
+            ticket.attestation = Attestation(False, principal, spec.name, str(raw.get("command")), policy.sha256)
+        if user is not None:
+            ticket.user_answer = _user_answer(user, principal)
+        return _result(await self._run(principal, spec.name, call, ticket))
+
+    def _reject(self, principal: str, tool: str, exc: Exception) -> dict[str, Any]:
+        if isinstance(exc, ValidationError):
+            problems = [f"{'.'.join(str(p) for p in e['loc']) or '(call)'}: {e['msg']}" for e in exc.errors()]
+        else:
+            problems = [str(exc)]
+        envelope = error(new_call_id(), "error", "INVALID_INPUT", "; ".join(problems))
+        try:
+            self.gw.audit.append(
+                "rejected", call_id=envelope["call_id"], principal=principal, tool=tool, data=envelope["error"]
+            )
+        except AuditUnavailable as audit_exc:
+            envelope["error"]["message"] += f" (and it could not be recorded: {audit_exc})"
+        return envelope
+
+    async def _run(self, principal: str, tool: str, call: Any, ticket: Ticket) -> dict[str, Any]:
+        if not self._slots.acquire(blocking=False):
+            return error(new_call_id(), "error", "BUSY", f"more than {MAX_IN_FLIGHT} calls in flight; retry shortly")
+        flight = _Flight(principal, tool, ticket, asyncio.get_running_loop(), asyncio.Event())
+
+        def on_pending(request: ApprovalRequest, timeout: float) -> None:
+            with self._lock:
+                flight.call_id, flight.request, flight.expires = request.call_id, request, time.time() + timeout
+                self._by_call[request.call_id] = flight
+            flight.poke()
+
+        ticket.on_pending = on_pending
+
+        def work() -> None:
+            try:
+                with serving(ticket):
+                    flight.result = self.gw.handle(call, cancel=ticket.cancel)
+            except BaseException as exc:  # handle() already fails closed; this is the last net
+                flight.result = error(new_call_id(), "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
+            finally:
+                flight.finished = time.monotonic()
+                with self._lock:
+                    self._flights.pop(id(flight), None)
+                self._slots.release()
+                flight.poke()
+
+        with self._lock:
+            self._flights[id(flight)] = flight
+        threading.Thread(target=work, name=f"call-{tool}", daemon=True).start()
+        try:
+            return await self._wait(flight, self.pending_after_s)
+        except BaseException:  # the client went away (cancelled): kill what the call runs
+            if flight.request is None:
+                ticket.cancel.set()
+            raise
+
+    async def _wait(self, flight: _Flight, pending_after: float) -> dict[str, Any]:
+        """The call's result, or `pending` once a supervisor has been asked for `pending_after` s."""
+        deadline: float | None = None
+        while flight.result is None:
+            flight.changed.clear()
+            if flight.result is not None:
+                break
+            if flight.request is not None and deadline is None:
+                deadline = time.monotonic() + pending_after
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                await asyncio.wait_for(flight.changed.wait(), timeout)
+            except TimeoutError:
+                if flight.result is None:
+                    return self._pending(flight)
+        return flight.result
+
+    def _pending(self, flight: _Flight) -> dict[str, Any]:
+        request = flight.request
+        assert request is not None and flight.call_id is not None
+        left = int(max(0.0, (flight.expires or 0) - time.time()))
+        return {
+            "status": "pending",
+            "call_id": flight.call_id,
+            "approval": {
+                "waiting_for": "supervisor",
+                "rule": request.rule,
+                "reason": request.reason,
+                "expires_in_s": left,
+            },
+            "next": f'call await_call with {{"call_id": "{flight.call_id}"}} to wait for the answer and the result; '
+            f"unanswered in {left} s means denied",
+        }
+
+    async def _await_call(self, ctx: Context) -> CallToolResult:
+        principal = self.caller()
+        if principal is None:
+            return _result(error(new_call_id(), "denied", "UNAUTHENTICATED", "no principal for this connection"))
+        try:
+            args = AwaitCall.model_validate(_arguments(ctx))
+        except ValidationError as exc:
+            return _result(self._reject(principal, "await_call", exc))
+        self._forget_old()
+        with self._lock:
+            flight = self._by_call.get(args.call_id)
+        if flight is None or flight.principal != principal:  # another principal's call is nobody's business
+            return _result(error(args.call_id, "error", "UNKNOWN_CALL", f"no pending call {args.call_id} of yours"))
+        if flight.loop is not asyncio.get_running_loop():
+            flight.loop, flight.changed = asyncio.get_running_loop(), asyncio.Event()  # a later connection waits
+        out = await self._wait(flight, args.wait_ms / 1000)
+        if out.get("status") != "pending":
+            with self._lock:
+                self._by_call.pop(args.call_id, None)
+        return _result(out)
+
+    def _forget_old(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            for cid, f in list(self._by_call.items()):
+                if f.finished is not None and now - f.finished > KEEP_FINISHED_S:
+                    del self._by_call[cid]
+
+    # --- life ----------------------------------------------------------------------------------
+    def in_flight(self) -> int:
+        with self._lock:
+            return len(self._flights)
+
+    def shutdown(self, grace_s: float) -> dict[str, int]:
+        """Stop taking calls; give running ones `grace_s`, then cancel (kill) what is left."""
+        self.accepting = False
+        deadline = time.monotonic() + grace_s
+        while self.in_flight() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with self._lock:
+            left = list(self._flights.values())
+        for f in left:
+            f.ticket.cancel.set()
+        end = time.monotonic() + 10.0
+        while self.in_flight() and time.monotonic() < end:
+            time.sleep(0.05)
+        return {"cancelled": len(left), "unfinished": self.in_flight()}
+
+
+def _arguments(ctx: Context) -> dict[str, Any]:
+    params = ctx.request_context.params
+    args = params.get("arguments") if isinstance(params, dict) else None
+    return dict(args) if isinstance(args, dict) else {}
+
+
+def _can_elicit(ctx: Context) -> bool:
+    caps = ctx.client_capabilities
+    elicitation = caps.elicitation if caps is not None else None
+    return elicitation is not None and (elicitation.form is not None or elicitation.url is None)
+
+
+def _answer_form(call: AskUserCall) -> type[BaseModel]:
+    """The elicitation form for an ask_user question, from its validation rules. The gateway
+    checks the answer again (pattern included) whatever the client did with the form."""
+    v = call.validation
+    described: dict[str, Any] = {"description": call.prompt[:500]}
+    if v is not None and v.allowed_values:
+        choice = Literal[tuple(v.allowed_values)]  # type: ignore[valid-type]
+        return create_model("Answer", answer=(choice, Field(**described)))  # type: ignore[arg-type]
+    if v is not None:
+        described |= {
+            k: val for k, val in (("min_length", v.min_length), ("max_length", v.max_length)) if val is not None
+        }
+    if call.default is not None and not call.password:
+        return create_model("Answer", answer=(str, Field(default=call.default, **described)))
+    return create_model("Answer", answer=(str, Field(**described)))
+
+
+def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
+    if isinstance(user, AcceptedElicitation):
+        if isinstance(user.data, NoUserChannel):
+            return NO_CHANNEL
+        return Answer(str(getattr(user.data, "answer", "")), f"client of {principal}", "elicitation")
+    return Answer(None, f"client of {principal}", "elicitation")  # declined or cancelled
+
+
+def _result(envelope: dict[str, Any]) -> CallToolResult:
+    """The MCP result of an envelope: a summary line an agent can act on, then the envelope as
+    JSON; images as image content; `isError` when the call was denied or failed."""
+    content: list[TextContent | ImageContent] = []
+    image = envelope.get("image")
+    if isinstance(image, dict) and isinstance(image.get("data"), str):
+        envelope = {**envelope, "image": {"mime_type": image.get("mime_type"), "bytes": len(image["data"]) * 3 // 4}}
+        content.append(ImageContent(type="image", data=image["data"], mime_type=str(image.get("mime_type"))))
+    text = _summary(envelope) + "\n" + json.dumps(envelope, ensure_ascii=False, default=str)
+    content.insert(0, TextContent(type="text", text=text))
+    failed = envelope.get("status") in _FAILED
+    if failed:
+        log.info("mcp_call_failed", call_id=envelope.get("call_id"), code=(envelope.get("error") or {}).get("code"))
+    return CallToolResult(content=list(content), structured_content=envelope, is_error=failed)
+
+
+def _summary(envelope: dict[str, Any]) -> str:
+    status = envelope.get("status", "?")
+    err = envelope.get("error") or {}
+    if status == "pending":
+        return f"PENDING: a supervisor must approve this call ({envelope.get('call_id')}). {envelope.get('next', '')}"
+    if status in _FAILED:
+        rule = f" by rule {envelope['rule']}" if envelope.get("rule") else ""
+        return f"{status.upper()} ({err.get('code', '?')}){rule}: {err.get('message', '')}"
+    return f"{status.upper()}"
+
+
+def tool_names() -> list[str]:
+    return [s.name for s in SPECS]
+
+
+__all__ = ["BY_NAME", "GatewayServer", "tool_names"]

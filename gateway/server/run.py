@@ -1,0 +1,208 @@
+"""Running the MCP server: over stdio (the client spawns the gateway) or streamable HTTP.
+
+Both write a `server_started` record, and on shutdown (end of input, SIGINT, SIGTERM) stop
+taking calls, give running calls `grace_s`, cancel what is left (killing its commands), write a
+`server_stopped` record and close the gateway: sessions die, durable processes stay for the
+next start to adopt.
+
+HTTP: every request needs a bearer token from the tokens file; a missing or unknown token is
+answered 401 before any tool runs, and recorded (`auth_refused`). The server binds to loopback
+unless `allow_remote` is given; then it warns, and Host/Origin checking still applies.
+"""
+
+import asyncio
+import contextlib
+import ipaddress
+import signal
+import sys
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+import uvicorn
+from mcp.server.auth.provider import AccessToken, TokenVerifier
+from mcp.server.auth.settings import AuthSettings
+from mcp.server.transport_security import TransportSecuritySettings
+from pydantic import AnyHttpUrl
+
+from gateway.audit import AuditLog, AuditUnavailable
+from gateway.log import log
+from gateway.pipeline import Gateway
+from gateway.server.app import GatewayServer
+from gateway.server.tokens import TokenStore
+
+SCOPE = "gateway"
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class PolicyTokens(TokenVerifier):
+    """Bearer tokens from the tokens file, for principals the current policy still defines."""
+
+    def __init__(self, store: TokenStore, gateway: Gateway) -> None:
+        self.store = store
+        self.gateway = gateway
+
+    async def verify_token(self, token: str) -> AccessToken | None:
+        entry = self.store.lookup(token)
+        if entry is None or entry.principal not in self.gateway.policy.grants:
+            return None
+        return AccessToken(token=token, client_id=entry.principal, scopes=[SCOPE], subject=entry.id)
+
+
+def _record(audit: AuditLog, event: str, **fields: Any) -> bool:
+    try:
+        audit.append(event, **fields)
+        return True
+    except AuditUnavailable as exc:
+        log.error("audit_unavailable", event=event, error=str(exc))
+        return False
+
+
+def finish(server: GatewayServer, grace_s: float, how: str) -> None:
+    """Shutdown's last steps: cancel what is left, record it, close the gateway."""
+    outcome = server.shutdown(grace_s)
+    _record(server.gw.audit, "server_stopped", data={"how": how, **outcome})
+    server.gw.close()
+
+
+# --- stdio ---------------------------------------------------------------------------------------
+def serve_stdio(server: GatewayServer, grace_s: float = 10.0) -> int:
+    if not _record(server.gw.audit, "server_started", principal=server.principal, data={"transport": "stdio"}):
+        return 2
+    how = asyncio.run(_stdio(server))
+    finish(server, grace_s, how)
+    return 0
+
+
+async def _stdio(server: GatewayServer) -> str:
+    loop = asyncio.get_running_loop()
+    task = asyncio.create_task(server.mcp.run_stdio_async())
+    why = ["end of input"]
+
+    def stop(name: str) -> None:
+        why[0] = name
+        server.accepting = False
+        task.cancel()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop, sig.name)
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    return why[0]
+
+
+# --- HTTP ----------------------------------------------------------------------------------------
+def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Awaitable[None]]:
+    """The streamable HTTP app (`/mcp`), wrapped so refused requests are audited."""
+    names = [host] if host != "localhost" else ["localhost", "127.0.0.1"]
+    hosts = [f"{h}:{port}" if ":" not in h else f"[{h}]:{port}" for h in names]
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=True,
+        allowed_hosts=hosts,
+        allowed_origins=[f"http://{h}" for h in hosts],
+    )
+    inner = server.mcp.streamable_http_app(transport_security=security, host=host)
+    audit = server.gw.audit
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await inner(scope, receive, send)
+            return
+
+        async def watch(message: MutableMapping[str, Any]) -> None:
+            if message.get("type") == "http.response.start" and message.get("status") in (401, 403):
+                headers = dict(scope.get("headers") or [])
+                auth = headers.get(b"authorization", b"")
+                _record(
+                    audit,
+                    "auth_refused",
+                    data={
+                        "status": message["status"],
+                        "path": scope.get("path"),
+                        "peer": ":".join(str(x) for x in scope.get("client") or ("?", "?")),
+                        "token": "unknown" if auth.lower().startswith(b"bearer ") else "missing",
+                    },
+                )
+            await send(message)
+
+        await inner(scope, receive, watch)
+
+    return app
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn, telling the gateway to stop taking calls as soon as a signal arrives."""
+
+    gateway_server: GatewayServer | None = None
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        if self.gateway_server is not None:
+            self.gateway_server.accepting = False
+        super().handle_exit(sig, frame)
+
+
+def auth_settings(host: str, port: int) -> AuthSettings:
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    return AuthSettings(
+        issuer_url=AnyHttpUrl(base),
+        resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+        required_scopes=[SCOPE],
+    )
+
+
+def serve_http(
+    gateway: Gateway,
+    store: TokenStore,
+    host: str,
+    port: int,
+    *,
+    grace_s: float = 10.0,
+    allow_remote: bool = False,
+    ready: Callable[[str], None] | None = None,
+) -> int:
+    if not is_loopback(host):
+        if not allow_remote:
+            print(
+                f"gateway serve: refusing to bind {host}: only loopback by default. Anyone who can reach it "
+                "and holds a token runs commands here; pass --allow-remote to bind it anyway.",
+                file=sys.stderr,
+            )
+            return 2
+        print(
+            f"gateway serve: WARNING: listening on {host}, reachable from other machines. Tokens travel in "
+            "clear text over plain HTTP: put TLS in front of it.",
+            file=sys.stderr,
+        )
+    server = GatewayServer(gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port))
+    if not _record(gateway.audit, "server_started", data={"transport": "http", "host": host, "port": port}):
+        return 2
+    config = uvicorn.Config(
+        http_app(server, host, port),
+        host=host,
+        port=port,
+        log_level="warning",
+        timeout_graceful_shutdown=int(max(1, grace_s)),
+        lifespan="on",
+    )
+    runner = _Uvicorn(config)
+    runner.gateway_server = server
+    if ready is not None:
+        original = runner.startup
+
+        async def startup(sockets: Any = None) -> None:
+            await original(sockets)
+            ready(f"http://{'[' + host + ']' if ':' in host else host}:{port}/mcp")
+
+        runner.startup = startup  # type: ignore[method-assign]
+    runner.run()
+    finish(server, grace_s, "signal")
+    return 0 if runner.started else 2

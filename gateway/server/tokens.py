@@ -1,0 +1,152 @@
+"""Bearer tokens for HTTP clients: each maps to one principal of the policy.
+
+The tokens file holds only SHA-256 digests (a token is 256 random bits, so a plain digest cannot
+be reversed or guessed), is written atomically with mode 0600, and is re-read when it changes,
+so `gateway token create` and `gateway token revoke` apply to a running server. A token is
+shown once, when it is created.
+
+    {"version": 1, "tokens": [{"id": "t-1a2b3c4d", "principal": "agent", "sha256": "...",
+                               "created": "2026-11-22T10:00:00+00:00", "label": "quickstart"}]}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import tempfile
+import threading
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+PREFIX = "agw_"
+
+
+class TokenError(Exception):
+    """The tokens file cannot be read or written; the message names the file and the field."""
+
+
+@dataclass(frozen=True)
+class TokenEntry:
+    id: str
+    principal: str
+    sha256: str
+    created: str
+    label: str
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def load(path: Path) -> list[TokenEntry]:
+    """The entries of a tokens file (none if it does not exist). Raises TokenError on a bad file."""
+    try:
+        raw = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise TokenError(f"{path}: {exc.strerror}") from None
+    try:
+        data = json.loads(raw)
+        if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("tokens"), list):
+            raise ValueError('expected {"version": 1, "tokens": [...]}')
+        out = []
+        for n, item in enumerate(data["tokens"]):
+            try:
+                out.append(
+                    TokenEntry(
+                        str(item["id"]),
+                        str(item["principal"]),
+                        str(item["sha256"]),
+                        str(item.get("created", "")),
+                        str(item.get("label", "")),
+                    )
+                )
+            except (KeyError, TypeError) as exc:
+                raise ValueError(f"tokens[{n}]: missing field {exc}") from None
+        return out
+    except ValueError as exc:
+        raise TokenError(f"{path}: {exc}") from None
+
+
+def _save(path: Path, entries: list[TokenEntry]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    body: dict[str, Any] = {"version": 1, "tokens": [e.__dict__ for e in entries]}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokens.")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            os.fchmod(f.fileno(), 0o600)
+            json.dump(body, f, indent=2)
+            f.write("\n")
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def create(path: Path, principal: str, label: str = "", replace_label: bool = False) -> tuple[str, TokenEntry]:
+    """Make a token for `principal`; returns (the token, its entry). `replace_label` first revokes
+    the principal's tokens with the same label (`make serve` issues a fresh one each start)."""
+    entries = load(path)
+    if replace_label:
+        entries = [e for e in entries if not (e.principal == principal and e.label == label)]
+    token = PREFIX + secrets.token_urlsafe(32)
+    entry = TokenEntry(
+        "t-" + secrets.token_hex(4), principal, digest(token), datetime.now(UTC).isoformat(timespec="seconds"), label
+    )
+    _save(path, [*entries, entry])
+    return token, entry
+
+
+def revoke(path: Path, token_id: str) -> TokenEntry:
+    entries = load(path)
+    gone = [e for e in entries if e.id == token_id]
+    if not gone:
+        raise TokenError(f"{path}: no token {token_id!r} (see: gateway token list)")
+    _save(path, [e for e in entries if e.id != token_id])
+    return gone[0]
+
+
+class TokenStore:
+    """Looks tokens up, re-reading the file when it changes. A file that turns bad keeps no
+    token valid (fail closed) until it is fixed."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._stamp: tuple[int, int, int] | None = None
+        self._entries: list[TokenEntry] = []
+        self.error: str | None = None
+        self._refresh()
+
+    def _refresh(self) -> None:
+        try:
+            st = self.path.stat()
+            stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        except FileNotFoundError:
+            stamp = (0, 0, 0)
+        if stamp == self._stamp:
+            return
+        try:
+            self._entries, self.error = load(self.path), None
+        except TokenError as exc:
+            self._entries, self.error = [], str(exc)
+        self._stamp = stamp
+
+    def lookup(self, token: str) -> TokenEntry | None:
+        wanted = digest(token)
+        with self._lock:
+            self._refresh()
+            entries = list(self._entries)
+        found = None
+        for e in entries:  # compare every entry, in constant time each
+            if hmac.compare_digest(e.sha256, wanted):
+                found = e
+        return found
