@@ -133,6 +133,7 @@ class GatewayServer:
             token_verifier=token_verifier,
             auth=auth,
             middleware=[self._filter_listing],
+            log_level="WARNING",  # the SDK configures logging; INFO would print every casbin enforce
         )
         for spec in SPECS:
             self._register(spec)

@@ -128,7 +128,7 @@ def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Await
                         "status": message["status"],
                         "path": scope.get("path"),
                         "peer": ":".join(str(x) for x in scope.get("client") or ("?", "?")),
-                        "token": "unknown" if auth.lower().startswith(b"bearer ") else "missing",
+                        "credential": "unknown" if auth.lower().startswith(b"bearer ") else "missing",
                     },
                 )
             await send(message)
@@ -156,6 +156,7 @@ def auth_settings(host: str, port: int) -> AuthSettings:
         issuer_url=AnyHttpUrl(base),
         resource_server_url=AnyHttpUrl(f"{base}/mcp"),
         required_scopes=[SCOPE],
+        validate_token_resource=False,  # our own opaque tokens: no audience to check
     )
 
 
@@ -203,6 +204,11 @@ def serve_http(
             ready(f"http://{'[' + host + ']' if ':' in host else host}:{port}/mcp")
 
         runner.startup = startup  # type: ignore[method-assign]
+    # uvicorn handles SIGINT/SIGTERM while it serves, then raises the signal again: with these
+    # handlers in place that second delivery is a no-op, so the shutdown below always runs
+    got: list[str] = []
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda signum, _frame: got.append(signal.Signals(signum).name))
     runner.run()
-    finish(server, grace_s, "signal")
+    finish(server, grace_s, got[0] if got else "stopped")
     return 0 if runner.started else 2
