@@ -53,7 +53,7 @@ DEFAULT_POLICY = Path("policies/default.yaml")
 STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agent-gateway"
 DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
 DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
-DEFAULT_PROCESS_DIR = str(STATE_HOME / "processes")
+DEFAULT_PROCESS_DIR = str(STATE_HOME)
 _EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
 
 
@@ -390,7 +390,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--approver", choices=["queue", "tty", "deny"], default="queue",
                     help="who answers ask decisions (default: %(default)s: `gateway approvals ...`)")  # fmt: skip
     sv.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals queue (default: %(default)s)")
-    sv.add_argument("--process-dir", default=DEFAULT_PROCESS_DIR, help="background processes' records and logs")
+    sv.add_argument(
+        "--process-dir",
+        default=DEFAULT_PROCESS_DIR,
+        help="the gateway's state: background processes' records and logs go in DIR/processes (default: %(default)s)",
+    )
     sv.add_argument("--approval-timeout", type=float, default=120.0, help="seconds a supervisor has to answer")
     sv.add_argument("--pending-after", type=float, default=5.0, help="seconds before an asked call returns pending")
     sv.add_argument("--grace", type=float, default=10.0, help="seconds running calls get at shutdown")

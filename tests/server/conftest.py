@@ -1,0 +1,186 @@
+"""Shared pieces of the MCP server tests: a policy with three principals and every kind of rule
+the server treats differently, gateways built on it, and running the real `gateway` command."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gateway.approval import Approver, DenyAll
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import ProcessCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+
+GATEWAY = str(Path(sys.executable).parent / "gateway")
+
+POLICY: dict[str, Any] = {
+    "version": 1,
+    "workspace": "../ws",
+    "principals": {"agent": {"roles": ["dev"]}, "other": {"roles": ["dev"]}, "reader": {"roles": ["ro"]}},
+    "roles": {
+        "dev": {"level": 2, "read_roots": ["."], "write_roots": ["."], "limits": {"timeout_ms": 60000}},
+        "ro": {"level": 1, "read_roots": ["."]},
+    },
+    "tools": {
+        "run": {"allow_from": 1},
+        "session": {"allow_from": 2},
+        "files": {"allow_from": 1},
+        "processes": {"allow_from": 2},
+        "env": {"allow_from": 2},
+        "ask_user": {"allow_from": 2},
+    },
+    "environment": {"allow": ["APP_*"]},
+    "second_opinion": {"unconfirmed": "allow"},
+    "rules": [
+        {
+            "id": "basics",
+            "decision": "allow",
+            "justification": "harmless programs",
+            "programs": ["echo", "printf", "cat", "sleep", "true", "false", "pwd"],
+            "accept_unknown": True,
+            "examples": {"match": ["echo x"]},
+        },
+        {
+            "id": "touch-by-client",
+            "decision": "ask",
+            "approval": "client",
+            "justification": "creating files is low risk: the agent's user may approve it",
+            "programs": ["touch"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["touch x"]},
+        },
+        {
+            "id": "rm-by-supervisor",
+            "decision": "ask",
+            "justification": "deleting needs a supervisor",
+            "programs": ["rm"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["rm x"]},
+        },
+        {
+            "id": "no-curl",
+            "decision": "deny",
+            "justification": "no network: use the files tool to read docs in the workspace",
+            "programs": ["curl"],
+            "examples": {"match": ["curl x"]},
+        },
+    ],
+}
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    w.mkdir()
+    return w
+
+
+@pytest.fixture
+def policy(ws: Path) -> CompiledPolicy:
+    return compile_policy(Policy.model_validate(POLICY), ws.parent / "policies" / "p.yaml", ws, sha256="test")
+
+
+@pytest.fixture
+def policy_file(tmp_path: Path, ws: Path) -> Path:
+    d = tmp_path / "policies"
+    d.mkdir(exist_ok=True)
+    f = d / "p.yaml"
+    f.write_text(yaml.safe_dump(POLICY, sort_keys=False))
+    return f
+
+
+def make_gateway(policy: CompiledPolicy, tmp_path: Path, approver: Approver | None = None) -> Gateway:
+    return Gateway(policy, AuditLog(tmp_path / "audit"), approver or DenyAll(), state_dir=tmp_path / "state")
+
+
+def close_gateway(gw: Gateway, tmp_path: Path) -> None:
+    for who in ("agent", "other"):
+        gw.handle(ProcessCall(principal=who, action="stop_all"))
+    gw.close()
+    assert verify(tmp_path / "audit").ok
+
+
+def audit_records(audit_dir: Path) -> list[dict[str, Any]]:
+    return [r for _, _, r, _ in records(audit_dir) if r]
+
+
+@pytest.fixture(params=["auto", "legacy"])
+def era(request: pytest.FixtureRequest) -> str:
+    """Both protocol eras: 2026-07-28 (what clients pick by default) and the initialize handshake."""
+    mode: str = request.param
+    return mode
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def gateway_cmd(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([GATEWAY, *args], capture_output=True, text=True, timeout=60, check=check, env=env)
+
+
+class HttpGateway:
+    """A real `gateway serve --http` on a loopback port, stopped (SIGTERM) by the fixture."""
+
+    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, extra: tuple[str, ...] = ()) -> None:
+        self.tmp = tmp_path
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
+        self.tokens = tmp_path / "tokens" / "tokens.json"
+        self.audit = tmp_path / "audit"
+        self.queue = tmp_path / "approvals"
+        self.policy_file = policy_file
+        self.stderr = tmp_path / "serve.err"
+        argv = [GATEWAY, "serve", "--http", f"127.0.0.1:{self.port}", "--tokens", str(self.tokens)]
+        argv += ["--policy", str(policy_file), "--workspace", str(ws), "--audit-dir", str(self.audit)]
+        argv += ["--state-dir", str(self.queue), "--process-dir", str(tmp_path / "processes"), *extra]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.stderr.open("w"))
+        deadline = time.monotonic() + 60
+        while "listening on" not in self.stderr.read_text():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gateway serve did not start: {self.stderr.read_text()}")
+            time.sleep(0.1)
+
+    def token(self, principal: str) -> str:
+        out = gateway_cmd("token", "create", "--principal", principal, "--tokens", str(self.tokens),
+                          "--policy", str(self.policy_file))  # fmt: skip
+        return out.stdout.strip().splitlines()[-1]
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return self.proc.wait()
+
+
+@pytest.fixture
+def http_gateway(tmp_path: Path, policy_file: Path, ws: Path) -> Iterator[HttpGateway]:
+    server = HttpGateway(tmp_path, policy_file, ws)
+    try:
+        yield server
+    finally:
+        server.stop()
+        assert verify(server.audit).ok
+
+
+def env_without_state(tmp_path: Path) -> dict[str, str]:
+    """The environment for CLI runs: state under tmp_path, never the user's."""
+    return {**os.environ, "XDG_STATE_HOME": str(tmp_path / "xdg-state")}
