@@ -11,8 +11,8 @@ unless `allow_remote` is given; then it warns, and Host/Origin checking still ap
 """
 
 import asyncio
-import contextlib
 import ipaddress
+import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -77,25 +77,38 @@ def finish(server: GatewayServer, grace_s: float, how: str) -> None:
 def serve_stdio(server: GatewayServer, grace_s: float = 10.0) -> int:
     if not _record(server.gw.audit, "server_started", principal=server.principal, data={"transport": "stdio"}):
         return 2
-    how = asyncio.run(_stdio(server))
+    loop = asyncio.new_event_loop()
+    how = loop.run_until_complete(_stdio(server))
     finish(server, grace_s, how)
+    if how != "end of input":
+        # a signal: the SDK's reader thread may sit in a blocking read of stdin, which nothing
+        # can interrupt, and interpreter exit would wait for it. Everything is recorded: leave.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
+    loop.close()
     return 0
 
 
 async def _stdio(server: GatewayServer) -> str:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.mcp.run_stdio_async())
+    stopped = asyncio.Event()
     why = ["end of input"]
 
     def stop(name: str) -> None:
         why[0] = name
         server.accepting = False
-        task.cancel()
+        stopped.set()
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop, sig.name)
-    with contextlib.suppress(asyncio.CancelledError):
-        await task
+    signalled = asyncio.create_task(stopped.wait())
+    await asyncio.wait([task, signalled], return_when=asyncio.FIRST_COMPLETED)
+    if not task.done():
+        # cancelling cannot interrupt the SDK's blocking read of stdin, so do not wait for it
+        task.cancel()
+    signalled.cancel()
     return why[0]
 
 
@@ -128,7 +141,7 @@ def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Await
                         "status": message["status"],
                         "path": scope.get("path"),
                         "peer": ":".join(str(x) for x in scope.get("client") or ("?", "?")),
-                        "credential": "unknown" if auth.lower().startswith(b"bearer ") else "missing",
+                        "presented": "unknown bearer" if auth.lower().startswith(b"bearer ") else "none",
                     },
                 )
             await send(message)
