@@ -23,12 +23,18 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest -q
 
+HOST ?= 127.0.0.1
+PORT ?= 8765
+
+# The gateway on localhost with the shipped policy: creates workspace/ and audit/, issues a
+# fresh token and prints the URL, the token and client configuration to copy.
 serve: $(STAMP)
-	$(BIN)/gateway serve
+	$(BIN)/gateway serve --http $(HOST):$(PORT) --quickstart --policy policies/default.yaml --audit-dir audit
 
 bench: $(STAMP)
 	$(BIN)/python bench/analysis.py
 	$(BIN)/python bench/sessions.py
+	$(BIN)/python bench/serve.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

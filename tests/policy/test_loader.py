@@ -58,6 +58,14 @@ ERRORS = [
         "version: 1\nrules:\n" + RULE.format(id="a", decision="allow", program="ls") * 2,
         ["'a' is used by an earlier rule"],
     ),
+    (
+        "version: 1\nrules:\n" + RULE.format(id="a", decision="allow", program="ls") + "    approval: client\n",
+        ["rules[0]", "approval: 'client' only applies to rules that ask"],
+    ),
+    (
+        "version: 1\nrules:\n" + RULE.format(id="a", decision="ask", program="ls") + "    approval: agent\n",
+        ["rules[0].approval", "got 'agent'"],
+    ),
     ("version: 1\nrules: [\n", ["p.yaml:"]),
     ("", ["empty"]),
 ]
