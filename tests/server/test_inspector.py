@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import socket
@@ -33,6 +34,7 @@ GATEWAY = Path(sys.executable).parent / "gateway"
 REPO = Path(__file__).resolve().parents[2]
 INSPECTOR_TIMEOUT = 120  # seconds for one Inspector run: connect, one request, exit
 TOOL_ERROR_EXIT = 5  # the Inspector CLI's exit code for a tool result with isError: true
+AUTH_REQUIRED_EXIT = 3  # ... and for an HTTP 401 it may not answer with an interactive login
 ERAS = ["legacy", "modern"]
 
 
@@ -86,7 +88,7 @@ def inspector() -> list[str]:
             pytest.skip(f"`npm install {INSPECTOR_PACKAGE}@{INSPECTOR_VERSION}` took over 600 s; {how}")
         if proc.returncode != 0 or _entry_point(staging) is None:
             shutil.rmtree(staging, ignore_errors=True)
-            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[-5:])
+            tail = "\n".join((proc.stderr or proc.stdout).strip().splitlines()[:4])
             what = f"{INSPECTOR_PACKAGE}@{INSPECTOR_VERSION}"
             pytest.skip(f"could not install {what} (npm exit {proc.returncode}); {how}:\n{tail}")
         try:
@@ -149,7 +151,7 @@ def inspect(inspector: list[str], gw: Gateway, era: str, target: list[str], *req
     return (
         proc.returncode,
         out,
-        f"$ {' '.join(cmd)}\nexit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}",
+        f"$ {shlex.join(cmd)}\nexit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}",
     )
 
 
@@ -251,7 +253,7 @@ def test_inspector_over_streamable_http(inspector: list[str], gw: Gateway, http_
 
     wrong = [*target, "--header", "Authorization: Bearer not-a-token"]
     code, out, log = inspect(inspector, gw, era, wrong, "--method", "tools/list")
-    assert code != 0 and not (out or {}).get("result"), log  # refused, and no tool list leaked
+    assert code == AUTH_REQUIRED_EXIT and not (out or {}).get("result"), log  # a 401, and no tool list leaked
 
     assert http_server.proc.poll() is None, f"gateway serve --http died:\n{http_server.log.read_text()}"
     http_server.stop()  # the audit chain is checked as the server leaves it
