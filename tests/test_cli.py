@@ -39,10 +39,10 @@ def test_analyze_reads_stdin() -> None:
     assert [c["argv"] for c in json.loads(proc.stdout)["commands"]] == [["cat"]]
 
 
-def test_serve_says_it_is_not_built_yet() -> None:
+def test_serve_needs_a_transport() -> None:
     proc = gateway("serve")
     assert proc.returncode == 2
-    assert "not built yet" in proc.stderr
+    assert "one of the arguments --stdio --http is required" in proc.stderr
 
 
 def test_check_json_has_the_contract_fields_and_exit_codes() -> None:
