@@ -154,7 +154,7 @@ class TerminalApprover:
             f"\n=== approval needed (call {request.call_id}, {request.principal}) ===\n"
             f"  command: {visible(request.command)}\n  cwd:     {visible(request.cwd)}\n"
             f"  env:     {visible(json.dumps(request.env))}\n  rule:    {request.rule}\n"
-            f"  why:     {request.reason}\n"
+            f"  why:     {visible(request.reason)}\n"
             f"Approve? y = once, s = this exact call for the rest of the session, N = deny "
             f"(denied in {int(timeout)} s) "
         )

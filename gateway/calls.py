@@ -103,6 +103,14 @@ class ValidationSpec(BaseModel):
     max_length: int | None = Field(default=None, ge=1)
     allowed_values: list[str] | None = None
 
+    @model_validator(mode="after")
+    def _bounds(self) -> ValidationSpec:
+        if self.min_length is not None and self.max_length is not None and self.min_length > self.max_length:
+            raise ValueError(f"min_length {self.min_length} is greater than max_length {self.max_length}")
+        if self.allowed_values is not None and not self.allowed_values:
+            raise ValueError("allowed_values: give at least one value")
+        return self
+
 
 class AskUserCall(_Call):
     """Ask the human a question (the `ask_user` tool)."""

@@ -224,7 +224,7 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
         print(
             f"call:      {r['call_id']} ({r['principal']}, tool {r['tool']})\ncommand:   {visible(r['command'])}\n"
             f"cwd:       {visible(r['cwd'])}\nenv:       {visible(json.dumps(r['env']))}\nrule:      {r.get('rule')}\n"
-            f"why:       {r['reason']}\ndigest:    {r['digest']}"
+            f"why:       {visible(r['reason'])}\ndigest:    {r['digest']}"
         )
         return EXIT_OK
     try:

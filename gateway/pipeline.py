@@ -393,7 +393,8 @@ class Gateway:
 
     def unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy,
-        the approvals queue or the gateway's state if one lies inside its write roots."""
+        the approvals queue or the gateway's state if one lies inside its write roots, or read
+        the audit log or the gateway's state (every principal's) inside its read roots."""
         roots = policy.grant(principal).write_roots
         sensitive = [("the audit log", self.audit.directory)]
         sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
@@ -403,6 +404,14 @@ class Gateway:
             for root in roots:
                 if real == root or root in real.parents:
                     return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
+        # reading them is a leak too: other principals' commands, process logs, pending requests
+        private = [(what, path) for what, path in sensitive if what != "the policy"]
+        for what, path in private:
+            real = Path(os.path.realpath(path))
+            for root in policy.grant(principal).read_roots:
+                if real == root or root in real.parents:
+                    why = "the agent could read every principal's records"
+                    return f"{what} ({real}) lies inside the read root {root}: {why}"
         return ""
 
 

@@ -64,6 +64,7 @@ from typing import IO, Any, NoReturn
 
 from gateway.calls import FilesCall
 from gateway.policy.compile import Grant
+from gateway.regex import safe_regex
 from gateway.stages.pathjail import PathRefused, check_path, inside
 
 
@@ -862,10 +863,10 @@ def _search_root(ctx: _Ctx) -> Iterator[tuple[int, str, os.stat_result]]:
 def _grep(ctx: _Ctx) -> dict[str, Any]:
     call = ctx.call
     pattern = call.pattern or ""
-    try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        raise _Fail("INVALID_INPUT", f"pattern: invalid regular expression {pattern!r}: {exc}") from None
+    try:  # RE2: linear time, so no pattern can freeze the gateway (backreferences and lookaround are refused)
+        regex = safe_regex(pattern)
+    except ValueError as exc:
+        raise _Fail("INVALID_INPUT", f"pattern: {exc}") from None
     glob = call.glob
     if glob is not None and not glob:
         raise _Fail("INVALID_INPUT", "glob: must not be empty")

@@ -46,12 +46,14 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
 from gateway.executors.proctree import children, comm, descendants
 from gateway.executors.shell import scrubbed_env
+from gateway.executors.spawner import SPAWNER
 
 # One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
 # (refused with control characters) nor a command (the analyser refuses them) holds GS, US or
@@ -382,17 +384,17 @@ class SessionManager:
                     master, slave = os.openpty()
                     opened += [master, slave]
                     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-                    proc = subprocess.Popen(
-                        argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=(control_r,),
+                    proc = SPAWNER.call(partial(
+                        _popen, argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=(control_r,),
                         start_new_session=True, env=full_env,
-                    )  # fmt: skip
+                    ))  # fmt: skip
                     os.close(slave)
                     out_fd = in_fd = master
                 else:
-                    proc = subprocess.Popen(
-                        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                        pass_fds=(control_r,), start_new_session=True, env=full_env,
-                    )  # fmt: skip
+                    proc = SPAWNER.call(partial(
+                        _popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                        stderr=subprocess.STDOUT, pass_fds=(control_r,), start_new_session=True, env=full_env,
+                    ))  # fmt: skip
                     assert proc.stdin is not None and proc.stdout is not None
                     out_fd, in_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
                     proc.stdout.close()
@@ -476,3 +478,7 @@ class SessionManager:
             self._sessions.clear()
         for s in sessions:
             s.kill()
+
+
+def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(argv, **kwargs)

@@ -32,7 +32,7 @@ from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, Elicitati
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError, create_model
 
-from gateway.approval import Answer, ApprovalRequest
+from gateway.approval import Answer, ApprovalRequest, visible
 from gateway.audit import AuditUnavailable
 from gateway.calls import AskUserCall
 from gateway.log import log
@@ -57,6 +57,7 @@ INSTRUCTIONS = (
 )
 PENDING_AFTER_S = 5.0
 MAX_IN_FLIGHT = 256
+MAX_IN_FLIGHT_PER_PRINCIPAL = 64  # one principal cannot take every slot (e.g. parking asks)
 KEEP_FINISHED_S = 3600.0
 _FAILED = ("denied", "error", "timeout")
 
@@ -122,7 +123,9 @@ class GatewayServer:
             gateway.approver = McpApprover(gateway.approver, lambda: gateway.policy)
         self.principal = principal
         self.pending_after_s = pending_after_s
+        self.max_in_flight = max_in_flight
         self._slots = threading.BoundedSemaphore(max_in_flight)
+        self._per_principal: dict[str, int] = {}
         self._lock = threading.Lock()
         self._flights: dict[int, _Flight] = {}
         self._by_call: dict[str, _Flight] = {}
@@ -186,7 +189,7 @@ class GatewayServer:
                 return await self._call(ctx, spec, user=user)
 
             fn = ask_fn
-        elif spec.name in ("run", "session", "process"):
+        elif spec.name in ("run", "process"):  # a session's cwd is the shell's: only a supervisor answers there
 
             async def gated_fn(
                 ctx: Context, client: Annotated[ElicitationResult[ClientApproval], Resolve(self._client_approval)]
@@ -215,11 +218,11 @@ class GatewayServer:
         principal = self.caller()
         args = _arguments(ctx)
         tool = str((ctx.request_context.params or {}).get("name", ""))
-        command, family = args.get("command"), {"run": Tool.RUN, "session": Tool.SESSION}.get(tool, Tool.PROCESSES)
-        if principal is None or not isinstance(command, str) or (tool == "session" and args.get("action") != "exec"):
+        command, family = args.get("command"), Tool.RUN if tool == "run" else Tool.PROCESSES
+        if principal is None or not isinstance(command, str) or (tool == "process" and args.get("action") != "start"):
             return NotAsked(approve=False)
-        if tool == "process" and args.get("action") != "start":
-            return NotAsked(approve=False)
+        if any(k in args for k in ("principal", "tool")):
+            return NotAsked(approve=False)  # the body refuses the call
         cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
         result = await asyncio.to_thread(evaluate, policy, command, principal, cwd, env, family)
@@ -229,14 +232,17 @@ class GatewayServer:
         if not _can_elicit(ctx):
             return NotAsked(approve=False)  # the supervisor channel answers instead
         why = "; ".join(r.message for r in d.reasons)
-        return Elicit(
-            f"The agent ({principal}) wants to run:\n\n{command}\n\nin {cwd}. Rule {d.rule}: {why}", ClientApproval
-        )
+        shown_env = f"\nwith {visible(json.dumps(env))}" if env else ""
+        question = f"The agent ({principal}) wants to run:\n\n{visible(command)}\n\nin {visible(str(cwd))}{shown_env}."
+        return Elicit(f"{question}\nRule {d.rule}: {visible(why)}", ClientApproval)
 
     async def _ask_user_form(self, ctx: Context) -> UserAnswer | Elicit[BaseModel]:
         principal = self.caller()
+        args = _arguments(ctx)
+        if any(k in args for k in ("principal", "tool")):
+            return NoUserChannel()  # the body refuses the call: ask nobody
         try:
-            call = AskUserCall.model_validate({**_arguments(ctx), "principal": principal or "-"})
+            call = AskUserCall.model_validate({**args, "principal": principal or "-"})
         except ValidationError:
             return NoUserChannel()  # the body reports the invalid input
         if principal is None or tool_decision(self.gw.policy, principal, Tool.ASK_USER).verdict.label != "allow":
@@ -268,11 +274,14 @@ class GatewayServer:
             return _result(self._reject(principal, spec.name, exc))
         ticket = Ticket(principal)
         policy = self.gw.policy
-        if isinstance(client, AcceptedElicitation) and not isinstance(client.data, NotAsked):
-            approved = bool(getattr(client.data, "approve", False))
-            ticket.attestation = Attestation(approved, principal, spec.name, str(raw.get("command")), policy.sha256)
-        elif client is not None and not isinstance(client, AcceptedElicitation):  # declined or cancelled
-            ticket.attestation = Attestation(False, principal, spec.name, str(raw.get("command")), policy.sha256)
+        if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
+            # what the client was shown: the command, in this directory, with this env, under this policy
+            approved = isinstance(client, AcceptedElicitation) and bool(getattr(client.data, "approve", False))
+            cwd = self.gw.resolve_cwd(policy, getattr(call, "cwd", None))
+            ticket.attestation = Attestation(
+                approved, principal, spec.name, str(raw.get("command")), str(cwd), dict(getattr(call, "env", {})),
+                policy.sha256,
+            )  # fmt: skip
         if user is not None:
             ticket.user_answer = _user_answer(user, principal)
         return _result(await self._run(principal, spec.name, call, ticket))
@@ -292,8 +301,15 @@ class GatewayServer:
         return envelope
 
     async def _run(self, principal: str, tool: str, call: Any, ticket: Ticket) -> dict[str, Any]:
-        if not self._slots.acquire(blocking=False):
-            return error(new_call_id(), "error", "BUSY", f"more than {MAX_IN_FLIGHT} calls in flight; retry shortly")
+        with self._lock:
+            mine = self._per_principal.get(principal, 0)
+            if mine >= min(MAX_IN_FLIGHT_PER_PRINCIPAL, self.max_in_flight):
+                why = f"{principal} has {mine} calls in flight (pending approvals count); retry when some finish"
+                return error(new_call_id(), "error", "BUSY", why)
+            if not self._slots.acquire(blocking=False):
+                why = f"the gateway has {self.max_in_flight} calls in flight; retry shortly"
+                return error(new_call_id(), "error", "BUSY", why)
+            self._per_principal[principal] = mine + 1
         flight = _Flight(principal, tool, ticket, asyncio.get_running_loop(), asyncio.Event())
 
         def on_pending(request: ApprovalRequest, timeout: float) -> None:
@@ -314,6 +330,7 @@ class GatewayServer:
                 flight.finished = time.monotonic()
                 with self._lock:
                     self._flights.pop(id(flight), None)
+                    self._per_principal[principal] -= 1
                 self._slots.release()
                 flight.poke()
 

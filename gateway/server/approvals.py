@@ -17,6 +17,7 @@ The MCP side hands each call's context to the handling thread as a `Ticket` (`se
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -36,6 +37,8 @@ class Attestation:
     principal: str
     tool: str
     command: str
+    cwd: str
+    env: dict[str, str]
     policy_sha256: str
 
 
@@ -65,6 +68,10 @@ def serving(ticket: Ticket) -> Iterator[None]:
 def current_ticket() -> Ticket | None:
     ticket: Ticket | None = getattr(_local, "ticket", None)
     return ticket
+
+
+def _real(path: str) -> str:
+    return os.path.realpath(path)
 
 
 def client_may_answer(policy: CompiledPolicy, asking: tuple[str | None, ...]) -> bool:
@@ -106,13 +113,9 @@ class McpApprover:
             return self.supervisor.decide(request, timeout)
 
     def _holds(self, att: Attestation, request: ApprovalRequest) -> bool:
-        same = (att.principal, att.tool, att.command, att.policy_sha256) == (
-            request.principal,
-            request.tool,
-            request.command,
-            request.policy_sha256,
-        )
-        return same and client_may_answer(self.policy(), request.asking)
+        asked = (att.principal, att.tool, att.command, _real(att.cwd), att.env, att.policy_sha256)
+        now = (request.principal, request.tool, request.command, _real(request.cwd), request.env, request.policy_sha256)
+        return asked == now and client_may_answer(self.policy(), request.asking)
 
     def ask_user(self, question: Question, timeout: float) -> Answer | None:
         ticket = current_ticket()

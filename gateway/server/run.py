@@ -134,7 +134,8 @@ def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Await
             if message.get("type") == "http.response.start" and message.get("status") in (401, 403):
                 headers = dict(scope.get("headers") or [])
                 auth = headers.get(b"authorization", b"")
-                _record(
+                await asyncio.to_thread(  # an fsynced write: off the event loop
+                    _record,
                     audit,
                     "auth_refused",
                     data={

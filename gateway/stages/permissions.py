@@ -51,12 +51,13 @@ def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tupl
             message += " (" + "; ".join(misses[:4]) + ")"
         return Decision(Verdict.DENY, None, (Reason(STAGE, "no_rule", message, None, {"program": program}),)), []
     verdict = max(Verdict.parse(m.rule.decision.value) for m in matches)
-    decider = next(m.rule for m in matches if Verdict.parse(m.rule.decision.value) == verdict)
+    deciders = [m.rule for m in matches if Verdict.parse(m.rule.decision.value) == verdict]
     code = {Verdict.ALLOW: "allowed", Verdict.ASK: "ask", Verdict.DENY: "denied"}[verdict]
-    text = (
-        f"`{shown}`: {decider.justification}" if verdict is not Verdict.ALLOW else f"`{shown}` allowed by {decider.id}"
-    )
-    return Decision(verdict, decider.id, (Reason(STAGE, code, text, decider.id),)), matches
+    if verdict is Verdict.ALLOW:
+        reasons: tuple[Reason, ...] = (Reason(STAGE, code, f"`{shown}` allowed by {deciders[0].id}", deciders[0].id),)
+    else:  # every rule that asks (or denies) is named: who may answer an ask depends on all of them
+        reasons = tuple(Reason(STAGE, code, f"`{shown}`: {r.justification}", r.id) for r in deciders)
+    return Decision(verdict, deciders[0].id, reasons), matches
 
 
 def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:

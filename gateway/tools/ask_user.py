@@ -3,13 +3,13 @@ terminal; the MCP server adds elicitation). A password answer never reaches the 
 
 from __future__ import annotations
 
-import re
 from typing import TYPE_CHECKING, Any
 
 from gateway.approval import Question
 from gateway.calls import AskUserCall, ValidationSpec
 from gateway.pipeline import Gated, error, tool_decision
 from gateway.policy.schema import Tool
+from gateway.regex import safe_regex
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -38,7 +38,7 @@ def invalid(value: str, v: ValidationSpec | None) -> str | None:
         return None
     if v.allowed_values is not None and value not in v.allowed_values:
         return f"allowed_values: the answer is not one of {v.allowed_values}"
-    if v.pattern is not None and re.fullmatch(v.pattern, value) is None:
+    if v.pattern is not None and safe_regex(v.pattern).fullmatch(value) is None:
         return f"pattern: the answer does not match {v.pattern}"
     if v.min_length is not None and len(value) < v.min_length:
         return f"min_length: the answer is shorter than {v.min_length}"
@@ -51,8 +51,8 @@ def handle(gw: Gateway, call: AskUserCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     if call.validation and call.validation.pattern:
         try:
-            re.compile(call.validation.pattern)
-        except re.error as exc:
+            safe_regex(call.validation.pattern)
+        except ValueError as exc:
             return error(call_id, "error", "INVALID_INPUT", f"validation.pattern: {exc}")
     arguments = call.model_dump(exclude={"tool", "principal"})
     decision = tool_decision(policy, call.principal, Tool.ASK_USER)

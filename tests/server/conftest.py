@@ -62,6 +62,15 @@ POLICY: dict[str, Any] = {
             "examples": {"match": ["touch x"]},
         },
         {
+            "id": "touch-deploy-by-supervisor",
+            "decision": "ask",
+            "justification": "deploy markers need a supervisor",
+            "programs": ["touch"],
+            "args": ["DEPLOY.*"],
+            "path_args": {"write": "all"},
+            "examples": {"match": ["touch DEPLOY1"], "not_match": ["touch x"]},
+        },
+        {
             "id": "rm-by-supervisor",
             "decision": "ask",
             "justification": "deleting needs a supervisor",

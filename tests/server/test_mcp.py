@@ -234,6 +234,34 @@ def test_a_client_cannot_approve_a_call_that_also_needs_a_supervisor(
         approval_queue.answer(tmp_path / "approvals", req["call_id"], False, "alice")
 
 
+def test_every_rule_that_asks_must_opt_in_not_just_the_first(gw: Gateway, era: str, tmp_path: Path, ws: Path) -> None:
+    asked: list[Any] = []
+
+    async def scenario() -> dict[str, Any]:
+        server = GatewayServer(gw, "agent", pending_after_s=0.2)
+        cb = answering(ElicitResult(action="accept", content={"approve": True}), asked=asked)
+        async with Client(server.mcp, mode=era, elicitation_callback=cb) as c:
+            return envelope(await c.call_tool("run", {"command": "touch DEPLOY1"}))
+
+    out = run(scenario())
+    assert asked == [] and out["status"] == "pending" and not (ws / "DEPLOY1").exists()
+    for req in approval_queue.pending(tmp_path / "approvals"):
+        approval_queue.answer(tmp_path / "approvals", req["call_id"], False, "alice")
+
+
+def test_the_client_form_shows_control_characters_as_escapes(gw: Gateway, era: str, ws: Path) -> None:
+    asked: list[Any] = []
+
+    async def scenario() -> None:
+        cb = answering(ElicitResult(action="decline"), asked=asked)
+        async with Client(GatewayServer(gw, "agent").mcp, mode=era, elicitation_callback=cb) as c:
+            await c.call_tool("run", {"command": "touch $'\\e[2J\\e[Hharmless'"})
+
+    run(scenario())
+    assert len(asked) == 1 and "\x1b" not in asked[0].message and "\\u{001b}" in asked[0].message
+    assert str(ws) in asked[0].message
+
+
 def test_nobody_is_asked_about_a_call_the_policy_denies(gw: Gateway, era: str) -> None:
     asked: list[Any] = []
 
@@ -324,6 +352,34 @@ def test_two_principals_do_not_see_each_others_state(gw: Gateway, era: str) -> N
     assert seen["sessions"]["sessions"] == [] and seen["processes"]["processes"] == []
     assert seen["exec"]["status"] == "error" and seen["stop"]["status"] == "error"
     assert seen["mine"]["status"] == "ok" and seen["mine"]["process"]["state"] == "running"
+
+
+def test_a_session_outlives_the_call_that_started_it(gw: Gateway, era: str) -> None:
+    # each MCP call runs on its own thread; bwrap's die-with-parent follows the forking thread
+    async def scenario() -> dict[str, Any]:
+        async with Client(GatewayServer(gw, "agent").mcp, mode=era) as c:
+            sid = envelope(await c.call_tool("session", {"action": "start"}))["session_id"]
+            await c.call_tool(
+                "session", {"action": "exec", "session_id": sid, "command": "cd .. 2>/dev/null; echo one"}
+            )
+            return envelope(await c.call_tool("session", {"action": "exec", "session_id": sid, "command": "echo two"}))
+
+    out = run(scenario())
+    assert out["status"] == "ok" and "two" in out["output"], out
+
+
+def test_a_pathological_grep_pattern_cannot_stall_the_server(gw: Gateway, era: str, ws: Path) -> None:
+    (ws / "a.txt").write_text("a" * 20_000 + "\n")
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with Client(GatewayServer(gw, "agent").mcp, mode=era) as c:
+            slow = envelope(await c.call_tool("files", {"action": "grep", "pattern": "(a*)*b"}))
+            backref = envelope(await c.call_tool("files", {"action": "grep", "pattern": "(a)\\1"}))
+            return slow, backref
+
+    slow, backref = run(scenario())  # with a backtracking engine this would not finish
+    assert slow["status"] == "ok" and slow["matches"] == []
+    assert backref["error"]["code"] == "INVALID_INPUT" and "RE2" in backref["error"]["message"]
 
 
 # --- concurrency and cancellation -------------------------------------------------------------
