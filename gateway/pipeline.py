@@ -228,6 +228,11 @@ class Gateway:
             self._processes.close()
 
     # --- the gate -------------------------------------------------------------------------
+    def private_dirs(self) -> tuple[Path, ...]:
+        """The gateway's own records: the audit log, the approvals queue, its state (every
+        principal's process logs). No agent reads them, whatever its read roots say."""
+        return tuple(Path(os.path.realpath(p)) for p in (self.audit.directory, *self.hidden))
+
     def resolve_cwd(self, policy: CompiledPolicy, cwd: str | None) -> Path:
         path = Path(cwd) if cwd else policy.workspace
         return path if path.is_absolute() else policy.workspace / path
@@ -393,8 +398,7 @@ class Gateway:
 
     def unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy,
-        the approvals queue or the gateway's state if one lies inside its write roots, or read
-        the audit log or the gateway's state (every principal's) inside its read roots."""
+        the approvals queue or the gateway's state if one lies inside its write roots."""
         roots = policy.grant(principal).write_roots
         sensitive = [("the audit log", self.audit.directory)]
         sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
@@ -404,14 +408,6 @@ class Gateway:
             for root in roots:
                 if real == root or root in real.parents:
                     return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
-        # reading them is a leak too: other principals' commands, process logs, pending requests
-        private = [(what, path) for what, path in sensitive if what != "the policy"]
-        for what, path in private:
-            real = Path(os.path.realpath(path))
-            for root in policy.grant(principal).read_roots:
-                if real == root or root in real.parents:
-                    why = "the agent could read every principal's records"
-                    return f"{what} ({real}) lies inside the read root {root}: {why}"
         return ""
 
 

@@ -93,11 +93,19 @@ def wrap(
         real = os.path.realpath(path)
         if os.path.isdir(real) and real != "/":
             profile += ["--tmpfs", real]
+    bound: list[str] = []
     for root in read_roots:
         real = str(root)
         covered = ("/tmp", *(os.path.realpath(h) for h in hidden))
         if root.exists() and os.path.realpath(root) == real and any(_under(real, c) for c in covered):
             profile += ["--ro-bind", real, real]  # a read root under /tmp or a hidden directory
+            bound.append(real)
+    roots = [str(r) for r in (*read_roots, *write_roots)]
+    for path in hidden:  # a bound read root holding a hidden directory must not show it again
+        real = os.path.realpath(path)
+        holder = any(_under(real, b) and real != b for b in bound)
+        if holder and os.path.isdir(real) and not any(_under(r, real) for r in roots):
+            profile += ["--tmpfs", real]
     for root in write_roots:
         # the policy compiled its roots to real paths: a root that no longer resolves to itself
         # (a symlink put where a missing root was) would bind whatever it points to

@@ -5,6 +5,8 @@ on the opened file, so a symlink swapped in after the decision is refused
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gateway.executors.files as files
@@ -41,6 +43,21 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
     return decision, paths
 
 
+def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, str]]) -> Decision | None:
+    """A denial when a path is inside the gateway's own records, or a search would walk into them."""
+    private = gw.private_dirs()
+    for path, _ in paths:
+        real = Path(os.path.realpath(path))
+        inside = any(real == d or d in real.parents for d in private)
+        walks_in = call.action in ("grep", "find", "list") and any(real in d.parents for d in private)
+        if inside or (walks_in and call.action != "list"):
+            what = "lies inside" if inside else "holds"
+            message = f"files {call.action}: {path} {what} the gateway's own records (audit log, state): refused"
+            reason = Reason("pathjail", "gateway_private", message, None, {"path": path})
+            return Decision(Verdict.DENY, None, (reason,))
+    return None
+
+
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     decision, paths = decide(policy, call)
@@ -51,6 +68,8 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         if value is not None:
             arguments[f"{name}_bytes"] = len(value.encode())
     subject = f"files {call.action} " + " ".join(p for p, _ in paths)
+    if decision.verdict is not Verdict.DENY:
+        decision = _keep_out_of_private(gw, call, paths) or decision
     gated = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, decision, arguments, policy)
     if not isinstance(gated, Gated):
         return gated

@@ -444,3 +444,29 @@ def test_shutdown_cancels_what_runs_and_keeps_durable_processes(gw: Gateway, tmp
     process_id = run(scenario())
     record = json.loads((tmp_path / "state" / "processes" / process_id / "record.json").read_text())
     os.kill(record["pid"], 0)  # still running: the next gateway adopts it
+
+
+def test_the_gateways_own_records_stay_private_whatever_the_read_roots(tmp_path: Path, ws: Path) -> None:
+    import copy
+
+    from gateway.calls import FilesCall, RunCall
+    from gateway.policy.compile import compile_policy
+    from gateway.policy.schema import Policy
+    from tests.server.conftest import POLICY
+
+    wide = copy.deepcopy(POLICY)
+    wide["roles"]["dev"]["read_roots"] = [".", ".."]  # the parent holds audit/ and state/
+    policy = compile_policy(Policy.model_validate(wide), tmp_path / "policies" / "p.yaml", ws, sha256="wide")
+    gw = make_gateway(policy, tmp_path)
+    try:
+        gw.handle(RunCall(principal="agent", command="echo SECRET_MARKER_77"))
+        read = gw.handle(
+            FilesCall(principal="agent", action="read", path=str(tmp_path / "audit" / "audit-000001.jsonl"))
+        )
+        grep = gw.handle(FilesCall(principal="agent", action="grep", path=str(tmp_path), pattern="SECRET_MARKER"))
+        cat = gw.handle(RunCall(principal="agent", command=f"cat {tmp_path}/audit/audit-000001.jsonl"))
+    finally:
+        close_gateway(gw, tmp_path)
+    assert read["status"] == "denied" and "gateway's own records" in read["error"]["message"]
+    assert grep["status"] == "denied"
+    assert "SECRET_MARKER_77" not in json.dumps(cat)  # the sandbox hides the audit directory
