@@ -85,6 +85,7 @@ class Answer:
     value: str | None  # None: the human cancelled
     by: str
     how: str
+    note: str = ""  # how "no-channel": why nobody could be asked
 
 
 class DenyAll:

@@ -77,7 +77,7 @@ class UserAnswer(BaseModel):
 
 
 class NoUserChannel(UserAnswer):
-    """ask_user: the client cannot show forms, or the policy denies ask_user."""
+    """ask_user: nobody was asked (`answer` says why)."""
 
 
 @dataclass
@@ -143,14 +143,12 @@ class GatewayServer:
 
     # --- who calls ---------------------------------------------------------------------------
     def caller(self) -> str | None:
-        """The principal of the current request: the token's owner over HTTP, else the fixed one."""
+        """The principal of the current request: the fixed one without auth (stdio, in memory),
+        else the verified token's owner (None: no verified token, which the SDK refuses first)."""
+        if self.mcp.settings.auth is None:
+            return self.principal
         token = get_access_token()
-        if token is not None:
-            return token.client_id
-        return self.principal if self.gw_has_no_tokens() else None
-
-    def gw_has_no_tokens(self) -> bool:
-        return self.mcp.settings.auth is None
+        return token.client_id if token is not None else None
 
     def visible_tools(self, principal: str) -> set[str]:
         """The tools `principal` may ever use: a family the policy denies is not listed."""
@@ -221,7 +219,7 @@ class GatewayServer:
         command, family = args.get("command"), Tool.RUN if tool == "run" else Tool.PROCESSES
         if principal is None or not isinstance(command, str) or (tool == "process" and args.get("action") != "start"):
             return NotAsked(approve=False)
-        if any(k in args for k in ("principal", "tool")):
+        if _smuggled(args):
             return NotAsked(approve=False)  # the body refuses the call
         cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
@@ -239,16 +237,19 @@ class GatewayServer:
     async def _ask_user_form(self, ctx: Context) -> UserAnswer | Elicit[BaseModel]:
         principal = self.caller()
         args = _arguments(ctx)
-        if any(k in args for k in ("principal", "tool")):
+        if _smuggled(args):
             return NoUserChannel()  # the body refuses the call: ask nobody
         try:
             call = AskUserCall.model_validate({**args, "principal": principal or "-"})
         except ValidationError:
             return NoUserChannel()  # the body reports the invalid input
-        if principal is None or tool_decision(self.gw.policy, principal, Tool.ASK_USER).verdict.label != "allow":
+        verdict = tool_decision(self.gw.policy, principal, Tool.ASK_USER).verdict.label if principal else "deny"
+        if verdict == "ask":  # a supervisor decides first, and a resolver runs before that: nobody asks
+            return NoUserChannel(answer="the policy makes ask_user wait for a supervisor, which MCP cannot do first")
+        if verdict != "allow":
             return NoUserChannel()  # never ask about a call the policy denies: the body records the denial
         if not _can_elicit(ctx):
-            return NoUserChannel()
+            return NoUserChannel(answer=NO_CHANNEL.note)
         return Elicit(call.prompt, _answer_form(call))
 
     # --- the call ----------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class GatewayServer:
         if not self.accepting:
             return _result(error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down"))
         raw = _arguments(ctx)
-        smuggled = sorted(k for k in ("principal", "tool") if k in raw)
+        smuggled = _smuggled(raw)
         try:
             if smuggled:
                 raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
@@ -338,11 +339,15 @@ class GatewayServer:
             self._flights[id(flight)] = flight
         threading.Thread(target=work, name=f"call-{tool}", daemon=True).start()
         try:
-            return await self._wait(flight, self.pending_after_s)
+            out = await self._wait(flight, self.pending_after_s)
         except BaseException:  # the client went away (cancelled): kill what the call runs
             if flight.request is None:
                 ticket.cancel.set()
             raise
+        if out.get("status") != "pending" and flight.call_id is not None:
+            with self._lock:  # answered before it was reported pending: nothing to await
+                self._by_call.pop(flight.call_id, None)
+        return out
 
     async def _wait(self, flight: _Flight, pending_after: float) -> dict[str, Any]:
         """The call's result, or `pending` once a supervisor has been asked for `pending_after` s."""
@@ -427,6 +432,11 @@ class GatewayServer:
         return {"cancelled": len(left), "unfinished": self.in_flight()}
 
 
+def _smuggled(args: dict[str, Any]) -> list[str]:
+    """Fields only the gateway sets, if the caller sent them."""
+    return sorted(k for k in ("principal", "tool") if k in args)
+
+
 def _arguments(ctx: Context) -> dict[str, Any]:
     params = ctx.request_context.params
     args = params.get("arguments") if isinstance(params, dict) else None
@@ -459,7 +469,7 @@ def _answer_form(call: AskUserCall) -> type[BaseModel]:
 def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
     if isinstance(user, AcceptedElicitation):
         if isinstance(user.data, NoUserChannel):
-            return NO_CHANNEL
+            return Answer(None, "nobody", "no-channel", user.data.answer)
         return Answer(str(getattr(user.data, "answer", "")), f"client of {principal}", "elicitation")
     return Answer(None, f"client of {principal}", "elicitation")  # declined or cancelled
 

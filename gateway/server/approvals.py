@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from gateway.approval import Answer, Approval, ApprovalRequest, Approver, Question
 from gateway.policy.compile import CompiledPolicy
 
-NO_CHANNEL = Answer(None, "nobody", "no-channel")
+NO_CHANNEL = Answer(None, "nobody", "no-channel", "your MCP client does not support elicitation (forms)")
 
 
 @dataclass(frozen=True)

@@ -80,7 +80,7 @@ def handle(gw: Gateway, call: AskUserCall, call_id: str) -> dict[str, Any]:
     if answer is None:
         return gw.record_result(gated, error(call_id, "timeout", "USER_TIMEOUT", "the user did not answer in time"))
     if answer.how == "no-channel":  # e.g. an MCP client without elicitation (forms)
-        why = "no channel reaches your user: your MCP client does not support elicitation (forms)"
+        why = f"no channel reaches your user: {answer.note or 'nobody can be asked here'}"
         return gw.record_result(gated, error(call_id, "error", "NO_USER_CHANNEL", why))
     if answer.value is None:
         return gw.record_result(gated, error(call_id, "error", "USER_CANCELLED", "the user cancelled"))

@@ -49,8 +49,8 @@ def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, st
     for path, _ in paths:
         real = Path(os.path.realpath(path))
         inside = any(real == d or d in real.parents for d in private)
-        walks_in = call.action in ("grep", "find", "list") and any(real in d.parents for d in private)
-        if inside or (walks_in and call.action != "list"):
+        walks_in = call.action in ("grep", "find") and any(real in d.parents for d in private)
+        if inside or walks_in:
             what = "lies inside" if inside else "holds"
             message = f"files {call.action}: {path} {what} the gateway's own records (audit log, state): refused"
             reason = Reason("pathjail", "gateway_private", message, None, {"path": path})
