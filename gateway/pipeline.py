@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import cancellation, sandbox
-from gateway.analysis import Analysis, Assignment, Word, analyze
+from gateway.analysis import Analysis, Assignment, Command, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
@@ -137,6 +137,12 @@ APPROVAL_TIMEOUT_S = 120.0
 DEFAULT_SESSIONS = 8
 DEFAULT_PROCESSES = 8
 DEFAULT_SESSION_IDLE_S = 1800
+DEFAULT_MEMORY_BYTES = 2 << 30
+DEFAULT_PIDS = 512
+DEFAULT_TMPFS_BYTES = 256 << 20
+DEFAULT_CPU_SECONDS = 600
+DEFAULT_FILE_BYTES = 1 << 30
+DEFAULT_OPEN_FILES = 1024
 
 
 @dataclass(frozen=True)
@@ -145,6 +151,13 @@ class Gated:
 
     policy: CompiledPolicy
     base: dict[str, Any]
+    commands: tuple[Command, ...] = ()
+    """What the decided command runs (the analysis), for the sandbox's plan."""
+
+    @property
+    def git_write(self) -> bool:
+        """The call runs git and nothing else: its sandbox leaves .git writable (sandbox/git.py)."""
+        return sandbox.git.is_git_write(self.commands)
 
 
 class Gateway:
@@ -182,6 +195,8 @@ class Gateway:
         # directories the sandbox hides besides home and the audit log (e.g. the approvals queue)
         queue_dir = getattr(self.approver, "state_dir", None)
         self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()), *((self.state_dir,) if self.state_dir else ()))
+        for private in self.hidden:  # made now: a sandbox started before it existed must not see it later
+            Path(private).mkdir(parents=True, exist_ok=True, mode=0o700)
         # "approve for this session": the digests of calls a supervisor approved for the rest of
         # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
         # narrowest rule covering that one call, void when the policy changes.
@@ -269,10 +284,13 @@ class Gateway:
             if result.analysis
             else []
         )
-        return self.authorize(
+        gated = self.authorize(
             call_id, principal, tool, command, cwd, env, result.decision, arguments, policy, {"commands": commands},
             unattended,
         )  # fmt: skip
+        if isinstance(gated, Gated) and result.analysis is not None:
+            return replace(gated, commands=result.analysis.commands)
+        return gated
 
     def authorize(
         self,
@@ -372,23 +390,30 @@ class Gateway:
             envelope["warning"] = {"code": "AUDIT_UNAVAILABLE", "message": f"the result could not be recorded: {exc}"}
         return envelope
 
-    def spawn_settings(self, policy: CompiledPolicy, principal: str) -> dict[str, Any]:
-        """What every executor gets from the policy: roots, protected paths, limits, network."""
+    def profile(self, policy: CompiledPolicy, principal: str) -> sandbox.Profile:
+        """What every executor's sandbox gets from the policy: roots, protected paths, the
+        gateway's private directories (never shown), quotas, network, Landlock."""
         grant = policy.grant(principal)
         lim = limits(policy, principal)
-        return {
-            "write_roots": grant.write_roots,
-            "read_roots": grant.read_roots,
-            "read_only": grant.protected,
-            "hidden": (Path.home(), self.audit.directory, *self.hidden),
-            "network": policy.policy.sandbox.network,
-            "home": policy.home or policy.workspace,
-            "limits": sandbox.Limits(
-                cpu_seconds=lim.get("cpu_seconds") or sandbox.Limits.cpu_seconds,
-                file_bytes=lim.get("file_bytes") or sandbox.Limits.file_bytes,
-                open_files=lim.get("open_files") or sandbox.Limits.open_files,
+        settings = policy.policy.sandbox
+        return sandbox.Profile(
+            principal=principal,
+            read_roots=grant.read_roots,
+            write_roots=grant.write_roots,
+            protected=grant.protected,
+            private=self.private_dirs() + (Path(os.path.realpath(Path.home())),),
+            quotas=sandbox.Quotas(
+                memory_bytes=lim.get("memory_bytes", DEFAULT_MEMORY_BYTES),
+                pids=lim.get("pids", DEFAULT_PIDS),
+                cpu_seconds=lim.get("cpu_seconds", DEFAULT_CPU_SECONDS),
+                file_bytes=lim.get("file_bytes", DEFAULT_FILE_BYTES),
+                open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
+                tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
             ),
-        }
+            network=settings.network,
+            landlock="required" if settings.require_landlock else "optional",
+            etc=tuple(settings.etc),
+        )
 
     def _session_event(self, event: str, session: Any, data: dict[str, Any]) -> None:
         with contextlib.suppress(AuditUnavailable):

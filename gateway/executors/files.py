@@ -65,6 +65,7 @@ from typing import IO, Any, NoReturn
 from gateway.calls import FilesCall
 from gateway.policy.compile import Grant
 from gateway.regex import safe_regex
+from gateway.sandbox.identity import sandbox_identity
 from gateway.stages.pathjail import PathRefused, check_path, inside
 
 
@@ -530,6 +531,7 @@ def _replace(dfd: int, dpath: str, name: str, data: bytes, mode: int | None, gra
     try:
         try:
             _verify(fd, "write", grant)
+            _give(fd, dfd, name)
             _write_all(fd, data)
             if mode is not None:
                 os.fchmod(fd, mode)
@@ -542,6 +544,20 @@ def _replace(dfd: int, dpath: str, name: str, data: bytes, mode: int | None, gra
             os.unlink(tmp, dir_fd=dfd)
         raise
     _sync_dir(dfd)
+
+
+def _give(fd: int, dfd: int, name: str) -> None:
+    """A file the gateway writes keeps the owner of the file it replaces; a new one belongs to the
+    sandbox's account, so sandboxed commands can change it (the gateway may run as root)."""
+    ident = sandbox_identity()
+    if not ident.switch:
+        return
+    try:
+        st = os.lstat(name, dir_fd=dfd)
+        owner = (st.st_uid, st.st_gid) if stat.S_ISREG(st.st_mode) else (ident.uid, ident.gid)
+    except FileNotFoundError:
+        owner = (ident.uid, ident.gid)
+    os.fchown(fd, *owner)
 
 
 def _sync_dir(dfd: int) -> None:
@@ -721,6 +737,10 @@ def _make_dirs(real: str, grant: Grant, parents: bool, shown: str) -> bool:
             check_path(os.path.join(dpath, name), "write", grant)
             try:
                 os.mkdir(name, 0o777, dir_fd=fd)
+                # to the sandbox's account, so commands can use it (a link put there is re-owned itself)
+                ident = sandbox_identity()
+                if ident.switch:
+                    os.chown(name, ident.uid, ident.gid, dir_fd=fd, follow_symlinks=False)
             except FileExistsError:
                 if not parents:
                     raise _Fail("ALREADY_EXISTS", f"{shown} already exists") from None

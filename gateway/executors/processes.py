@@ -50,7 +50,20 @@ LOG = "process.log"
 OLD_LOG = "process.log.1"
 _ID = re.compile(r"[0-9a-f]{16}")
 
-Build = Callable[["ProcessRecord"], tuple[list[str], dict[str, str]]]
+@dataclass(frozen=True)
+class Spawnable:
+    """What `build` returns: the argv and environment to start, the descriptors it needs, and
+    what to call once it has been forked (the sandbox closes its copies of the descriptors)."""
+
+    argv: list[str]
+    env: dict[str, str]
+    pass_fds: tuple[int, ...] = ()
+    started: Callable[[], None] = lambda: None
+    cwd: str = "/"
+    """Where Popen starts it (the sandbox changes into the call's cwd itself, by its own view)."""
+
+
+Build = Callable[["ProcessRecord"], Spawnable]
 Gate = Callable[["ProcessRecord", str], str | None]
 Event = Callable[[str, "ProcessRecord", dict[str, Any]], None]
 _Events = list[tuple[str, "ProcessRecord", dict[str, Any]]]
@@ -200,8 +213,18 @@ def _same_process(pid: int | None, start_ticks: int | None) -> bool:
         and st.state not in ("Z", "X", "x")
         and st.pgrp == pid
         and st.session == pid
-        and st.uid == os.getuid()
+        and st.uid in _our_uids()
     )
+
+
+def _our_uids() -> tuple[int, ...]:
+    """Who our processes run as: the gateway's user, or the sandbox account it switches to."""
+    try:
+        from gateway.sandbox.identity import sandbox_identity
+
+        return (os.getuid(), sandbox_identity().uid)
+    except Exception:
+        return (os.getuid(),)
 
 
 def _error(code: str, message: str, status: str = "error") -> dict[str, Any]:
@@ -310,7 +333,10 @@ class ProcessManager:
     def _spawn(self, rec: ProcessRecord) -> str | None:
         """Start `rec`'s command; fill pid, start_ticks, boot_id, started_at. Returns an error
         message when it cannot start."""
-        argv, env = self._build(rec)
+        try:
+            spawn = self._build(rec)
+        except Exception as exc:  # e.g. the sandbox is unavailable: no start, and say why
+            return f"cannot build the sandbox: {exc}"
         try:
             logfd = os.open(
                 self.log_path(rec.id),
@@ -318,22 +344,25 @@ class ProcessManager:
                 0o600,
             )
         except OSError as exc:
+            spawn.started()
             return f"cannot open the log: {exc}"
         try:
             proc = subprocess.Popen(
-                argv,
-                env=env,
-                cwd=rec.cwd,
+                spawn.argv,
+                env=spawn.env,
+                cwd=spawn.cwd,
                 stdin=subprocess.DEVNULL,
                 stdout=logfd,
                 stderr=logfd,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=spawn.pass_fds,
             )
         except OSError as exc:
             return str(exc)
         finally:
             os.close(logfd)
+            spawn.started()
         st = _stat(proc.pid)
         self._children[rec.id] = proc
         rec.pid = proc.pid

@@ -137,9 +137,7 @@ class Session:
         self.started = time.monotonic()
         self.last_used = self.started
         self.shell_pid: int | None = None
-        # the protected paths as they were before a command that was still running when its
-        # exec returned: the next exec puts them back to this, not to what that command left
-        self.protected_before: dict[str, bytes] | None = None
+        self.launch: sandbox.Launch | None = None  # its sandbox's cgroup, removed with it
         self.closed = False
         self._carry = b""
         self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
@@ -265,6 +263,9 @@ class Session:
         for fd in {self.input_fd, self.control_fd}:
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if self.launch is not None:  # its cgroup: whatever is left in it, and the group itself
+            with contextlib.suppress(Exception):
+                self.launch.finished()
         self.reader.join(2.0)
         if self.output_fd != self.input_fd or not self.reader.is_alive():
             with contextlib.suppress(OSError):
@@ -294,19 +295,6 @@ def _find_shell(root: int) -> int | None:
     return None
 
 
-@dataclass(frozen=True)
-class Spawn:
-    """What the sandbox needs to start a shell (the same as `run` gets)."""
-
-    write_roots: tuple[Path, ...]
-    read_roots: tuple[Path, ...]
-    read_only: tuple[Path, ...]
-    hidden: tuple[Path, ...]
-    limits: sandbox.Limits
-    network: bool
-    home: Path
-
-
 class SessionError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -331,7 +319,7 @@ class SessionManager:
         principal: str,
         cwd: Path,
         env: dict[str, str],
-        spawn: Spawn,
+        profile: sandbox.Profile,
         *,
         pty: bool,
         rows: int,
@@ -353,13 +341,13 @@ class SessionManager:
                 )
             self._starting[principal] = self._starting.get(principal, 0) + 1
         try:
-            return self._start(principal, cwd, env, spawn, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes)
+            return self._start(principal, cwd, env, profile, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes)
         finally:
             with self._lock:
                 self._starting[principal] -= 1
 
     def _start(
-        self, principal: str, cwd: Path, env: dict[str, str], spawn: Spawn, pty: bool, rows: int, cols: int,
+        self, principal: str, cwd: Path, env: dict[str, str], profile: sandbox.Profile, pty: bool, rows: int, cols: int,
         posix: bool, prompt: str | None, idle_seconds: float, buffer_bytes: int,
     ) -> Session:  # fmt: skip
         if not cwd.is_dir():
@@ -372,11 +360,16 @@ class SessionManager:
         loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
         shell = ["bash", "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
-        argv = sandbox.wrap(
-            inner, cwd, spawn.write_roots, spawn.limits, spawn.network, spawn.read_only, spawn.hidden, spawn.read_roots
-        )
-        full_env = scrubbed_env(spawn.home, env)
-        full_env["TERM"] = "xterm-256color" if pty else "dumb"
+        base_env = scrubbed_env(env)
+        base_env["TERM"] = "xterm-256color" if pty else "dumb"
+        try:
+            plan, launch = sandbox.start(profile, inner, cwd, base_env, keep_fds=(control_r,))
+        except BaseException:
+            os.close(control_r)
+            os.close(control_w)
+            raise
+        argv, full_env = launch.argv, plan.env
+        pass_fds = (control_r, *launch.pass_fds)
         opened: list[int] = []
         with self._spawn_lock:
             try:
@@ -385,15 +378,15 @@ class SessionManager:
                     opened += [master, slave]
                     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                     proc = SPAWNER.call(partial(
-                        _popen, argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=(control_r,),
-                        start_new_session=True, env=full_env,
+                        _popen, argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=pass_fds,
+                        start_new_session=True, env=full_env, cwd="/",
                     ))  # fmt: skip
                     os.close(slave)
                     out_fd = in_fd = master
                 else:
                     proc = SPAWNER.call(partial(
                         _popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, pass_fds=(control_r,), start_new_session=True, env=full_env,
+                        stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True, env=full_env, cwd="/",
                     ))  # fmt: skip
                     assert proc.stdin is not None and proc.stdout is not None
                     out_fd, in_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
@@ -403,10 +396,13 @@ class SessionManager:
                 for fd in (*opened, control_w):
                     with contextlib.suppress(OSError):
                         os.close(fd)
+                launch.abandon()
                 raise
             finally:
                 os.close(control_r)
+                launch.started()
         session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
+        session.launch = launch
         if not session.wait_idle(10.0):
             session.kill()
             output, _ = session.take_output()

@@ -1,7 +1,7 @@
 """The `run` executor: one shell command, in the sandbox, with bounded output and a timeout.
 
 The text runs with a pinned shell (`bash --noprofile --norc -c`), stdin closed, the jailed cwd,
-a scrubbed environment (an allowlist plus what the policy permitted), inside `sandbox.wrap`.
+a scrubbed environment (an allowlist plus what the policy permitted), inside the sandbox (gateway/sandbox: plan, then launch).
 
 Output is read as it comes and never kept whole: each stream keeps its first and last
 `output_bytes / 2` bytes, and a notice says how many bytes in between were dropped.
@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import threading
@@ -59,84 +58,10 @@ class _Stream:
         return bytes(self.head + middle + self.tail).decode("utf-8", "replace")
 
 
-MAX_SNAPSHOT_BYTES = 4 << 20
-DIR = b"\0dir"
-ABSENT = b"\0absent"
-
-
-LINKED = b"\0linked-ancestor"
-
-
-def _linked_ancestor(path: Path) -> Path | None:
-    """The first directory above `path` that is a symlink (never follow one: it may lead out)."""
-    for parent in reversed(path.parents):
-        if os.path.islink(parent):
-            return parent
-    return None
-
-
-def snapshot(paths: tuple[Path, ...]) -> dict[str, bytes]:
-    """What lies under each protected path: file contents, symlink targets, DIR or ABSENT; a
-    path below a symlinked directory is LINKED and is not read through the link."""
-    out: dict[str, bytes] = {}
-    total = 0
-    for root in paths:
-        if _linked_ancestor(root) is not None:
-            out[str(root)] = LINKED
-            continue
-        if not os.path.lexists(root):
-            out[str(root)] = ABSENT
-            continue
-        if not os.path.isdir(root) or os.path.islink(root):
-            out[str(root)] = os.readlink(root).encode() if os.path.islink(root) else Path(root).read_bytes()
-            continue
-        for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
-            out[dirpath] = DIR
-            for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-                full = os.path.join(dirpath, name)
-                data = os.readlink(full).encode() if os.path.islink(full) else Path(full).read_bytes()
-                total += len(data)
-                if total > MAX_SNAPSHOT_BYTES:
-                    raise OSError(f"protected paths hold more than {MAX_SNAPSHOT_BYTES} bytes")
-                out[full] = data
-    return out
-
-
-def restore(paths: tuple[Path, ...], before: dict[str, bytes]) -> list[str]:
-    """Put the protected paths back as they were; the names of what had changed. (Symlinks
-    inside them come back as their recorded target text in a file: they should not be there.)"""
-    after = snapshot(paths)
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    if not changed:
-        return []
-    for root in paths:
-        link = _linked_ancestor(root)
-        if link is not None:  # a directory swapped for a symlink: remove the link, not its target
-            os.unlink(link)
-    for root in paths:
-        if os.path.islink(root) or os.path.isfile(root):
-            os.unlink(root)
-        elif os.path.isdir(root):
-            shutil.rmtree(root)
-    for name in sorted(before, key=len):
-        data = before[name]
-        if _linked_ancestor(Path(name)) is not None:
-            continue
-        if data == DIR:
-            os.makedirs(name, exist_ok=True)
-        elif data not in (ABSENT, LINKED):
-            os.makedirs(os.path.dirname(name), exist_ok=True)
-            Path(name).write_bytes(data)
-    return changed
-
-
-def writable_protected(read_only: tuple[Path, ...], write_roots: tuple[Path, ...]) -> tuple[Path, ...]:
-    """The protected paths inside a write root: the ones a command could change."""
-    return tuple(p for p in read_only if any(p == r or r in p.parents for r in write_roots))
-
-
-def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
-    env = {"PATH": SAFE_PATH, "HOME": str(home), "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
+    """The environment a command starts with: an allowlist plus what the policy permitted (the
+    sandbox's plan adds HOME and git's settings over it)."""
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
     env.update(extra)
     return env
 
@@ -144,54 +69,42 @@ def scrubbed_env(home: Path, extra: dict[str, str]) -> dict[str, str]:
 def run(
     text: str,
     cwd: Path,
-    write_roots: tuple[Path, ...],
+    profile: sandbox.Profile,
     *,
     env: dict[str, str] | None = None,
-    home: Path | None = None,
     timeout_ms: int = 120_000,
     output_bytes: int = 1 << 20,
-    limits: sandbox.Limits | None = None,
-    network: bool = False,
-    read_only: tuple[Path, ...] = (),
-    hidden: tuple[Path, ...] = (),
-    read_roots: tuple[Path, ...] = (),
     posix: bool = False,
     capture: bool = True,
     cancel: threading.Event | None = None,
+    git_write: bool = False,
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses). `posix` runs
     bash in POSIX mode (the `sh` shell); without `capture` the output goes to /dev/null. Setting
-    `cancel` (the caller went away, the server shuts down) kills the command: CALL_CANCELLED."""
+    `cancel` (the caller went away, the server shuts down) kills the command: CALL_CANCELLED.
+    `git_write` (the call is git and nothing else: sandbox/git.py) leaves .git writable."""
     if not cwd.is_dir():
         return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
-    argv = sandbox.wrap(
-        [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text],
-        cwd,
-        write_roots,
-        limits or sandbox.Limits(),
-        network,
-        read_only,
-        hidden,
-        read_roots,
-    )
-    # the sandbox binds protected paths read-only, but a command can rename their parent away or
-    # create a protected path that did not exist: compare after, and put them back
-    protected = writable_protected(read_only, write_roots)
-    before = snapshot(protected)
+    argv = [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text]
+    plan, launch = sandbox.start(profile, argv, cwd, scrubbed_env(env or {}), git_write=git_write)
     started = time.monotonic()
     try:
         proc = subprocess.Popen(
-            argv,
+            launch.argv,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
             stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
-            env=scrubbed_env(home or cwd, env or {}),
+            env=plan.env,
+            cwd="/",
             start_new_session=True,  # its own process group, for killpg
             close_fds=True,
+            pass_fds=launch.pass_fds,
         )
     except OSError as exc:
-        return {"status": "error", "error": {"code": "COMMAND_NOT_FOUND", "message": str(exc)}}
+        launch.abandon()
+        return {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": f"cannot start: {exc}"}}
+    launch.started()
     streams = {
         "stdout": _Stream(output_bytes, bytearray(), bytearray()),
         "stderr": _Stream(output_bytes, bytearray(), bytearray()),
@@ -248,14 +161,19 @@ def run(
         "truncated": truncated,
         "dropped_bytes": {k: s.dropped for k, s in streams.items()},
     }
-    changed = restore(protected, before)
-    if changed:
+    stopped = launch.finished()
+    if sandbox.is_setup_failure(proc.returncode, result["stderr"]):
         result["status"] = "error"
-        result["error"] = {
-            "code": "PROTECTED_PATH_CHANGED",
-            "message": f"the command changed protected paths, which were restored: {', '.join(changed[:5])}",
-        }
+        why = result["stderr"].strip().splitlines()[-1][:300]
+        result["error"] = {"code": "SANDBOX_UNAVAILABLE", "message": f"the sandbox refused to start: {why}"}
         return result
+    if stopped.get("oom_killed"):
+        result["status"] = "error"
+        cap = plan.quotas.memory_bytes or 0
+        result["error"] = {"code": "RESOURCE_LIMIT", "message": f"killed: the command used more than its memory limit ({cap >> 20} MiB)"}
+        return result
+    if stopped.get("pids_refused"):
+        result["notice"] = f"the process limit ({plan.quotas.pids}) refused some forks"
     if cancelled:
         result["status"] = "error"
         result["error"] = {

@@ -58,6 +58,15 @@ class Limits(_Model):
     """Largest file a command may write (RLIMIT_FSIZE), and the file tools' write limit."""
     open_files: Annotated[StrictInt, Field(gt=0)] | None = None
     """Open file descriptors (RLIMIT_NOFILE)."""
+    memory_bytes: Annotated[StrictInt, Field(ge=16 << 20)] | None = None
+    """Memory one sandbox (a run, a session, a background process, with all it starts) may use
+    (default 2 GiB): a cgroup's memory limit where the gateway may create one, RLIMIT_AS per
+    process otherwise (`gateway doctor` says which). Its private tmpfs counts too."""
+    pids: Annotated[StrictInt, Field(ge=8)] | None = None
+    """Processes and threads one sandbox may hold at once (default 512; cgroup pids.max, or the
+    sandbox account's RLIMIT_NPROC where there is no cgroup)."""
+    tmpfs_bytes: Annotated[StrictInt, Field(ge=1 << 20)] | None = None
+    """Size of each private tmpfs: /tmp, /dev/shm and HOME (default 256 MiB each)."""
 
 
 class Role(_Model):
@@ -213,7 +222,26 @@ class EnvironmentSettings(_Model):
 
 class SandboxSettings(_Model):
     network: StrictBool = False
-    """Let commands reach the network. Off: the sandbox has only a loopback interface."""
+    """Let commands reach the network. Off: the sandbox has only a loopback interface, and
+    Landlock refuses TCP too."""
+    require_landlock: StrictBool = False
+    """Refuse to run commands where the kernel has no Landlock (`gateway doctor` says whether
+    this host has it). Off: Landlock is applied where available and its absence is audited."""
+    etc: list[Annotated[str, Field(pattern=r"^[A-Za-z0-9_.+-]+(/[A-Za-z0-9_.+-]+)*$")]] = []
+    """More /etc entries to show read-only (e.g. `java-17-openjdk`), besides the curated set
+    (docs/sandbox.md). Never a secret: `shadow`, `ssh`, `sudoers` and the like are refused."""
+
+    @field_validator("etc")
+    @classmethod
+    def _not_secret(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if n.split("/")[0] in _SECRET_ETC or ".." in n.split("/"):
+                raise ValueError(f"/etc/{n} holds secrets or leaves /etc: it is never shown to commands")
+        return names
+
+
+_SECRET_ETC = frozenset({"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "ssl",
+                         "security", "pam.d", "pip.conf", "npmrc", "gitconfig", "machine-id", "passwd", "group"})  # fmt: skip
 
 
 class AuditSettings(_Model):

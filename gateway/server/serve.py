@@ -21,6 +21,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.selftest import load_checked
+from gateway.sandbox.identity import IdentityUnavailable, hand_over
 from gateway.server import tokens
 from gateway.server.app import GatewayServer
 from gateway.server.run import serve_http, serve_stdio
@@ -73,6 +74,12 @@ def main(args: argparse.Namespace) -> int:
         for d in (workspace or _workspace_of(policy_file), Path(args.audit_dir)):
             if d is not None:
                 d.mkdir(parents=True, exist_ok=True)
+        ws = workspace or _workspace_of(policy_file)
+        if ws is not None:  # the quick start's workspace is the agent's: its sandbox account owns it
+            try:
+                hand_over(ws)
+            except (OSError, IdentityUnavailable) as exc:
+                return _fail(f"cannot give {ws} to the sandbox's account: {exc}")
     try:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
         audit = AuditLog(Path(args.audit_dir), redact=first.policy.audit.redact)

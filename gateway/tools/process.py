@@ -9,11 +9,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import sandbox
+from gateway.analysis import analyze
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors import env as envstore
 from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.schema import Tool
+
+from gateway.executors.processes import Spawnable
 
 if TYPE_CHECKING:
     from gateway.executors.processes import ProcessManager, ProcessRecord
@@ -41,14 +44,16 @@ def manager(gw: Gateway) -> ProcessManager | None:
         return found
 
 
-def _build(gw: Gateway, rec: ProcessRecord) -> tuple[list[str], dict[str, str]]:
+def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
+    """The sandbox for a start or restart, as decided now (the policy may have changed)."""
     policy = gw.policy
-    s = gw.spawn_settings(policy, rec.principal)
-    argv = sandbox.wrap(
-        [*SHELL, rec.command], Path(rec.cwd), s["write_roots"], s["limits"], s["network"], s["read_only"],
-        s["hidden"], s["read_roots"], die_with_parent=False,
+    analysis = analyze(rec.command)  # the same text the gate decided: the same programs
+    git_write = analysis.denial is None and sandbox.git.is_git_write(analysis.commands)
+    plan, launch = sandbox.start(
+        gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
+        git_write=git_write, die_with_parent=False,
     )  # fmt: skip
-    return argv, scrubbed_env(s["home"], rec.env)
+    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started)
 
 
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:

@@ -42,22 +42,16 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             return gw.record_result(gated, {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
 
         return process.run_in_background(gw, call, gated, cwd, env, call.background_after_ms)
-    settings = gw.spawn_settings(policy, call.principal)
     started_at, t0 = now_iso(), time.monotonic()
     try:
         outcome = gw.executor(
             call.command,
             cwd,
-            settings["write_roots"],
+            gw.profile(policy, call.principal),
             env=env,
-            home=settings["home"],
             timeout_ms=timeout,
             output_bytes=lim.get("output_bytes") or (1 << 20),
-            read_only=settings["read_only"],
-            network=settings["network"],
-            hidden=settings["hidden"],
-            read_roots=settings["read_roots"],
-            limits=settings["limits"],
+            git_write=gated.git_write,
             **({"posix": True} if call.shell == "sh" else {}),
             **({} if call.capture_output else {"capture": False}),
             **({"cancel": cancel} if (cancel := current_cancel()) is not None else {}),

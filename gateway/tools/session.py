@@ -14,7 +14,7 @@ from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import env as envstore
 from gateway.executors import shell
-from gateway.executors.sessions import Session, SessionError, Spawn
+from gateway.executors.sessions import Session, SessionError
 from gateway.pipeline import (
     DEFAULT_SESSION_IDLE_S,
     DEFAULT_SESSIONS,
@@ -123,15 +123,10 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     if not isinstance(gated, Gated):
         return gated
     lim = limits(policy, call.principal)
-    settings = gw.spawn_settings(policy, call.principal)
-    spawn = Spawn(
-        settings["write_roots"], settings["read_roots"], settings["read_only"], settings["hidden"],
-        settings["limits"], settings["network"], settings["home"],
-    )  # fmt: skip
     env = {**gw.env.effective(policy, call.principal), **call.env}
     try:
         session = gw.sessions.start(
-            call.principal, Path(real_path(str(cwd))), env, spawn,
+            call.principal, Path(real_path(str(cwd))), env, gw.profile(policy, call.principal),
             pty=call.pty, rows=call.rows, cols=call.cols, posix=call.shell_type == "sh", prompt=call.prompt,
             max_sessions=lim.get("sessions", DEFAULT_SESSIONS),
             idle_seconds=lim.get("session_idle_seconds", DEFAULT_SESSION_IDLE_S),
@@ -172,30 +167,33 @@ def _exec(
     gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
     if not isinstance(gated, Gated):
         return gated
-    grant = policy.grant(call.principal)
-    protected = shell.writable_protected(grant.protected, grant.write_roots)
-    # as after a run: put protected paths back (the sandbox pins their parents; this catches a
-    # protected path created where none was). A command still running when its exec returned is
-    # checked here, against the snapshot taken before it.
-    before = session.protected_before
-    changed = shell.restore(protected, before) if before is not None else []
-    if before is None:
-        before = shell.snapshot(protected)
+    if gated.git_write:
+        # the session's sandbox keeps .git read-only for everything it runs; a command that is
+        # git and nothing else runs in a sandbox of its own that may write .git (sandbox/git.py)
+        return gw.record_result(gated, _git_write(gw, call, policy, session, text, cwd, timeout_ms))
     session.send_command(str(cwd), text)
     session.wait_idle(timeout_ms / 1000)
     out = _output(session, finished_only=True)
-    if out["running"]:
-        session.protected_before = before
-    else:
-        session.protected_before = None
-        changed += shell.restore(protected, before)
-    if changed:
-        out["status"] = "error"
-        out["error"] = {
-            "code": "PROTECTED_PATH_CHANGED",
-            "message": f"the command changed protected paths, which were restored: {', '.join(changed[:5])}",
-        }
     return gw.record_result(gated, out)
+
+
+def _git_write(
+    gw: Gateway, call: SessionCall, policy: CompiledPolicy, session: Session, text: str, cwd: Path, timeout_ms: int
+) -> dict[str, Any]:
+    """Run a git write from a session as its own sandboxed command, in the session's cwd."""
+    env = gw.env.effective(policy, call.principal)
+    try:
+        done = shell.run(text, cwd, gw.profile(policy, call.principal), env=env, timeout_ms=timeout_ms, git_write=True)
+    except sandbox.SandboxUnavailable as exc:
+        return {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
+    out: dict[str, Any] = {
+        "status": done["status"], "session_id": session.id, "output": done["stdout"] + done["stderr"],
+        "dropped_bytes": sum(done["dropped_bytes"].values()), "running": False, "alive": session.alive,
+        "exit_code": done["exit_code"], "cwd": str(cwd),
+    }  # fmt: skip
+    if "error" in done:
+        out["error"] = done["error"]
+    return out
 
 
 def _output(session: Session, finished_only: bool) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.executors.processes import ProcessManager, ProcessRecord
+from gateway.executors.processes import ProcessManager, ProcessRecord, Spawnable
 
 PRINCIPALS = ("alice", "bob")
 Events = list[tuple[str, ProcessRecord, dict[str, Any]]]
@@ -29,8 +29,8 @@ class Harness:
         self.gate_calls: list[tuple[str, str]] = []
         self.managers: list[ProcessManager] = []
 
-    def build(self, rec: ProcessRecord) -> tuple[list[str], dict[str, str]]:
-        return ["bash", "--noprofile", "--norc", "-c", rec.command], {"PATH": os.environ["PATH"], **rec.env}
+    def build(self, rec: ProcessRecord) -> Spawnable:
+        return Spawnable(["bash", "--noprofile", "--norc", "-c", rec.command], {"PATH": os.environ["PATH"], **rec.env}, cwd=rec.cwd)
 
     def gate(self, rec: ProcessRecord, why: str) -> str | None:
         self.gate_calls.append((rec.id, why))

