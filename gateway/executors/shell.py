@@ -162,6 +162,7 @@ def run(
         "dropped_bytes": {k: s.dropped for k, s in streams.items()},
     }
     stopped = launch.finished()
+    result["sandbox"] = launch.summary(plan)
     if sandbox.is_setup_failure(proc.returncode, result["stderr"]):
         result["status"] = "error"
         why = result["stderr"].strip().splitlines()[-1][:300]

@@ -75,6 +75,16 @@ class Launch:
         self.cgroup.remove()
         return out
 
+    def summary(self, plan: SandboxPlan) -> dict[str, object]:
+        """What held this command, for its result and audit record: Landlock (or its absence),
+        how quotas were enforced, the uid, whether .git was writable."""
+        return {
+            "landlock": landlock.describe() if plan.landlock_mode else "off",
+            "quotas": self.fallback,
+            "uid": plan.uid,
+            "git_write": plan.git_write,
+        }
+
     def abandon(self) -> None:
         """Popen failed: release everything."""
         self.finished()

@@ -1,0 +1,715 @@
+/*
+ * agw-init: the last steps before an untrusted command runs, done by a small program that
+ * cannot be talked out of them.
+ *
+ *   agw-init outer [--join FILE]... [--uid N --gid N] [--nproc N] -- /abs/program args...
+ *       On the host, started by the gateway (as root) in front of bwrap: join the cgroups,
+ *       set the process limit, drop to an unprivileged uid/gid for good, exec the program.
+ *
+ *   agw-init inner [--verify-ro-root] [--expect PATH DEV INO ro|rw]...
+ *                  [--landlock required|optional|off] [--allow PATH ACCESS]... [--no-tcp]
+ *                  [--scope] [--rlimit NAME=VALUE]... [--keep-fd N]... -- program args...
+ *       Inside the sandbox, after bwrap built the mounts: prove the mounts are the ones the
+ *       gateway asked for, set resource limits, restrict the process with Landlock, close every
+ *       inherited descriptor, exec the command.
+ *
+ * Any failure prints one line, "agent-gateway sandbox: <what failed>: <why>", on stderr and
+ * exits with status 125; the command is never run after a failure (fail closed).
+ *
+ * Only libc and the kernel ABI are used. The Landlock structures and constants are defined
+ * here under names of our own: <linux/landlock.h> is missing on old hosts and, where present,
+ * often older than the running kernel (Debian 12's lacks the network and scope fields).
+ */
+#define _GNU_SOURCE
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <limits.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+#define FAIL_STATUS 125
+
+/* System call numbers: the kernel's own where the headers know them, else the numbers these
+ * calls have on every architecture using the generic syscall table (and x86). */
+#ifdef __NR_landlock_create_ruleset
+#define AGW_NR_LANDLOCK_CREATE_RULESET __NR_landlock_create_ruleset
+#else
+#define AGW_NR_LANDLOCK_CREATE_RULESET 444
+#endif
+#ifdef __NR_landlock_add_rule
+#define AGW_NR_LANDLOCK_ADD_RULE __NR_landlock_add_rule
+#else
+#define AGW_NR_LANDLOCK_ADD_RULE 445
+#endif
+#ifdef __NR_landlock_restrict_self
+#define AGW_NR_LANDLOCK_RESTRICT_SELF __NR_landlock_restrict_self
+#else
+#define AGW_NR_LANDLOCK_RESTRICT_SELF 446
+#endif
+#ifdef __NR_close_range
+#define AGW_NR_CLOSE_RANGE __NR_close_range
+#else
+#define AGW_NR_CLOSE_RANGE 436
+#endif
+
+#ifndef PR_SET_NO_NEW_PRIVS
+#define PR_SET_NO_NEW_PRIVS 38
+#endif
+
+/* Landlock (Documentation/userspace-api/landlock.rst, include/uapi/linux/landlock.h). */
+struct agw_ruleset_attr {
+    uint64_t handled_access_fs;  /* ABI 1 */
+    uint64_t handled_access_net; /* ABI 4 */
+    uint64_t scoped;             /* ABI 6 */
+};
+
+struct agw_path_beneath_attr {
+    uint64_t allowed_access;
+    int32_t parent_fd;
+} __attribute__((packed));
+
+_Static_assert(sizeof(struct agw_ruleset_attr) == 24, "landlock_ruleset_attr layout");
+_Static_assert(sizeof(struct agw_path_beneath_attr) == 12, "landlock_path_beneath_attr layout");
+
+#define AGW_CREATE_RULESET_VERSION (1U << 0)
+#define AGW_RULE_PATH_BENEATH 1
+
+#define AGW_FS_EXECUTE (1ULL << 0)
+#define AGW_FS_WRITE_FILE (1ULL << 1)
+#define AGW_FS_READ_FILE (1ULL << 2)
+#define AGW_FS_READ_DIR (1ULL << 3)
+#define AGW_FS_REMOVE_DIR (1ULL << 4)
+#define AGW_FS_REMOVE_FILE (1ULL << 5)
+#define AGW_FS_MAKE_CHAR (1ULL << 6)
+#define AGW_FS_MAKE_DIR (1ULL << 7)
+#define AGW_FS_MAKE_REG (1ULL << 8)
+#define AGW_FS_MAKE_SOCK (1ULL << 9)
+#define AGW_FS_MAKE_FIFO (1ULL << 10)
+#define AGW_FS_MAKE_BLOCK (1ULL << 11)
+#define AGW_FS_MAKE_SYM (1ULL << 12)
+#define AGW_FS_REFER (1ULL << 13)     /* ABI 2 */
+#define AGW_FS_TRUNCATE (1ULL << 14)  /* ABI 3 */
+#define AGW_FS_IOCTL_DEV (1ULL << 15) /* ABI 5 */
+
+#define AGW_NET_BIND_TCP (1ULL << 0)    /* ABI 4 */
+#define AGW_NET_CONNECT_TCP (1ULL << 1) /* ABI 4 */
+
+#define AGW_SCOPE_ABSTRACT_UNIX_SOCKET (1ULL << 0) /* ABI 6 */
+#define AGW_SCOPE_SIGNAL (1ULL << 1)               /* ABI 6 */
+
+/* The rights that make sense on a file (not a directory): the kernel refuses the others. */
+#define AGW_FS_FILE_RIGHTS \
+    (AGW_FS_EXECUTE | AGW_FS_WRITE_FILE | AGW_FS_READ_FILE | AGW_FS_TRUNCATE | AGW_FS_IOCTL_DEV)
+
+/* ---------------------------------------------------------------------------------------- */
+/* Failing                                                                                   */
+
+/* Write "agent-gateway sandbox: WHAT: WHY\n" as one write(2), control characters in WHAT
+ * escaped (a path may hold a newline: the message must stay one line), and exit 125. */
+static _Noreturn void vfail(const char *why, const char *fmt, va_list ap) {
+    char what[2048];
+    char line[4 * sizeof what + 256];
+    size_t n = 0;
+
+    vsnprintf(what, sizeof what, fmt, ap);
+    n += (size_t)snprintf(line, sizeof line, "agent-gateway sandbox: ");
+    /* line has room for every byte of what escaped (4 bytes each): n stays below its size */
+    for (const unsigned char *p = (const unsigned char *)what; *p != '\0' && n + 5 < sizeof line; p++) {
+        if (*p < 0x20 || *p == 0x7f) {
+            n += (size_t)snprintf(line + n, sizeof line - n, "\\x%02x", *p);
+        } else {
+            line[n++] = (char)*p;
+        }
+    }
+    snprintf(line + n, sizeof line - n, ": %s\n", why);
+    n = strlen(line);
+    while (n > 0) {
+        ssize_t w = write(STDERR_FILENO, line, n);
+        if (w < 0 && errno == EINTR) {
+            continue;
+        }
+        if (w <= 0) {
+            break;
+        }
+        n -= (size_t)w;
+        memmove(line, line + w, n);
+    }
+    _exit(FAIL_STATUS);
+}
+
+/* Fail with the description of an errno value as the reason. */
+static _Noreturn void fail_errno(int err, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static _Noreturn void fail_errno(int err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(strerror(err), fmt, ap);
+}
+
+/* Fail with a reason of our own (a check that found the wrong thing, not a failed call). */
+static _Noreturn void fail_because(const char *why, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static _Noreturn void fail_because(const char *why, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vfail(why, fmt, ap);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Parsing                                                                                   */
+
+/* A decimal number: digits only (no sign, no blanks, no trailing text), no overflow. */
+static int parse_u64(const char *s, unsigned long long *out) {
+    char *end = NULL;
+    unsigned long long v;
+
+    if (*s < '0' || *s > '9') {
+        return -1;
+    }
+    errno = 0;
+    v = strtoull(s, &end, 10);
+    if (errno != 0 || *end != '\0') {
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static unsigned long long number(const char *option, const char *s) {
+    unsigned long long v;
+    if (parse_u64(s, &v) != 0) {
+        fail_errno(EINVAL, "%s: not a decimal number: %s", option, s);
+    }
+    return v;
+}
+
+/* The values an option takes must be there, and none of them may be the "--" that ends the
+ * options (a forgotten value would otherwise swallow the separator). */
+static void need_values(int argc, char **argv, int i, int count) {
+    for (int k = 1; k <= count; k++) {
+        if (i + k >= argc || strcmp(argv[i + k], "--") == 0) {
+            fail_errno(EINVAL, "%s needs %d value%s", argv[i], count, count == 1 ? "" : "s");
+        }
+    }
+}
+
+static void *allocate(size_t count, size_t size) {
+    void *p = calloc(count == 0 ? 1 : count, size);
+    if (p == NULL) {
+        fail_errno(ENOMEM, "allocate");
+    }
+    return p;
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Outer mode: on the host, before bwrap                                                     */
+
+static void join_cgroup(const char *file) {
+    char pid[32];
+    int len = snprintf(pid, sizeof pid, "%ld", (long)getpid());
+    int fd = open(file, O_WRONLY | O_CLOEXEC);
+    ssize_t w;
+
+    if (fd < 0) {
+        fail_errno(errno, "join cgroup: open %s", file);
+    }
+    do {
+        w = write(fd, pid, (size_t)len);
+    } while (w < 0 && errno == EINTR);
+    if (w < 0) {
+        fail_errno(errno, "join cgroup: write to %s", file);
+    }
+    if (w != len) {
+        fail_errno(EIO, "join cgroup: short write to %s", file);
+    }
+    if (close(fd) != 0) {
+        fail_errno(errno, "join cgroup: close %s", file);
+    }
+}
+
+/* Drop to uid/gid for good: no supplementary groups, and no way back to root. */
+static void drop_identity(uid_t uid, gid_t gid) {
+    if (setgroups(0, NULL) != 0) {
+        fail_errno(errno, "setgroups to none");
+    }
+    if (setresgid(gid, gid, gid) != 0) {
+        fail_errno(errno, "setresgid %lu", (unsigned long)gid);
+    }
+    if (setresuid(uid, uid, uid) != 0) {
+        fail_errno(errno, "setresuid %lu", (unsigned long)uid);
+    }
+    if (setresuid(0, 0, 0) == 0) {
+        fail_because("root could be regained", "drop to uid %lu", (unsigned long)uid);
+    }
+    if (getuid() != uid || geteuid() != uid || getgid() != gid || getegid() != gid) {
+        fail_because("the ids did not change", "drop to uid %lu gid %lu", (unsigned long)uid,
+                     (unsigned long)gid);
+    }
+    if (getgroups(0, NULL) != 0) {
+        fail_because("supplementary groups remain", "drop to uid %lu", (unsigned long)uid);
+    }
+}
+
+/* A uid or gid to switch to: a real id (not -1, which set*id read as "leave unchanged"),
+ * never 0. */
+static unsigned long long target_id(const char *option, const char *s) {
+    unsigned long long v = number(option, s);
+    if (v == 0) {
+        fail_errno(EPERM, "%s 0: the sandbox must not run as root", option);
+    }
+    if (v >= UINT32_MAX) {
+        fail_errno(EINVAL, "%s %s: out of range", option, s);
+    }
+    return v;
+}
+
+static int run_outer(int argc, char **argv) {
+    const char **joins = allocate((size_t)argc, sizeof *joins);
+    size_t njoins = 0;
+    int have_uid = 0, have_gid = 0, have_nproc = 0;
+    unsigned long long uid = 0, gid = 0, nproc = 0;
+    int i = 2;
+
+    for (; i < argc; i++) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--") == 0) {
+            break;
+        } else if (strcmp(opt, "--join") == 0) {
+            need_values(argc, argv, i, 1);
+            joins[njoins++] = argv[++i];
+        } else if (strcmp(opt, "--uid") == 0) {
+            need_values(argc, argv, i, 1);
+            uid = target_id(opt, argv[++i]);
+            have_uid = 1;
+        } else if (strcmp(opt, "--gid") == 0) {
+            need_values(argc, argv, i, 1);
+            gid = target_id(opt, argv[++i]);
+            have_gid = 1;
+        } else if (strcmp(opt, "--nproc") == 0) {
+            need_values(argc, argv, i, 1);
+            nproc = number(opt, argv[++i]);
+            have_nproc = 1;
+        } else {
+            fail_errno(EINVAL, "outer: unknown option %s", opt);
+        }
+    }
+    if (i >= argc) {
+        fail_errno(EINVAL, "outer: no \"--\" before the program");
+    }
+    if (i + 1 >= argc) {
+        fail_errno(EINVAL, "outer: no program after \"--\"");
+    }
+    if (have_uid != have_gid) {
+        fail_errno(EINVAL, "outer: --uid and --gid go together");
+    }
+    char **program = argv + i + 1;
+    if (program[0][0] != '/') {
+        fail_errno(EINVAL, "outer: the program must be an absolute path: %s", program[0]);
+    }
+
+    for (size_t k = 0; k < njoins; k++) {
+        join_cgroup(joins[k]);
+    }
+    /* Before dropping root: as root the hard limit may also be raised. */
+    if (have_nproc) {
+        struct rlimit lim = {(rlim_t)nproc, (rlim_t)nproc};
+        if (setrlimit(RLIMIT_NPROC, &lim) != 0) {
+            fail_errno(errno, "set the process limit to %llu", nproc);
+        }
+    }
+    if (have_uid) {
+        drop_identity((uid_t)uid, (gid_t)gid);
+    }
+    execv(program[0], program);
+    fail_errno(errno, "exec %s", program[0]);
+}
+
+/* ---------------------------------------------------------------------------------------- */
+/* Inner mode: inside the sandbox, before the command                                        */
+
+struct expectation {
+    const char *path;
+    unsigned long long dev;
+    unsigned long long ino;
+    int read_only;
+};
+
+struct allowance {
+    const char *path;
+    uint64_t access;
+};
+
+struct limit {
+    const char *name;
+    int resource;
+    rlim_t value;
+};
+
+enum landlock_mode { LANDLOCK_UNSET, LANDLOCK_OFF, LANDLOCK_OPTIONAL, LANDLOCK_REQUIRED };
+
+static void verify_ro_root(void) {
+    struct statvfs sv;
+    if (statvfs("/", &sv) != 0) {
+        fail_errno(errno, "statvfs /");
+    }
+    if ((sv.f_flag & ST_RDONLY) == 0) {
+        fail_because("it is mounted read-write", "the sandbox root is not read-only");
+    }
+}
+
+/* The object at PATH is the one the gateway opened on the host (same device and inode), and
+ * mounted the way it asked. O_NOFOLLOW: a symlink put in place of a mount point is not it. */
+static void verify_expectation(const struct expectation *e) {
+    struct stat st;
+    struct statvfs sv;
+    char why[160];
+    int fd = open(e->path, O_PATH | O_NOFOLLOW | O_CLOEXEC);
+
+    if (fd < 0) {
+        fail_errno(errno, "mount check %s: open", e->path);
+    }
+    if (fstat(fd, &st) != 0) {
+        fail_errno(errno, "mount check %s: fstat", e->path);
+    }
+    if ((unsigned long long)st.st_dev != e->dev || (unsigned long long)st.st_ino != e->ino) {
+        snprintf(why, sizeof why, "found device %llu inode %llu, expected device %llu inode %llu",
+                 (unsigned long long)st.st_dev, (unsigned long long)st.st_ino, e->dev, e->ino);
+        fail_because(why, "mount check %s: not the expected object", e->path);
+    }
+    if (fstatvfs(fd, &sv) != 0) {
+        fail_errno(errno, "mount check %s: fstatvfs", e->path);
+    }
+    if (e->read_only && (sv.f_flag & ST_RDONLY) == 0) {
+        fail_because("mounted read-write, expected read-only", "mount check %s", e->path);
+    }
+    if (!e->read_only && (sv.f_flag & ST_RDONLY) != 0) {
+        fail_because("mounted read-only, expected read-write", "mount check %s", e->path);
+    }
+    close(fd);
+}
+
+static void parse_rlimit(const char *spec, struct limit *out) {
+    static const struct {
+        const char *name;
+        int resource;
+    } names[] = {
+        {"cpu", RLIMIT_CPU}, {"fsize", RLIMIT_FSIZE}, {"nofile", RLIMIT_NOFILE},
+        {"as", RLIMIT_AS},   {"nproc", RLIMIT_NPROC},
+    };
+    const char *eq = strchr(spec, '=');
+    size_t len;
+    unsigned long long v;
+
+    if (eq == NULL) {
+        fail_errno(EINVAL, "--rlimit %s: expected NAME=VALUE", spec);
+    }
+    len = (size_t)(eq - spec);
+    for (size_t k = 0; k < sizeof names / sizeof names[0]; k++) {
+        if (strlen(names[k].name) == len && strncmp(spec, names[k].name, len) == 0) {
+            out->name = names[k].name;
+            out->resource = names[k].resource;
+            if (strcmp(eq + 1, "unlimited") == 0) {
+                out->value = RLIM_INFINITY;
+            } else if (parse_u64(eq + 1, &v) == 0) {
+                out->value = (rlim_t)v;
+            } else {
+                fail_errno(EINVAL, "--rlimit %s: not a decimal number", spec);
+            }
+            return;
+        }
+    }
+    fail_errno(EINVAL, "--rlimit %s: unknown limit (cpu, fsize, nofile, as, nproc)", spec);
+}
+
+static uint64_t parse_access(const char *path, const char *letters) {
+    uint64_t access = 0;
+    if (*letters == '\0') {
+        fail_errno(EINVAL, "--allow %s: no access letters (r, w, c, x, d)", path);
+    }
+    for (const char *p = letters; *p != '\0'; p++) {
+        switch (*p) {
+        case 'r':
+            access |= AGW_FS_READ_FILE | AGW_FS_READ_DIR;
+            break;
+        case 'w':
+            access |= AGW_FS_WRITE_FILE | AGW_FS_TRUNCATE;
+            break;
+        case 'c':
+            access |= AGW_FS_MAKE_CHAR | AGW_FS_MAKE_DIR | AGW_FS_MAKE_REG | AGW_FS_MAKE_SOCK |
+                      AGW_FS_MAKE_FIFO | AGW_FS_MAKE_BLOCK | AGW_FS_MAKE_SYM | AGW_FS_REMOVE_DIR |
+                      AGW_FS_REMOVE_FILE | AGW_FS_REFER;
+            break;
+        case 'x':
+            access |= AGW_FS_EXECUTE;
+            break;
+        case 'd':
+            access |= AGW_FS_IOCTL_DEV;
+            break;
+        default:
+            fail_errno(EINVAL, "--allow %s: unknown access letter '%c' (r, w, c, x, d)", path, *p);
+        }
+    }
+    return access;
+}
+
+/* Every filesystem right the kernel's Landlock ABI knows: all of them are handled (denied
+ * unless a rule allows them). */
+static uint64_t fs_rights_of_abi(long abi) {
+    uint64_t rights = (AGW_FS_MAKE_SYM << 1) - 1; /* ABI 1: EXECUTE .. MAKE_SYM */
+    if (abi >= 2) {
+        rights |= AGW_FS_REFER;
+    }
+    if (abi >= 3) {
+        rights |= AGW_FS_TRUNCATE;
+    }
+    if (abi >= 5) {
+        rights |= AGW_FS_IOCTL_DEV;
+    }
+    return rights;
+}
+
+static void apply_landlock(enum landlock_mode mode, const struct allowance *allows, size_t nallows,
+                           int no_tcp, int scope) {
+    struct agw_ruleset_attr attr;
+    long abi;
+    int ruleset;
+
+    if (mode == LANDLOCK_OFF) {
+        return;
+    }
+    abi = syscall(AGW_NR_LANDLOCK_CREATE_RULESET, NULL, (size_t)0, AGW_CREATE_RULESET_VERSION);
+    if (abi < 1) {
+        if (mode == LANDLOCK_REQUIRED) {
+            fail_errno(abi < 0 ? errno : ENOSYS, "Landlock is required but not available");
+        }
+        return; /* optional: this kernel has none */
+    }
+
+    /* Each restriction as far as this kernel's ABI goes, like the filesystem rights: the TCP
+     * rules need ABI 4 and the scopes ABI 6; older kernels enforce the rest. (The gateway knows
+     * the ABI and records it; "required" means Landlock itself must be there.) */
+    memset(&attr, 0, sizeof attr);
+    attr.handled_access_fs = fs_rights_of_abi(abi);
+    if (no_tcp && abi >= 4) {
+        attr.handled_access_net = AGW_NET_BIND_TCP | AGW_NET_CONNECT_TCP;
+    }
+    if (scope && abi >= 6) {
+        attr.scoped = AGW_SCOPE_ABSTRACT_UNIX_SOCKET | AGW_SCOPE_SIGNAL;
+    }
+
+    ruleset = (int)syscall(AGW_NR_LANDLOCK_CREATE_RULESET, &attr, sizeof attr, 0U);
+    if (ruleset < 0) {
+        fail_errno(errno, "landlock_create_ruleset");
+    }
+    for (size_t k = 0; k < nallows; k++) {
+        struct agw_path_beneath_attr rule;
+        struct stat st;
+        uint64_t access = allows[k].access & attr.handled_access_fs;
+        int fd = open(allows[k].path, O_PATH | O_CLOEXEC);
+
+        if (fd < 0) {
+            if (errno == ENOENT) {
+                continue; /* nothing there to allow */
+            }
+            fail_errno(errno, "--allow %s: open", allows[k].path);
+        }
+        if (fstat(fd, &st) != 0) {
+            fail_errno(errno, "--allow %s: fstat", allows[k].path);
+        }
+        if (!S_ISDIR(st.st_mode)) {
+            access &= AGW_FS_FILE_RIGHTS;
+        }
+        if (access != 0) { /* the kernel refuses an empty rule; it would allow nothing anyway */
+            memset(&rule, 0, sizeof rule);
+            rule.allowed_access = access;
+            rule.parent_fd = fd;
+            if (syscall(AGW_NR_LANDLOCK_ADD_RULE, ruleset, AGW_RULE_PATH_BENEATH, &rule, 0U) != 0) {
+                fail_errno(errno, "--allow %s: landlock_add_rule", allows[k].path);
+            }
+        }
+        close(fd);
+    }
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) != 0) {
+        fail_errno(errno, "prctl(PR_SET_NO_NEW_PRIVS)");
+    }
+    if (syscall(AGW_NR_LANDLOCK_RESTRICT_SELF, ruleset, 0U) != 0) {
+        fail_errno(errno, "landlock_restrict_self");
+    }
+    close(ruleset);
+}
+
+static int compare_ints(const void *a, const void *b) {
+    int x = *(const int *)a, y = *(const int *)b;
+    return (x > y) - (x < y);
+}
+
+static int close_span(unsigned int first, unsigned int last) {
+    return (int)syscall(AGW_NR_CLOSE_RANGE, first, last, 0U);
+}
+
+/* Close every descriptor from 3 up, except the kept ones (sorted). close_range(2) for the
+ * gaps between them; where it is missing (kernel < 5.9) or filtered, one close per entry of
+ * /proc/self/fd. A descriptor left open could reach outside the sandbox (an O_PATH descriptor
+ * of a host directory opens its parent with openat(fd, "..")). */
+static void close_inherited(const int *keep, size_t nkeep) {
+    unsigned int next = 3;
+    int ok = 1;
+
+    for (size_t k = 0; k < nkeep && ok; k++) {
+        unsigned int fd = (unsigned int)keep[k];
+        if (fd < next) {
+            continue; /* 0-2, or a repeat */
+        }
+        if (fd > next && close_span(next, fd - 1) != 0) {
+            ok = 0;
+        }
+        next = fd + 1;
+    }
+    if (ok && close_span(next, ~0U) == 0) {
+        return;
+    }
+
+    DIR *dir = opendir("/proc/self/fd");
+    struct dirent *entry;
+    if (dir == NULL) {
+        fail_errno(errno, "close inherited descriptors: open /proc/self/fd");
+    }
+    for (;;) {
+        unsigned long long fd;
+        errno = 0;
+        entry = readdir(dir);
+        if (entry == NULL) {
+            break;
+        }
+        if (parse_u64(entry->d_name, &fd) != 0 || fd < 3 || fd > INT_MAX || (int)fd == dirfd(dir)) {
+            continue;
+        }
+        int wanted = (int)fd;
+        if (bsearch(&wanted, keep, nkeep, sizeof *keep, compare_ints) == NULL) {
+            close(wanted);
+        }
+    }
+    if (errno != 0) {
+        fail_errno(errno, "close inherited descriptors: read /proc/self/fd");
+    }
+    closedir(dir);
+}
+
+static int run_inner(int argc, char **argv) {
+    struct expectation *expects = allocate((size_t)argc, sizeof *expects);
+    struct allowance *allows = allocate((size_t)argc, sizeof *allows);
+    struct limit *limits = allocate((size_t)argc, sizeof *limits);
+    int *keep = allocate((size_t)argc, sizeof *keep);
+    size_t nexpects = 0, nallows = 0, nlimits = 0, nkeep = 0;
+    enum landlock_mode mode = LANDLOCK_UNSET;
+    int ro_root = 0, no_tcp = 0, scope = 0;
+    int i = 2;
+
+    for (; i < argc; i++) {
+        const char *opt = argv[i];
+        if (strcmp(opt, "--") == 0) {
+            break;
+        } else if (strcmp(opt, "--verify-ro-root") == 0) {
+            ro_root = 1;
+        } else if (strcmp(opt, "--expect") == 0) {
+            need_values(argc, argv, i, 4);
+            struct expectation *e = &expects[nexpects++];
+            e->path = argv[i + 1];
+            e->dev = number("--expect DEV", argv[i + 2]);
+            e->ino = number("--expect INO", argv[i + 3]);
+            if (strcmp(argv[i + 4], "ro") == 0) {
+                e->read_only = 1;
+            } else if (strcmp(argv[i + 4], "rw") == 0) {
+                e->read_only = 0;
+            } else {
+                fail_errno(EINVAL, "--expect %s: mode must be ro or rw, not %s", e->path, argv[i + 4]);
+            }
+            i += 4;
+        } else if (strcmp(opt, "--landlock") == 0) {
+            need_values(argc, argv, i, 1);
+            const char *value = argv[++i];
+            if (strcmp(value, "required") == 0) {
+                mode = LANDLOCK_REQUIRED;
+            } else if (strcmp(value, "optional") == 0) {
+                mode = LANDLOCK_OPTIONAL;
+            } else if (strcmp(value, "off") == 0) {
+                mode = LANDLOCK_OFF;
+            } else {
+                fail_errno(EINVAL, "--landlock %s: expected required, optional or off", value);
+            }
+        } else if (strcmp(opt, "--allow") == 0) {
+            need_values(argc, argv, i, 2);
+            allows[nallows].path = argv[i + 1];
+            allows[nallows].access = parse_access(argv[i + 1], argv[i + 2]);
+            nallows++;
+            i += 2;
+        } else if (strcmp(opt, "--no-tcp") == 0) {
+            no_tcp = 1;
+        } else if (strcmp(opt, "--scope") == 0) {
+            scope = 1;
+        } else if (strcmp(opt, "--rlimit") == 0) {
+            need_values(argc, argv, i, 1);
+            parse_rlimit(argv[++i], &limits[nlimits++]);
+        } else if (strcmp(opt, "--keep-fd") == 0) {
+            need_values(argc, argv, i, 1);
+            unsigned long long fd = number(opt, argv[++i]);
+            if (fd > INT_MAX) {
+                fail_errno(EINVAL, "--keep-fd %llu: out of range", fd);
+            }
+            keep[nkeep++] = (int)fd;
+        } else {
+            fail_errno(EINVAL, "inner: unknown option %s", opt);
+        }
+    }
+    if (i >= argc) {
+        fail_errno(EINVAL, "inner: no \"--\" before the program");
+    }
+    if (i + 1 >= argc) {
+        fail_errno(EINVAL, "inner: no program after \"--\"");
+    }
+    /* Rules asked for are never dropped silently: without --landlock they are required. */
+    if (mode == LANDLOCK_UNSET) {
+        mode = (nallows > 0 || no_tcp || scope) ? LANDLOCK_REQUIRED : LANDLOCK_OFF;
+    }
+    qsort(keep, nkeep, sizeof *keep, compare_ints);
+
+    if (ro_root) {
+        verify_ro_root();
+    }
+    for (size_t k = 0; k < nexpects; k++) {
+        verify_expectation(&expects[k]);
+    }
+    for (size_t k = 0; k < nlimits; k++) {
+        struct rlimit lim = {limits[k].value, limits[k].value};
+        if (setrlimit(limits[k].resource, &lim) != 0) {
+            fail_errno(errno, "set the %s limit", limits[k].name);
+        }
+    }
+    apply_landlock(mode, allows, nallows, no_tcp, scope);
+    close_inherited(keep, nkeep);
+
+    char **program = argv + i + 1;
+    execvp(program[0], program);
+    fail_errno(errno, "exec %s", program[0]);
+}
+
+int main(int argc, char **argv) {
+    if (argc >= 2 && strcmp(argv[1], "outer") == 0) {
+        return run_outer(argc, argv);
+    }
+    if (argc >= 2 && strcmp(argv[1], "inner") == 0) {
+        return run_inner(argc, argv);
+    }
+    fail_errno(EINVAL, "usage: agw-init outer|inner [options] -- program [args]");
+}
