@@ -333,6 +333,20 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from gateway.sandbox import doctor
+
+    policy = None
+    if args.policy:
+        try:
+            policy = load_policy(Path(args.policy), Path(args.workspace) if args.workspace else None)
+        except PolicyError as exc:
+            return _fatal(str(exc))
+    report = doctor.run(policy)
+    print(json.dumps(report.to_json(), indent=2, ensure_ascii=False) if args.json else report.text())
+    return EXIT_OK if report.ok else EXIT_DENY
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="gateway", description="agent-gateway: a policy gate for LLM agents")
     sub = ap.add_subparsers(dest="verb", required=True)
@@ -410,6 +424,11 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
     tk.add_argument("--workspace", help=argparse.SUPPRESS)
     tk.set_defaults(func=_cmd_token)
+    dr = sub.add_parser("doctor", help="what this host enforces: bubblewrap, user namespaces, Landlock, cgroups")
+    dr.add_argument("--json", action="store_true", help="print one JSON object with every item")
+    dr.add_argument("--policy", help="also check what this policy requires of the host")
+    dr.add_argument("--workspace", help=argparse.SUPPRESS)
+    dr.set_defaults(func=_cmd_doctor)
     return ap
 
 

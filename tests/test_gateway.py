@@ -19,6 +19,7 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 
 PERMISSIVE = {
     "version": 1,
@@ -87,6 +88,7 @@ def ws(tmp_path: Path) -> Path:
     w.mkdir()
     (w / "victim").write_text("keep me\n")
     (w / ".git" / "hooks").mkdir(parents=True)
+    hand_over(w)  # sandboxed commands run as the sandbox's account (docs/sandbox.md)
     return w
 
 
@@ -249,6 +251,7 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 ws = Path(sys.argv[2])
 policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws.parent / "p.yaml", ws)
 out = Gateway(policy, AuditLog(Path(sys.argv[3]))).handle(RunCall(principal="agent", command="echo x > ran.txt"))
@@ -405,6 +408,7 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 ws = Path(sys.argv[2])
 policy = compile_policy(Policy.model_validate(json.loads(sys.argv[1])), ws.parent / "p.yaml", ws, sha256="t")
 gw = Gateway(policy, AuditLog(Path(sys.argv[3])))

@@ -17,6 +17,7 @@ rlimits, closes every descriptor but 0-2 (and the ones the caller keeps), and ru
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import os
 import secrets
@@ -131,6 +132,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
             try:
                 o = keep(descriptors.open_absolute(m.source))
             except OSError as exc:
+                if exc.errno in (errno.ENOENT, errno.ELOOP, errno.ENOTDIR):
+                    continue  # a root that does not exist (or became a link) is simply not there
                 what = "the write root " if m.kind == "bind" else ""
                 raise SandboxUnavailable(f"{what}{m.source} cannot be opened safely: {exc.strerror}") from exc
             roots[m.target] = o

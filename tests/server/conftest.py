@@ -22,6 +22,7 @@ from gateway.calls import ProcessCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 
@@ -93,6 +94,7 @@ POLICY: dict[str, Any] = {
 def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
     w.mkdir()
+    hand_over(w)  # sandboxed commands run as the sandbox's account (docs/sandbox.md)
     return w
 
 

@@ -15,6 +15,7 @@ from gateway.calls import FilesCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -41,6 +42,7 @@ def ws(tmp_path: Path) -> Path:
     w.mkdir()
     (w / "a.txt").write_text("one\ntwo\n")
     (tmp_path / "outside.txt").write_text("secret\n")
+    hand_over(w)  # sandboxed commands run as the sandbox's account (docs/sandbox.md)
     return w
 
 

@@ -16,6 +16,7 @@ from gateway.calls import SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -90,6 +91,7 @@ def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
     (w / "sub").mkdir(parents=True)
     (w / "sub" / "note.txt").write_text("hello\n")
+    hand_over(w)  # sandboxed commands run as the sandbox's account (docs/sandbox.md)
     return w
 
 

@@ -18,6 +18,7 @@ from gateway.calls import AskUserCall, EnvCall, FormatOutputCall, ProcessCall, R
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -72,6 +73,7 @@ POLICY: dict[str, Any] = {
 def ws(tmp_path: Path) -> Path:
     w = tmp_path / "ws"
     w.mkdir()
+    hand_over(w)  # sandboxed commands run as the sandbox's account (docs/sandbox.md)
     return w
 
 

@@ -1,0 +1,138 @@
+"""`gateway doctor`, run as a real process on this host."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.sandbox import landlock
+
+GATEWAY = Path(sys.executable).parent / "gateway"
+ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper"}
+# The Landlock ABI each mainline kernel introduced: a kernel that has Landlock has at least this.
+LANDLOCK_SINCE = [((6, 15), 7), ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3), ((5, 19), 2), ((5, 13), 1)]
+
+
+def doctor(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    argv = [str(GATEWAY)] if GATEWAY.exists() else [sys.executable, "-m", "gateway"]
+    return subprocess.run(
+        [*argv, "doctor", *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+def doctor_json(*args: str, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any]]:
+    proc = doctor("--json", *args, env=env)
+    assert proc.stdout, proc.stderr
+    return proc.returncode, json.loads(proc.stdout)
+
+
+def kernel() -> tuple[int, int]:
+    major, minor = os.uname().release.split(".")[:2]
+    return int(major), int("".join(c for c in minor if c.isdigit()) or 0)
+
+
+def landlock_floor() -> int:
+    return next((abi for since, abi in LANDLOCK_SINCE if kernel() >= since), 0)
+
+
+def expected_cgroup_version() -> int:
+    """Read off the host independently of quotas.py: v1 when a v1 hierarchy has memory or pids."""
+    with open("/proc/self/mountinfo") as f:
+        mounts = [line.split(" - ", 1)[1].split() for line in f if " - cgroup" in line]
+    v1 = any(m[0] == "cgroup" and {"memory", "pids"} & set(m[2].split(",")) for m in mounts)
+    return 1 if v1 else 2
+
+
+def test_doctor_json_says_this_host_can_run_sandboxed_commands() -> None:
+    code, report = doctor_json()
+    assert code == 0, report
+    assert report["ok"] is True and report["blocked_by"] == []
+    assert set(report["items"]) == ITEMS
+    for key, item in report["items"].items():
+        assert isinstance(item["ok"], bool) and isinstance(item["required"], bool), key
+        assert item["detail"], key
+    for key in ("bubblewrap", "user_namespaces", "sandbox_uid", "helper"):
+        assert report["items"][key]["ok"] and report["items"][key]["required"], key
+    assert report["items"]["bubblewrap"]["version"].startswith("bubblewrap ")
+    assert report["items"]["user_namespaces"]["unprivileged_starts"] is True
+    assert os.path.isfile(report["items"]["helper"]["path"])
+
+
+def test_doctor_names_the_landlock_abi() -> None:
+    _, report = doctor_json()
+    item = report["items"]["landlock"]
+    assert item["abi"] == landlock.abi()
+    if item["abi"]:
+        assert item["ok"] and item["detail"] == f"ABI {item['abi']}"
+        assert item["abi"] >= landlock_floor()  # on this host (Linux 6.18): ABI 7
+    assert item["required"] is False  # no policy asked for it
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="creating cgroups needs root on this host")
+def test_doctor_names_the_cgroup_version_and_controllers() -> None:
+    _, report = doctor_json()
+    item = report["items"]["cgroups"]
+    assert item["ok"] is True and item["required"] is False
+    assert item["version"] == expected_cgroup_version()  # this host: cgroup v1
+    assert item["controllers"] == ["memory", "pids"]
+    assert item["detail"].startswith(f"cgroup v{item['version']}: memory and pids per sandbox under ")
+    assert item["fallback"] == []
+
+
+def test_doctor_text_is_one_line_per_item_and_a_verdict() -> None:
+    proc = doctor()
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    lines = proc.stdout.splitlines()
+    assert len(lines) == len(ITEMS) + 1
+    for line in lines[:-1]:
+        assert any(f"  {answer}  " in line for answer in ("yes", "no ", "NO ")), line
+    assert lines[-1] == "=> commands can run sandboxed here"
+    assert any(line.startswith("Landlock") and f"ABI {landlock.abi()}" in line for line in lines)
+
+
+def test_a_policy_that_requires_landlock(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\nsandbox:\n  require_landlock: true\n")
+    code, report = doctor_json("--policy", str(policy))
+    item = report["items"]["policy"]
+    assert item["required"] is True and item["require_landlock"] is True
+    assert report["items"]["landlock"]["required"] is True
+    if landlock.abi():
+        assert code == 0 and item["ok"] and "requires Landlock" in item["detail"]
+    else:
+        assert code == 1 and "policy" in report["blocked_by"]
+
+
+def test_a_policy_without_requirements(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 1\n")
+    code, report = doctor_json("--policy", str(policy))
+    assert code == 0
+    assert report["items"]["policy"]["ok"] and report["items"]["policy"]["require_landlock"] is False
+
+
+def test_a_broken_policy_is_a_usage_error(tmp_path: Path) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("version: 7\n")
+    proc = doctor("--policy", str(policy))
+    assert proc.returncode == 2
+    assert str(policy) in proc.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="AGW_SANDBOX_USER only matters when the gateway runs as root")
+def test_exit_1_names_what_blocks() -> None:
+    env = {"AGW_SANDBOX_USER": "agw-no-such-account"}
+    code, report = doctor_json(env=env)
+    assert code == 1
+    assert report["ok"] is False and report["blocked_by"] == ["sandbox uid"]
+    assert "agw-no-such-account" in report["items"]["sandbox_uid"]["detail"]
+    proc = doctor(env=env)
+    assert proc.returncode == 1
+    assert proc.stdout.splitlines()[-1] == "=> commands cannot run sandboxed here: blocked by sandbox uid"
+    assert any(line.startswith("sandbox uid") and "  NO  " in line for line in proc.stdout.splitlines())
