@@ -134,7 +134,8 @@ def test_the_sandbox_refuses_what_the_text_hid(policy: CompiledPolicy, tmp_path:
     run(gateway(policy, tmp_path), f"x={outside}; echo pwned | tee $x/f")
     assert not (outside / "f").exists()
     net = run(gateway(policy, tmp_path), "python3 -c 'import socket; socket.create_connection((\"1.1.1.1\", 80), 2)'")
-    assert net["exit_code"] != 0 and "unreachable" in str(net["stderr"]).lower()
+    # refused twice over: no route (a fresh network namespace) and Landlock refuses TCP connect
+    assert net["exit_code"] != 0 and any(w in str(net["stderr"]).lower() for w in ("unreachable", "permission denied"))
 
 
 def test_the_sandbox_keeps_protected_paths_read_only(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
@@ -272,6 +273,7 @@ def test_no_sandbox_no_execution(ws: Path, tmp_path: Path) -> None:
 def test_gateway_run_cli(tmp_path: Path) -> None:
     env = {**os.environ}
     (tmp_path / "ws").mkdir()
+    hand_over(tmp_path / "ws")
     args = [
         sys.executable,
         "-m",
@@ -432,6 +434,7 @@ def test_the_terminal_approver_through_a_real_pty(tmp_path: Path) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "victim").write_text("x")
+    hand_over(ws)
     master, slave = pty.openpty()
     proc = subprocess.Popen(
         [sys.executable, "-m", "gateway", "run", "--approver", "tty", "--audit-dir", str(tmp_path / "audit"),
@@ -535,12 +538,14 @@ def test_a_symlink_put_where_a_missing_write_root_was_binds_nothing(
         'python3 -c \'open(".git/config", "w").write("[core] fsmonitor = id")\'',  # did not exist
     ],
 )
-def test_protected_paths_are_put_back(policy: CompiledPolicy, tmp_path: Path, ws: Path, attack: str) -> None:
+def test_protected_paths_cannot_change(policy: CompiledPolicy, tmp_path: Path, ws: Path, attack: str) -> None:
+    """Bound read-only (a placeholder where missing) and pinned: nothing to put back afterwards."""
     out = run(gateway(policy, tmp_path), attack)
     if "rename" in attack:  # .git is pinned (a mount point of its own): it cannot be moved away
         assert "Device or resource busy" in str(out["stderr"]), out
     else:
-        assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
+        assert "Read-only file system" in str(out["stderr"]), out
+    assert out["exit_code"] != 0
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
     assert not (ws / ".git" / "config").exists()
     assert (ws / ".git" / "hooks").is_dir()
@@ -622,9 +627,9 @@ def test_an_included_policy_file_inside_a_write_root_is_refused(tmp_path: Path, 
     assert out["error"]["code"] == "UNSAFE_SETUP" and "the policy" in out["error"]["message"]  # type: ignore[index]
 
 
-def test_restore_never_follows_a_symlink_put_where_git_was(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
-    """No .git when the sandbox starts: a command makes .git a symlink to a directory of the
-    user's. Putting the protected paths back must remove the link, never write through it."""
+def test_no_symlink_can_be_put_where_git_was(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    """No .git when the sandbox starts: a read-only placeholder stands there, so a command cannot
+    make .git a symlink to a directory of the user's (and the gateway never repairs anything)."""
     import shutil
 
     shutil.rmtree(ws / ".git")
@@ -632,7 +637,7 @@ def test_restore_never_follows_a_symlink_put_where_git_was(policy: CompiledPolic
     (elsewhere / "hooks").mkdir(parents=True)
     (elsewhere / "hooks" / "important").write_text("keep")
     out = run(gateway(policy, tmp_path), f'python3 -c \'import os; os.symlink("{elsewhere}", ".git")\'')
-    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED"  # type: ignore[index]
-    assert not (ws / ".git").exists() and not (ws / ".git").is_symlink()
+    assert out["exit_code"] != 0 and "File exists" in str(out["stderr"]), out
+    assert not (ws / ".git").is_symlink()
     assert (elsewhere / "hooks" / "important").read_text() == "keep"
     assert sorted(p.name for p in elsewhere.iterdir()) == ["hooks"]

@@ -107,6 +107,7 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
     args: list[str] = []
     expects: list[str] = []
     roots: dict[str, Opened] = {}
+    late_ro: list[str] = []
 
     def keep(o: Opened) -> Opened:
         fds.append(o.fd)
@@ -136,6 +137,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
                     continue  # a root that does not exist (or became a link) is simply not there
                 what = "the write root " if m.kind == "bind" else ""
                 raise SandboxUnavailable(f"{what}{m.source} cannot be opened safely: {exc.strerror}") from exc
+            if m.kind == "bind":
+                _usable(m.source, o, plan)
             roots[m.target] = o
             args += ["--ro-bind-fd" if m.kind == "ro-bind" else "--bind-fd", str(o.fd), m.target]
             expect(m.target, o, m.kind == "ro-bind")
@@ -147,8 +150,9 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
             args += ["--perms", "0555", "--ro-bind-data", str(fd), m.target]
         elif m.kind == "tmpfs":
             args += ["--size", str(m.size), "--tmpfs", m.target] if m.size else ["--tmpfs", m.target]
-        elif m.kind == "hide":
-            args += ["--perms", "0555", "--size", "4096", "--tmpfs", m.target, "--remount-ro", m.target]
+        elif m.kind == "hide":  # read-only at the end, once what the plan puts inside is there
+            args += ["--perms", "0755", "--size", "65536", "--tmpfs", m.target]
+            late_ro.append(m.target)
         elif m.kind == "dir":
             args += ["--dir", m.target]
         elif m.kind == "symlink":
@@ -160,6 +164,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
             args += ["--dev", m.target]
         elif m.kind == "data":
             args += ["--perms", "0444", "--ro-bind-data", str(data_fd(m.data or b"")), m.target]
+    for target in reversed(late_ro):
+        args += ["--remount-ro", target]
     args += ["--remount-ro", "/", "--chdir", plan.cwd, "--unshare-all", "--unshare-user", "--disable-userns",
              "--new-session", "--cap-drop", "ALL"]  # fmt: skip
     if plan.network:
@@ -199,6 +205,18 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
     launch = Launch(command, tuple(fds), cgroup, how)
     launch._fds = list(fds)
     return launch
+
+
+def _usable(path: str, o: Opened, plan: SandboxPlan) -> None:
+    """A write root the sandbox's account cannot write is refused with what to do about it."""
+    st = os.fstat(o.fd)
+    writable = (st.st_uid == plan.uid and st.st_mode & 0o200) or (st.st_gid == plan.gid and st.st_mode & 0o020)
+    if not (writable or st.st_mode & 0o002):
+        raise SandboxUnavailable(
+            f"the write root {path} is not writable by the sandbox's account (uid {plan.uid}; it is owned by uid "
+            f"{st.st_uid}, mode {st.st_mode & 0o7777:o}): give it to that account (chown -R {plan.uid}:{plan.gid} "
+            f"{path}), as `gateway serve --quickstart` does for its workspace (docs/sandbox.md)"
+        )
 
 
 def _protect(

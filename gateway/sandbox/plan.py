@@ -49,9 +49,10 @@ interpreters' own settings). Nothing secret: no shadow, ssh, ssl/private, sudoer
 credentials, gitconfig."""
 NETWORK_ETC = ("resolv.conf", "hosts")
 """Name lookup, only when the policy lets commands reach the network."""
-HIDDEN_SYSTEM = ("/run", "/var/run", "/var/tmp", "/sys", "/tmp", "/dev/shm", "/proc", "/dev")
-"""Host directories never shown through a wide read root (host sockets live there): each is
-replaced by the sandbox's own (/tmp, /dev, /proc) or an empty read-only directory."""
+HIDDEN_SYSTEM = ("/run", "/var/run", "/var/tmp", "/sys", "/home", "/tmp", "/dev/shm", "/proc", "/dev")
+"""Host directories never shown through a wide read root (host sockets and other users' homes
+live there): each is replaced by the sandbox's own (/tmp, /dev, /proc) or an empty read-only
+directory. A root that names one (or lies inside one) shows it."""
 
 HOME = "/home/agent"
 RUN_DIR = "/run/agent-gateway"
@@ -226,7 +227,8 @@ def build(
     mounts += [Mount("/dev", "dev"), Mount("/proc", "proc"), Mount("/tmp", "tmpfs", size=q.tmpfs_bytes),
                Mount("/dev/shm", "tmpfs", size=q.tmpfs_bytes), Mount(HOME, "tmpfs", size=q.tmpfs_bytes)]  # fmt: skip
     for path in HIDDEN_SYSTEM:
-        if path not in ("/tmp", "/dev/shm", "/proc", "/dev") and path in host.hideable and covered(path):
+        named = any(_under(r, path) for r in roots)  # a root at or inside it: the admin asked
+        if path not in ("/tmp", "/dev/shm", "/proc", "/dev") and path in host.hideable and covered(path) and not named:
             mounts.append(Mount(path, "hide"))
     for private in sorted({str(p) for p in profile.private}):
         if covered(private):
