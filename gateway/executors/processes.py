@@ -50,6 +50,7 @@ LOG = "process.log"
 OLD_LOG = "process.log.1"
 _ID = re.compile(r"[0-9a-f]{16}")
 
+
 @dataclass(frozen=True)
 class Spawnable:
     """What `build` returns: the argv and environment to start, the descriptors it needs, and

@@ -52,8 +52,9 @@ from typing import Any
 
 from gateway import sandbox
 from gateway.executors.proctree import children, comm, descendants
-from gateway.executors.shell import scrubbed_env
+from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
+from gateway.sandbox import identity
 
 # One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
 # (refused with control characters) nor a command (the analyser refuses them) holds GS, US or
@@ -376,6 +377,7 @@ class SessionManager:
                 if pty:
                     master, slave = os.openpty()
                     opened += [master, slave]
+                    identity.own(slave)  # the terminal is the command's: /dev/tty reopens it
                     fcntl.ioctl(master, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
                     proc = SPAWNER.call(partial(
                         _popen, argv, stdin=slave, stdout=slave, stderr=slave, pass_fds=pass_fds,
@@ -383,15 +385,16 @@ class SessionManager:
                     ))  # fmt: skip
                     os.close(slave)
                     out_fd = in_fd = master
-                else:
+                else:  # pipes owned by the sandbox's account (shell.sandbox_pipe)
+                    out_fd, child_out = sandbox_pipe()
+                    child_in, in_fd = sandbox_pipe()
+                    opened += [out_fd, child_out, child_in, in_fd]
                     proc = SPAWNER.call(partial(
-                        _popen, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                        stderr=subprocess.STDOUT, pass_fds=pass_fds, start_new_session=True, env=full_env, cwd="/",
+                        _popen, argv, stdin=child_in, stdout=child_out,
+                        stderr=child_out, pass_fds=pass_fds, start_new_session=True, env=full_env, cwd="/",
                     ))  # fmt: skip
-                    assert proc.stdin is not None and proc.stdout is not None
-                    out_fd, in_fd = os.dup(proc.stdout.fileno()), os.dup(proc.stdin.fileno())
-                    proc.stdout.close()
-                    proc.stdin.close()
+                    os.close(child_out)
+                    os.close(child_in)
             except BaseException:
                 for fd in (*opened, control_w):
                     with contextlib.suppress(OSError):

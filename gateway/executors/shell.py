@@ -1,7 +1,8 @@
 """The `run` executor: one shell command, in the sandbox, with bounded output and a timeout.
 
 The text runs with a pinned shell (`bash --noprofile --norc -c`), stdin closed, the jailed cwd,
-a scrubbed environment (an allowlist plus what the policy permitted), inside the sandbox (gateway/sandbox: plan, then launch).
+a scrubbed environment (an allowlist plus what the policy permitted), inside the sandbox
+(gateway/sandbox: a plan, then a launch).
 
 Output is read as it comes and never kept whole: each stream keeps its first and last
 `output_bytes / 2` bytes, and a notice says how many bytes in between were dropped.
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
+from gateway.sandbox import identity
 
 SHELL = ["bash", "--noprofile", "--norc", "-c"]
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -58,6 +60,19 @@ class _Stream:
         return bytes(self.head + middle + self.tail).decode("utf-8", "replace")
 
 
+def sandbox_pipe() -> tuple[int, int]:
+    """A pipe for a sandboxed command's output, owned by the sandbox's account: a command may
+    reopen its own output (`> /dev/stdout` is /proc/self/fd/1), which checks the pipe's owner."""
+    r, w = os.pipe()
+    try:
+        identity.own(w)
+    except BaseException:
+        os.close(r)
+        os.close(w)
+        raise
+    return r, w
+
+
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment a command starts with: an allowlist plus what the policy permitted (the
     sandbox's plan adds HOME and git's settings over it)."""
@@ -89,12 +104,13 @@ def run(
     argv = [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text]
     plan, launch = sandbox.start(profile, argv, cwd, scrubbed_env(env or {}), git_write=git_write)
     started = time.monotonic()
+    pipes = [sandbox_pipe(), sandbox_pipe()] if capture else []
     try:
         proc = subprocess.Popen(
             launch.argv,
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if capture else subprocess.DEVNULL,
-            stderr=subprocess.PIPE if capture else subprocess.DEVNULL,
+            stdout=pipes[0][1] if capture else subprocess.DEVNULL,
+            stderr=pipes[1][1] if capture else subprocess.DEVNULL,
             env=plan.env,
             cwd="/",
             start_new_session=True,  # its own process group, for killpg
@@ -103,15 +119,22 @@ def run(
         )
     except OSError as exc:
         launch.abandon()
+        for r, w in pipes:
+            os.close(r)
+            os.close(w)
         return {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": f"cannot start: {exc}"}}
     launch.started()
+    readers = {}
+    for name, (r, w) in zip(("stdout", "stderr"), pipes, strict=False):
+        os.close(w)
+        readers[name] = os.fdopen(r, "rb", buffering=0)
     streams = {
         "stdout": _Stream(output_bytes, bytearray(), bytearray()),
         "stderr": _Stream(output_bytes, bytearray(), bytearray()),
     }
     sel = selectors.DefaultSelector()
     for name in ("stdout", "stderr"):
-        stream = getattr(proc, name)
+        stream = readers.get(name)
         if stream is not None:
             sel.register(stream, selectors.EVENT_READ, name)
     deadline = started + timeout_ms / 1000
@@ -144,9 +167,8 @@ def run(
                 _kill(proc)
     finally:
         sel.close()
-        for stream in (proc.stdout, proc.stderr):
-            if stream is not None:
-                stream.close()
+        for stream in readers.values():
+            stream.close()
         if proc.poll() is None:
             _kill(proc)
     duration = int((time.monotonic() - started) * 1000)
@@ -171,7 +193,10 @@ def run(
     if stopped.get("oom_killed"):
         result["status"] = "error"
         cap = plan.quotas.memory_bytes or 0
-        result["error"] = {"code": "RESOURCE_LIMIT", "message": f"killed: the command used more than its memory limit ({cap >> 20} MiB)"}
+        result["error"] = {
+            "code": "RESOURCE_LIMIT",
+            "message": f"killed: the command used more than its memory limit ({cap >> 20} MiB)",
+        }
         return result
     if stopped.get("pids_refused"):
         result["notice"] = f"the process limit ({plan.quotas.pids}) refused some forks"

@@ -240,8 +240,10 @@ class SandboxSettings(_Model):
         return names
 
 
-_SECRET_ETC = frozenset({"shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "ssl",
-                         "security", "pam.d", "pip.conf", "npmrc", "gitconfig", "machine-id", "passwd", "group"})  # fmt: skip
+_SECRET_ETC = frozenset({
+    "shadow", "shadow-", "gshadow", "gshadow-", "sudoers", "sudoers.d", "ssh", "ssl", "security", "pam.d",
+    "pip.conf", "npmrc", "gitconfig", "machine-id", "passwd", "group",
+})  # fmt: skip
 
 
 class AuditSettings(_Model):

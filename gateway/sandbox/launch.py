@@ -290,5 +290,3 @@ def check() -> str:
 def is_setup_failure(returncode: int | None, stderr: str) -> bool:
     """The helper refused to run the command (a mount not as planned, Landlock missing...)."""
     return returncode == 125 and "agent-gateway sandbox:" in stderr
-
-

@@ -158,10 +158,14 @@ class SandboxPlan:
             "network": self.network,
             "git_write": self.git_write,
             "mounts": [
-                {"target": m.target, "kind": m.kind, "mode": "ro" if m.read_only else "rw",
-                 **({"source": m.source} if m.source else {})}
+                {
+                    "target": m.target,
+                    "kind": m.kind,
+                    "mode": "ro" if m.read_only else "rw",
+                    **({"source": m.source} if m.source else {}),
+                }
                 for m in self.mounts
-            ],  # fmt: skip
+            ],
             "landlock": [{"path": p, "access": a} for p, a in self.landlock],
             "quotas": {k: v for k, v in vars(self.quotas).items() if v is not None},
         }
@@ -278,10 +282,10 @@ def _protections(
         inside = [w for w in write_roots if _under(path, w)]
         return max(inside, key=len) if inside else None
 
-    for p in profile.protected:
-        r = root_of(str(p))
-        if r is not None and str(p) != r:
-            wanted.append((str(p), r))
+    for protected in profile.protected:
+        r = root_of(str(protected))
+        if r is not None and str(protected) != r:
+            wanted.append((str(protected), r))
     fresh: list[str] = []  # a git write into a repository not initialised yet: git init makes it
     for repo in repositories:
         r = str(repo.root)

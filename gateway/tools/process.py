@@ -12,11 +12,10 @@ from gateway import sandbox
 from gateway.analysis import analyze
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors import env as envstore
+from gateway.executors.processes import Spawnable
 from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.schema import Tool
-
-from gateway.executors.processes import Spawnable
 
 if TYPE_CHECKING:
     from gateway.executors.processes import ProcessManager, ProcessRecord

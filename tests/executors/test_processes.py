@@ -30,7 +30,9 @@ class Harness:
         self.managers: list[ProcessManager] = []
 
     def build(self, rec: ProcessRecord) -> Spawnable:
-        return Spawnable(["bash", "--noprofile", "--norc", "-c", rec.command], {"PATH": os.environ["PATH"], **rec.env}, cwd=rec.cwd)
+        return Spawnable(
+            ["bash", "--noprofile", "--norc", "-c", rec.command], {"PATH": os.environ["PATH"], **rec.env}, cwd=rec.cwd
+        )
 
     def gate(self, rec: ProcessRecord, why: str) -> str | None:
         self.gate_calls.append((rec.id, why))

@@ -356,13 +356,20 @@ def test_input_a_program_does_not_read_ends_the_call(gw: Gateway) -> None:
     call(gw, "kill", session_id=sid)
 
 
-def test_protected_paths_changed_by_a_command_still_running_are_put_back_later(gw: Gateway, ws: Path) -> None:
-    """No .git when the command starts: it plants a hook after its exec returned. The next exec
-    restores against the snapshot taken before that command, not against what it left."""
+def test_a_command_still_running_cannot_create_protected_paths_later(gw: Gateway, ws: Path) -> None:
+    """No .git when the session starts: a read-only placeholder stands there for the session's
+    whole life, so a command that plants a hook after its exec returned fails, and nothing needs
+    putting back."""
     sid = start(gw)
-    plant = "import os, time; time.sleep(0.5); os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('x')"
-    assert call(gw, "exec", session_id=sid, command=f'python3 -c "{plant}"', timeout_ms=100)["running"] is True
+    plant = (
+        "import os, time; time.sleep(0.5)\n"
+        "try: os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('x')\n"
+        "except OSError as e: open('planted.txt', 'w').write(e.strerror)"
+    )
+    (ws / "plant.py").write_text(plant)
+    assert call(gw, "exec", session_id=sid, command="python3 plant.py", timeout_ms=100)["running"] is True
     time.sleep(1.5)
     out = call(gw, "exec", session_id=sid, command="echo next")
-    assert out["error"]["code"] == "PROTECTED_PATH_CHANGED", out
+    assert out["status"] == "ok", out
+    assert (ws / "planted.txt").read_text() in ("File exists", "Read-only file system")
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
