@@ -28,6 +28,8 @@ from typing import Any
 
 import pytest
 
+from gateway.sandbox.identity import hand_over
+
 INSPECTOR_VERSION = "2.12.0"  # checked with Node.js 20.20.2 (the package asks for >= 22.19 but runs on 20)
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector"
 GATEWAY = Path(sys.executable).parent / "gateway"
@@ -129,6 +131,7 @@ def gw(tmp_path: Path) -> Gateway:
     for name in ("default.yaml", "default.tests.jsonl"):
         shutil.copy(REPO / "policies" / name, policies / name)
     (tmp_path / "workspace").mkdir()
+    hand_over(tmp_path / "workspace")  # sandboxed commands run as the sandbox's account
     (tmp_path / "home").mkdir()
     return Gateway(policies / "default.yaml", tmp_path / "workspace", tmp_path / "audit", tmp_path / "home")
 
