@@ -20,8 +20,10 @@ import contextlib
 import errno
 import functools
 import os
+import queue
 import secrets
 import subprocess
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -72,9 +74,9 @@ class Launch:
         if self.cgroup is None:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
-        self.cgroup.kill()
-        self.cgroup.remove()
-        return out
+        group, self.cgroup = self.cgroup, None
+        _CLEANER.put(group)  # emptied and removed off the caller's path (gateway.sandbox.quotas.sweep
+        return out  # removes what a gateway that stopped first left behind)
 
     def summary(self, plan: SandboxPlan) -> dict[str, object]:
         """What held this command, for its result and audit record: Landlock (or its absence),
@@ -89,6 +91,33 @@ class Launch:
     def abandon(self) -> None:
         """Popen failed: release everything."""
         self.finished()
+
+
+class _Cleaner:
+    """One thread that kills what is left in ended sandboxes' cgroups and removes them. The PID
+    namespace has already taken every process with bwrap; this is the belt to those braces."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[quotas.Cgroup] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def put(self, group: quotas.Cgroup) -> None:
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="sandbox-cgroups", daemon=True)
+                self._thread.start()
+        self._queue.put(group)
+
+    def _loop(self) -> None:
+        while True:
+            group = self._queue.get()
+            with contextlib.suppress(Exception):
+                group.kill()
+                group.remove()
+
+
+_CLEANER = _Cleaner()
 
 
 def prepare(plan: SandboxPlan, bwrap: str) -> Launch:
@@ -147,11 +176,20 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
         elif m.kind == "helper":  # copied in (a path under root's home is not reachable for the sandbox uid)
             fd = os.open(helper_bin, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             fds.append(fd)
-            args += ["--perms", "0555", "--ro-bind-data", str(fd), m.target]
+            args += ["--perms", "0555", "--file", str(fd), m.target]
+        elif m.kind == "copy":  # a system file, read by descriptor into the root (read-only at the end)
+            assert m.source is not None
+            try:
+                flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
+                fd = descriptors.openat2(-100, m.source, flags, descriptors.RESOLVE_NO_SYMLINKS)
+            except OSError as exc:
+                raise SandboxUnavailable(f"{m.source} cannot be opened safely: {exc.strerror}") from exc
+            fds.append(fd)
+            args += ["--perms", "0444", "--file", str(fd), m.target]
         elif m.kind == "tmpfs":
             args += ["--size", str(m.size), "--tmpfs", m.target] if m.size else ["--tmpfs", m.target]
         elif m.kind == "hide":  # read-only at the end, once what the plan puts inside is there
-            args += ["--perms", "0755", "--size", "65536", "--tmpfs", m.target]
+            args += ["--perms", "0755", "--size", str(8 << 20), "--tmpfs", m.target]  # /run holds the helper
             late_ro.append(m.target)
         elif m.kind == "dir":
             args += ["--dir", m.target]
@@ -162,8 +200,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
             args += ["--proc", m.target]
         elif m.kind == "dev":
             args += ["--dev", m.target]
-        elif m.kind == "data":
-            args += ["--perms", "0444", "--ro-bind-data", str(data_fd(m.data or b"")), m.target]
+        elif m.kind == "data":  # written into the root, which is remounted read-only at the end
+            args += ["--perms", "0444", "--file", str(data_fd(m.data or b"")), m.target]
     for target in reversed(late_ro):
         args += ["--remount-ro", target]
     args += ["--remount-ro", "/", "--chdir", plan.cwd, "--unshare-all", "--unshare-user", "--disable-userns",

@@ -59,7 +59,9 @@ RUN_DIR = "/run/agent-gateway"
 HELPER = f"{RUN_DIR}/init"
 GITCONFIG = f"{RUN_DIR}/gitconfig"
 
-Kind = Literal["ro-bind", "bind", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper"]
+Kind = Literal[
+    "ro-bind", "bind", "copy", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper"
+]
 
 
 @dataclass(frozen=True)
@@ -69,7 +71,8 @@ class Mount:
     target: str
     kind: Kind
     source: str | None = None
-    """The host path bound (ro-bind, bind, protect, pin): opened by descriptor at launch."""
+    """The host path bound (ro-bind, bind, protect, pin) or copied (copy: a small system file,
+    read by descriptor into the read-only root): opened by descriptor at launch."""
     beneath: str | None = None
     """For protect/pin: the write root the source lies in; opened beneath it, no symlinks."""
     size: int | None = None
@@ -108,6 +111,9 @@ class HostFacts:
     """(name under /etc, symlink target or None) for each ETC/NETWORK_ETC entry that exists."""
     hideable: frozenset[str] = frozenset()
     """The HIDDEN_SYSTEM directories that exist here as directories (not symlinks)."""
+    etc_files: frozenset[str] = frozenset()
+    """The `etc` names that are regular files: copied in rather than bound (a mount each would
+    cost more than the copy; measured in docs/performance.md)."""
 
 
 @functools.lru_cache(maxsize=4)
@@ -128,7 +134,8 @@ def host_facts(extra_etc: tuple[str, ...] = ()) -> HostFacts:
         if exists:
             etc.append((name, link))
     hideable = frozenset(p for p in HIDDEN_SYSTEM if os.path.isdir(p) and not os.path.islink(p))
-    return HostFacts(tuple(runtime), tuple(etc), hideable)
+    files = frozenset(n for n, link in etc if link is None and os.path.isfile(f"/etc/{n}"))
+    return HostFacts(tuple(runtime), tuple(etc), hideable, files)
 
 
 @dataclass(frozen=True)
@@ -217,7 +224,10 @@ def build(
             if name not in wanted:
                 continue
             target = f"/etc/{name}"
-            mounts.append(Mount(target, "symlink", link=link) if link else Mount(target, "ro-bind", source=target))
+            if link:
+                mounts.append(Mount(target, "symlink", link=link))
+            else:
+                mounts.append(Mount(target, "copy" if name in host.etc_files else "ro-bind", source=target))
         mounts.append(Mount("/etc/passwd", "data", data=_passwd(uid, gid, user)))
         mounts.append(Mount("/etc/group", "data", data=_group(gid, user)))
         mounts.append(Mount("/etc/hostname", "data", data=b"sandbox\n"))
