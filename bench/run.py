@@ -23,7 +23,7 @@ from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
 
-N = 40
+N = 100
 POLICY = {
     "version": 1,
     "principals": {"agent": {"roles": ["dev"]}},
@@ -44,18 +44,23 @@ def median_ms(fn: object) -> float:
     return statistics.median(times)
 
 
-def by_hand(gw: Gateway, ws: Path, text: str) -> float:
-    """Median ms of Popen + wait of the gateway's own launch, prepared outside the timing."""
+def side_by_side(gw: Gateway, ws: Path, text: str) -> tuple[float, float]:
+    """Median ms of (the gateway's own launch by hand: Popen + wait, prepared outside the timing;
+    the whole call through the gateway), taken alternately so both see the same machine."""
     profile = gw.profile(gw.policy, "agent")
-    times = []
+    hand, full = [], []
     for _ in range(N):
         plan, launch = sandbox.start(profile, ["bash", "--noprofile", "--norc", "-c", text], ws, {"PATH": "/usr/bin"})
         t0 = time.perf_counter()
         proc = subprocess.run(launch.argv, capture_output=True, pass_fds=launch.pass_fds, env=plan.env)
-        times.append((time.perf_counter() - t0) * 1e3)
+        hand.append((time.perf_counter() - t0) * 1e3)
         launch.finished()
         assert proc.returncode == 0, proc.stderr
-    return statistics.median(times)
+        t0 = time.perf_counter()
+        out = gw.handle(RunCall(principal="agent", command=text))
+        full.append((time.perf_counter() - t0) * 1e3)
+        assert out["status"] == "ok", out
+    return statistics.median(hand), statistics.median(full)
 
 
 def main() -> None:
@@ -66,8 +71,7 @@ def main() -> None:
     gw = Gateway(policy, AuditLog(Path(tempfile.mkdtemp())))
     for text in ("true", "echo hi", "yes | head -c 1000000"):
         bare = median_ms(lambda t=text: subprocess.run(["bash", "--noprofile", "--norc", "-c", t], capture_output=True))
-        boxed = by_hand(gw, ws, text)
-        full = median_ms(lambda t=text: gw.handle(RunCall(principal="agent", command=t)))
+        boxed, full = side_by_side(gw, ws, text)
         print(
             f"{text:24} bare {bare:6.2f} ms | sandbox by hand {boxed:6.2f} ms | gateway {full:6.2f} ms "
             f"| gateway / sandbox {full / boxed:4.2f}x"

@@ -33,7 +33,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -62,6 +62,8 @@ class Spawnable:
     started: Callable[[], None] = lambda: None
     cwd: str = "/"
     """Where Popen starts it (the sandbox changes into the call's cwd itself, by its own view)."""
+    summary: dict[str, Any] = field(default_factory=dict)
+    """What holds it (Landlock, quotas, uid): on its started/restarted records."""
 
 
 Build = Callable[["ProcessRecord"], Spawnable]
@@ -290,6 +292,7 @@ class ProcessManager:
         self._lock = threading.RLock()
         self._records: dict[str, ProcessRecord] = {}
         self._children: dict[str, subprocess.Popen[bytes]] = {}
+        self._sandboxes: dict[str, dict[str, Any]] = {}  # what held each one's last start
         self._boot_id = boot_id()
         self._stop_monitor = threading.Event()
         self._monitor: threading.Thread | None = None
@@ -366,6 +369,7 @@ class ProcessManager:
             spawn.started()
         st = _stat(proc.pid)
         self._children[rec.id] = proc
+        self._sandboxes[rec.id] = spawn.summary
         rec.pid = proc.pid
         rec.start_ticks = st.start_ticks if st else None
         rec.boot_id = self._boot_id
@@ -438,8 +442,9 @@ class ProcessManager:
             self._save(rec)
             view = self._view(rec)
             snapshot = replace(rec)
-        self._emit([("process_started", snapshot, {"pid": snapshot.pid})])
-        return {"status": "ok", "process": view}
+        held = self._sandboxes.get(process_id, {})
+        self._emit([("process_started", snapshot, {"pid": snapshot.pid, **({"sandbox": held} if held else {})})])
+        return {"status": "ok", "process": view, **({"sandbox": held} if held else {})}
 
     def list(self, principal: str) -> dict[str, Any]:
         with self._lock:
@@ -664,7 +669,9 @@ class ProcessManager:
                     failure = self._spawn(rec)
                     if failure is None:
                         rec.restarts += 1
-                        events.append(("process_restarted", replace(rec), {"pid": rec.pid, "restarts": rec.restarts}))
+                        held = self._sandboxes.get(rec.id, {})
+                        details = {"pid": rec.pid, "restarts": rec.restarts, **({"sandbox": held} if held else {})}
+                        events.append(("process_restarted", replace(rec), details))
                     else:
                         delay = min(self.backoff_max_s, self.backoff_initial_s * 2 ** min(rec.failures, 62))
                         rec.failures += 1

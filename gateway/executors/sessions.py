@@ -139,6 +139,7 @@ class Session:
         self.last_used = self.started
         self.shell_pid: int | None = None
         self.launch: sandbox.Launch | None = None  # its sandbox's cgroup, removed with it
+        self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False
         self._carry = b""
         self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
@@ -406,6 +407,7 @@ class SessionManager:
                 launch.started()
         session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
         session.launch = launch
+        session.sandbox = launch.summary(plan)
         if not session.wait_idle(10.0):
             session.kill()
             output, _ = session.take_output()

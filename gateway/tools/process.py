@@ -52,7 +52,7 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
         gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,
     )  # fmt: skip
-    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started)
+    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started, summary=launch.summary(plan))
 
 
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:

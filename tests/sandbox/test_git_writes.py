@@ -1,0 +1,96 @@
+"""Git works through every tool that runs commands, under the shipped policy, while .git stays
+read-only to everything else (tests/adversarial/test_sandbox_escapes.py plays the attacks)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.audit import AuditLog, records
+from gateway.calls import ProcessCall, RunCall, SessionCall
+from gateway.pipeline import Gateway
+from gateway.policy.selftest import load_checked
+from gateway.sandbox.identity import hand_over
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "app.py").write_text("print(1)\n")
+    hand_over(w)
+    return w
+
+
+@pytest.fixture
+def gw(ws: Path, tmp_path: Path) -> Iterator[Gateway]:
+    g = Gateway(
+        load_checked(Path("policies/default.yaml"), ws), AuditLog(tmp_path / "audit"), state_dir=tmp_path / "st"
+    )
+    yield g
+    g.handle(ProcessCall(principal="agent", action="stop_all"))
+    g.close()
+
+
+def host_git(ws: Path, *args: str) -> str:
+    return subprocess.run(["git", "-c", "safe.directory=*", "-C", str(ws), *args], capture_output=True, text=True,
+                          check=True).stdout  # fmt: skip
+
+
+def test_git_through_run(gw: Gateway, ws: Path) -> None:
+    for command in ("git init -q", "git add -A", "git commit -q -m first", "git checkout -q -b topic"):
+        out = gw.handle(RunCall(principal="agent", command=command))
+        assert out["status"] == "ok" and out["exit_code"] == 0, (command, out)
+        assert out["sandbox"]["git_write"] is True
+    assert host_git(ws, "log", "--format=%an|%s").strip() == "agent-gateway (agent)|first"
+    assert host_git(ws, "branch", "--show-current").strip() == "topic"
+    out = gw.handle(RunCall(principal="agent", command="touch x && git add x"))  # not git alone: .git read-only
+    assert out["sandbox"]["git_write"] is False and out["exit_code"] != 0
+    assert "Read-only file system" in out["stderr"]
+
+
+def test_git_through_a_session(gw: Gateway, ws: Path) -> None:
+    start = gw.handle(SessionCall(principal="agent", action="start"))
+    assert start["status"] == "ok", start
+    assert start["sandbox"]["landlock"].startswith("ABI") and start["sandbox"]["quotas"] != ""
+    sid = start["session_id"]
+
+    def exec_(command: str) -> dict[str, Any]:
+        return gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command=command))
+
+    assert exec_("mkdir -p sub && cd sub && echo x > f.txt")["status"] == "ok"
+    for command in ("git init -q", "git add -A", "git commit -q -m in-session", "git checkout -q -b s-topic"):
+        out = exec_(command)
+        assert out["status"] == "ok" and out["exit_code"] == 0, (command, out)
+    assert (ws / "sub" / ".git").is_dir()  # ran in the session's directory
+    assert host_git(ws / "sub", "log", "--format=%s").strip() == "in-session"
+    assert exec_("pwd")["output"].strip() == str(ws / "sub")  # the session's shell is where it was
+
+
+def test_git_through_a_durable_process(gw: Gateway, ws: Path) -> None:
+    command = "git init -q && git add -A && git commit -q -m from-process && git checkout -q -b p-topic"
+    out = gw.handle(ProcessCall(principal="agent", action="start", command=command))
+    assert out["status"] == "ok", out
+    assert out["sandbox"]["git_write"] is True
+    pid = out["process"]["id"]
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        got = gw.handle(ProcessCall(principal="agent", action="get", process_id=pid))
+        if got["process"]["state"] != "running":
+            break
+        time.sleep(0.1)
+    assert got["process"]["exit_code"] == 0, gw.handle(ProcessCall(principal="agent", action="output", process_id=pid))
+    assert host_git(ws, "log", "--format=%s").strip() == "from-process"
+
+
+def test_each_result_says_what_held_it(gw: Gateway, ws: Path, tmp_path: Path) -> None:
+    gw.handle(RunCall(principal="agent", command="true"))
+    result = [r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "result"][-1]
+    held = result["data"]["sandbox"]
+    assert held["landlock"] == "ABI 7" or held["landlock"].startswith(("ABI", "unavailable"))
+    assert held["uid"] != 0 and held["quotas"] in ("cgroup v1", "cgroup v2", "rlimits")
