@@ -11,6 +11,9 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV) || { echo "could not create $(VENV): on Debian install python3-venv (apt-get install python3.11-venv)"; exit 2; }
 
 $(STAMP): $(BIN)/python pyproject.toml
+	@# the sandbox's helper (gateway/sandbox/agw_init.c) is compiled on first use: a C compiler
+	@command -v cc >/dev/null || command -v gcc >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq gcc libc6-dev >/dev/null; } || echo "no C compiler: install gcc (the sandbox needs it)"
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[dev]'
 	@touch $(STAMP)
