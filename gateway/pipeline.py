@@ -415,7 +415,14 @@ class Gateway:
             network=settings.network,
             landlock="required" if settings.require_landlock else "optional",
             etc=tuple(settings.etc),
+            report=self._quarantined,
         )
+
+    def _quarantined(self, event: str, data: dict[str, object]) -> None:
+        """A nested repository made in a write root was moved aside (sandbox/nested.py)."""
+        log.warning(event, **data)
+        with contextlib.suppress(AuditUnavailable):
+            self.audit.append(event, tool="sandbox", data=data)
 
     def _session_event(self, event: str, session: Any, data: dict[str, Any]) -> None:
         with contextlib.suppress(AuditUnavailable):

@@ -10,6 +10,7 @@ A sandbox is a value first and a launch second:
     helper.py       builds agw_init.c, the helper that joins the cgroup and drops to the sandbox
                     uid outside, and verifies mounts, applies Landlock and rlimits inside
     identity.py     the unprivileged uid sandboxed code runs as (never host root)
+    nested.py       quarantines nested repositories (sub/.git) the moment they appear
     quotas.py       memory and process caps by cgroup (v1 or v2), rlimits otherwise
     landlock.py     the kernel's Landlock ABI
     doctor.py       `gateway doctor`: what this host enforces
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from gateway.sandbox import git, identity
+from gateway.sandbox import git, identity, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
 from gateway.sandbox.plan import HOME, Profile, SandboxPlan, build, host_facts
 from gateway.sandbox.quotas import Quotas
@@ -77,4 +78,14 @@ def start(
 ) -> tuple[SandboxPlan, Launch]:
     """Plan and prepare one sandbox. Raises SandboxUnavailable (callers refuse to run)."""
     plan = plan_for(profile, argv, cwd, env, git_write=git_write, die_with_parent=die_with_parent, keep_fds=keep_fds)
+    try:  # nested repositories the command makes are quarantined as they appear (nested.py)
+        nested.guard(plan.uid).watch(profile.write_roots, profile.report or _unreported)
+    except nested.GuardUnavailable as exc:
+        raise SandboxUnavailable(str(exc)) from exc
     return plan, prepare(plan, check())
+
+
+def _unreported(event: str, data: dict[str, object]) -> None:
+    from gateway.log import log
+
+    log.warning(event, **data)

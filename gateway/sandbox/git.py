@@ -49,7 +49,7 @@ GIT_VARIABLES = frozenset({"GIT_AUTHOR_NAME", "GIT_AUTHOR_EMAIL", "GIT_AUTHOR_DA
 INERT_BUILTINS = frozenset({"cd", "echo", "printf", "true", "false", ":", "pwd", "test", "[", "exit"})
 """Builtins that may sit beside git in a git write: they run nothing and write nothing."""
 
-SENSITIVE = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info")
+SENSITIVE = ("config", "config.worktree", "commondir", "gitdir", "hooks", "info", "modules", "worktrees")
 """Names that stay read-only at any depth in .git, even for a git write."""
 SKIP_IN_SURVEY = frozenset({"objects", "refs", "logs", "lfs"})  # large and never sensitive
 
@@ -61,8 +61,14 @@ OVERRIDES = (
     ("sequence.editor", "false"),
     ("core.sshCommand", "false"),
     ("protocol.ext.allow", "never"),
+    ("submodule.recurse", "false"),
+    ("diff.ignoreSubmodules", "all"),
+    ("status.submoduleSummary", "false"),
+    ("fetch.recurseSubmodules", "false"),
 )
-"""Passed as command-line configuration (GIT_CONFIG_COUNT...): stronger than the repository's."""
+"""Passed as command-line configuration (GIT_CONFIG_COUNT...): stronger than the repository's,
+and inherited by every git a git starts. Git never looks into a nested repository (whose
+configuration the agent could have written: filters, fsmonitor) from a sandbox."""
 
 
 def is_git_write(commands: Iterable[Command]) -> bool:
@@ -189,8 +195,7 @@ def _sensitive(dfd: int, prefix: str, depth: int) -> list[str]:
             st = os.lstat(name, dir_fd=dfd)
         except OSError:
             continue
-        descend = name in ("modules", "worktrees") if depth == 0 else True
-        if stat.S_ISDIR(st.st_mode) and descend:
+        if stat.S_ISDIR(st.st_mode) and depth > 0:
             with contextlib.suppress(OSError):
                 cfd = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dfd)
                 try:

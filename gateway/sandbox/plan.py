@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -99,6 +100,8 @@ class Profile:
     landlock: Literal["required", "optional"] = "optional"
     etc: tuple[str, ...] = ()
     """More /etc entries the policy asks for (sandbox.etc)."""
+    report: Callable[[str, dict[str, object]], None] | None = field(default=None, compare=False)
+    """Where the nested-repository watcher reports a quarantine (the gateway's audit log)."""
 
 
 @dataclass(frozen=True)

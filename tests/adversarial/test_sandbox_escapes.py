@@ -36,7 +36,7 @@ from typing import Any
 
 import pytest
 
-from gateway.audit import AuditLog
+from gateway.audit import AuditLog, records
 from gateway.calls import ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.selftest import load_checked
@@ -156,7 +156,7 @@ class Lab:
         the workspace belongs to the sandbox's account, as a human's tree belongs to them."""
         env = {**HOST_GIT_ENV, "HOME": str(self.human_home), "PHASE": phase}
         argv = ["git", "-c", "safe.directory=*", *args]
-        return subprocess.run(argv, cwd=self.ws, env=env, capture_output=True, text=True, timeout=60)
+        return subprocess.run(argv, cwd=self.ws, env=env, capture_output=True, text=True, errors="replace", timeout=60)
 
     def leftovers(self) -> list[int]:
         """Host pids of this lab's processes: the tag on their command line, or their cwd in
@@ -904,3 +904,68 @@ def test_a_session_cannot_see_records_made_after_it_started(lab: Lab) -> None:
     seen = [what for what, needle in (("the process log", token), ("the process id", pid)) if needle in shown]
     seen += [f"audit record {i}" for i in audit_ids if i in shown]
     assert not seen, f"the session saw the gateway's private records: {seen[:5]}"
+
+
+# --- nested repositories (found by red-teaming the new sandbox) ---------------------------------
+
+NESTED_ATTACKS = [
+    # (name, the attacker's recipe in the workspace, how the repository is brought to the human)
+    ("fsmonitor-then-gitlink", "fsmonitor", "git add sub && git commit -q -m sub"),
+    ("fsmonitor-human-adds-it", "fsmonitor", None),  # no agent git at all: the human's add -A finds it
+    ("filter-then-git-status", "filter", "git add sub && git commit -q -m sub"),
+    ("moved-into-place", "moved", None),  # prepared elsewhere, renamed to sub/.git in one step
+]
+
+
+@pytest.mark.parametrize(("name", "kind", "register"), NESTED_ATTACKS, ids=[a[0] for a in NESTED_ATTACKS])
+def test_nested_repositories_never_reach_the_humans_git(lab: Lab, name: str, kind: str, register: str | None) -> None:
+    """The attacker's recipe makes a repository inside the workspace (`sub/.git`) whose own
+    config runs its program (core.fsmonitor, or a clean filter its .gitattributes selects),
+    then registers it in the human's repository (a git write) or leaves it for the human's
+    `git add -A`. The human's git looks into a nested repository it finds, with the nested
+    configuration: on the sandbox this replaced, and on its first rebuild, that ran the agent's
+    program as the human (root). Must hold: neither a later git write through `run` nor the
+    human's `git status`, `git add -A`, `git commit` on the host runs it, and the nested `.git`
+    is quarantined (moved aside) and audited."""
+    assert lab.host_git("add", "-A").returncode == 0
+    assert lab.host_git("commit", "-q", "-m", "first").returncode == 0
+    lab.hand_over()
+    marker = lab.outside / "nested-marker"
+    lab.put("tools/p.sh", f'#!/bin/sh\necho "$(id -u) $PWD $*" >> {marker}\ncat\n', 0o755)
+    config = (
+        f"[core]\\n\\tfsmonitor = {lab.ws}/tools/p.sh\\n"
+        if kind in ("fsmonitor", "moved")
+        else f'[filter \\"evil\\"]\\n\\tclean = {lab.ws}/tools/p.sh\\n\\tsmudge = {lab.ws}/tools/p.sh\\n'
+    )
+    build = "mkdir -p $(D) && cd $(D) && git init -q && echo x > f && git add f && git commit -q -m s"
+    if kind == "moved":  # made in the private /tmp under another name, then renamed into place at once
+        recipe = [
+            f"@{build.replace('$(D)', '/tmp/prep')}",
+            f"@printf '{config}' >> /tmp/prep/.git/config",
+            "@cp -a /tmp/prep/.git .prep-git && mkdir -p sub && cp /tmp/prep/f sub/f",
+            "@mv .prep-git sub/.git",
+            "@echo nested-ready",
+        ]
+    else:
+        recipe = [
+            f"@{build.replace('$(D)', 'sub')} || true",
+            f"@printf '{config}' >> sub/.git/config || true",
+            "@printf '* filter=evil\\n' > sub/.gitattributes",
+            "@echo changed >> sub/f",
+            "@echo nested-ready",
+        ]
+    lab.makefile({"nested": recipe})
+    out = lab.make("nested")
+    assert "nested-ready" in text_of(out), out
+    time.sleep(0.5)  # the watcher acts within milliseconds; give it far more
+    if register:
+        lab.run(register, env=AGENT_IDENTITY)
+        lab.run("git status")
+    lab.host_git("status")
+    lab.host_git("add", "-A")
+    lab.host_git("commit", "-q", "-m", "the human's next commit")
+    lab.host_git("diff", "HEAD~1")
+    assert not marker.exists(), f"the nested repository's program ran: {marker.read_text()}"
+    assert not (lab.ws / "sub" / ".git").exists() or not (lab.ws / "sub" / ".git" / "config").exists()
+    quarantined = [r for _, _, r, _ in records(lab.audit_dir) if r and r["event"] == "nested_repository_quarantined"]
+    assert quarantined and quarantined[0]["data"]["path"].endswith("/.git"), quarantined

@@ -64,12 +64,28 @@ def test_git_through_a_session(gw: Gateway, ws: Path) -> None:
         return gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command=command))
 
     assert exec_("mkdir -p sub && cd sub && echo x > f.txt")["status"] == "ok"
-    for command in ("git init -q", "git add -A", "git commit -q -m in-session", "git checkout -q -b s-topic"):
-        out = exec_(command)
+    for command in ("git init -q ..", "git add -A", "git commit -q -m in-session", "git checkout -q -b s-topic"):
+        out = exec_(command)  # in the session's directory (sub), on the workspace's repository
         assert out["status"] == "ok" and out["exit_code"] == 0, (command, out)
-    assert (ws / "sub" / ".git").is_dir()  # ran in the session's directory
-    assert host_git(ws / "sub", "log", "--format=%s").strip() == "in-session"
+    assert (ws / ".git").is_dir() and not (ws / "sub" / ".git").exists()
+    assert host_git(ws, "log", "--format=%s").strip() == "in-session"
+    assert host_git(ws, "ls-files").split() == ["app.py", "sub/f.txt"]
     assert exec_("pwd")["output"].strip() == str(ws / "sub")  # the session's shell is where it was
+
+
+def test_a_nested_repository_is_quarantined_not_kept(gw: Gateway, ws: Path, tmp_path: Path) -> None:
+    """git init in a subdirectory makes a nested repository, which the human's git would look
+    into with its own configuration: the watcher moves it aside at once (sandbox/nested.py)."""
+    out = gw.handle(RunCall(principal="agent", command="mkdir -p lib && cd lib && git init -q"))
+    assert out["status"] == "ok", out
+    deadline = time.monotonic() + 5
+    while (ws / "lib" / ".git").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not (ws / "lib" / ".git").exists()
+    aside = [p.name for p in (ws / "lib").iterdir()]
+    assert aside and all(name.startswith(".git.quarantined-") for name in aside), aside
+    events = [r["event"] for _, _, r, _ in records(tmp_path / "audit") if r]
+    assert "nested_repository_quarantined" in events
 
 
 def test_git_through_a_durable_process(gw: Gateway, ws: Path) -> None:
