@@ -81,6 +81,7 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     account = _identity()
     items = [bwrap, _user_namespaces(bwrap.facts.get("path"), account), account, _landlock(policy), _cgroups(account)]
     items.append(_helper())
+    items.append(_nested())
     if policy is not None:
         items.append(_policy(policy))
     return Report(tuple(items))
@@ -242,6 +243,34 @@ def _helper() -> Item:
     except module.HelperUnavailable as exc:
         return Item("helper", label, False, str(exc), True, {"path": None})
     return Item("helper", label, True, f"built: {path}", True, {"path": path})
+
+
+def _nested() -> Item:
+    """The nested-repository watcher (sandbox/nested.py) needs inotify, one watch per directory
+    of the write roots."""
+    label = "nested repos"
+    watches = _sysctl("fs/inotify/max_user_watches")
+    facts: dict[str, Any] = {"max_user_watches": int(watches) if watches and watches.isdigit() else None}
+    try:
+        fd = _inotify_probe()
+    except OSError as exc:
+        return Item("nested", label, False, f"inotify unavailable ({exc}): no command can run", True, facts)
+    os.close(fd)
+    detail = (
+        f"watched with inotify (up to {watches or '?'} directories across write roots; fs.inotify.max_user_watches)"
+    )
+    return Item("nested", label, True, detail, True, facts)
+
+
+def _inotify_probe() -> int:
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    fd = int(libc.inotify_init1(os.O_CLOEXEC))
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    return fd
 
 
 def _policy(policy: CompiledPolicy) -> Item:
