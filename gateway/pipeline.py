@@ -419,10 +419,36 @@ class Gateway:
         )
 
     def _quarantined(self, event: str, data: dict[str, object]) -> None:
-        """A nested repository made in a write root was moved aside (sandbox/nested.py)."""
+        """The nested-repository watcher moved one aside, tripped, or failed (sandbox/nested.py).
+        On a trip (the same nested repository put back again and again: something running keeps
+        planting it), every session and durable process of each principal that may write there
+        is stopped."""
         log.warning(event, **data)
         with contextlib.suppress(AuditUnavailable):
             self.audit.append(event, tool="sandbox", data=data)
+        if event != "nested_repository_tripwire":
+            return
+        where = Path(str(data.get("path", "")))
+
+        def stop() -> None:  # on its own thread: the watcher's lock is held here, and stopping takes others
+            with contextlib.suppress(Exception):
+                policy = self.policy
+                for principal in policy.grants:
+                    if any(root == where or root in where.parents for root in policy.grant(principal).write_roots):
+                        self._stop_everything_of(principal)
+
+        threading.Thread(target=stop, name="nested-tripwire", daemon=True).start()
+
+    def _stop_everything_of(self, principal: str) -> None:
+        for session in self.sessions.of(principal):
+            with contextlib.suppress(Exception):
+                self.sessions.kill(principal, session.id)
+        if self._processes is not None:
+            with contextlib.suppress(Exception):
+                self._processes.stop_all(principal)
+        with contextlib.suppress(AuditUnavailable):
+            self.audit.append("principal_stopped", principal=principal, tool="sandbox",
+                              data={"why": "nested_repository_tripwire"})  # fmt: skip
 
     def _session_event(self, event: str, session: Any, data: dict[str, Any]) -> None:
         with contextlib.suppress(AuditUnavailable):

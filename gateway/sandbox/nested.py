@@ -66,11 +66,18 @@ class GuardUnavailable(Exception):
 
 class NestedRepositoryGuard:
     """Watches write roots for nested repositories and quarantines them. One per process
-    (`guard()`), shared by every gateway in it: each root reports to whoever watched it last."""
+    (`guard()`), shared by every gateway in it: each root reports to whoever watched it last.
+
+    Fails closed: if a directory cannot be watched (a path past PATH_MAX, no inotify watches
+    left), a quarantine fails for another reason than the entry having moved on, or the watcher
+    thread meets anything unexpected, the guard is *broken* and `watch()` refuses every launch
+    from then on (the reason says what to fix; a gateway restart re-examines everything)."""
 
     def __init__(self, sandbox_uid: int) -> None:
         self.sandbox_uid = sandbox_uid
-        self.only_sandbox_owned = os.geteuid() != sandbox_uid
+        self.tell_apart = os.geteuid() != sandbox_uid
+        """The gateway runs as root: the sandbox's account is not the human's, so an owner says
+        who made an entry. Otherwise every nested .git made while watched is the agent's."""
         self._reports: dict[str, Report] = {}
         self._fd = _libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
         if self._fd < 0:
@@ -78,6 +85,9 @@ class NestedRepositoryGuard:
         self._lock = threading.RLock()
         self._roots: list[str] = []
         self._paths: dict[int, str] = {}  # watch descriptor -> absolute directory path
+        self._known: set[str] = set()  # nested .git the human had when watching began
+        self._recent: dict[str, list[float]] = {}  # directory -> times of its quarantines
+        self.broken: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="nested-repositories", daemon=True)
         self._thread.start()
@@ -85,14 +95,29 @@ class NestedRepositoryGuard:
     # --- watching ------------------------------------------------------------------------------
     def watch(self, roots: tuple[Path, ...], report: Report) -> None:
         """Watch these write roots (idempotent); quarantines are told to `report`. Raises
-        GuardUnavailable if one cannot be watched."""
+        GuardUnavailable if one cannot be watched, or the guard is broken."""
         with self._lock:
             for root in map(str, roots):
                 self._reports[root] = report
                 if root in self._roots or not os.path.isdir(root):
                     continue
                 self._roots.append(root)
-                self._walk(root, initial=True)
+                try:
+                    self._walk(root, initial=True)
+                except GuardUnavailable as exc:
+                    self._break(str(exc))
+            if self.broken is not None:
+                raise GuardUnavailable(self.broken)
+            if not self._thread.is_alive():
+                self._break("the nested-repository watcher stopped")
+                raise GuardUnavailable(self.broken or "")
+
+    def _break(self, why: str) -> None:
+        if self.broken is None:
+            self.broken = f"{why}: no command runs until the gateway restarts (docs/sandbox.md, nested repositories)"
+            for report in set(self._reports.values()):
+                with contextlib.suppress(Exception):
+                    report("nested_repository_watch_failed", {"reason": why})
 
     def _root_of(self, path: str) -> str | None:
         inside = [r for r in self._roots if path == r or path.startswith(r.rstrip("/") + "/")]
@@ -106,18 +131,20 @@ class NestedRepositoryGuard:
                                      IN_EXCL_UNLINK)  # fmt: skip
         if wd < 0:
             err = ctypes.get_errno()
-            if err in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP, errno.EACCES):
+            if err in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
                 return False  # gone or replaced meanwhile: its parent's event covers it
+            hint = " (raise fs.inotify.max_user_watches for large workspaces)" if err == errno.ENOSPC else ""
             raise GuardUnavailable(
-                f"cannot watch {directory} for nested repositories: {os.strerror(err)} "
-                "(raise fs.inotify.max_user_watches for large workspaces)"
+                f"cannot watch {directory[:160]}... for nested repositories: {os.strerror(err)}{hint}"
             )
         self._paths[wd] = directory
         return True
 
-    def _walk(self, top: str, initial: bool) -> None:
-        """Watch `top` and everything below; quarantine nested .git found (all of them when they
-        arrived with an event, the sandbox's own on a first walk)."""
+    def _walk(self, top: str, initial: bool = False, rescan: bool = False) -> None:
+        """Watch `top` and everything below (paths are refreshed on the way), and deal with each
+        nested .git found: on a first walk, the sandbox account's are quarantined and the rest
+        are the human's (known); on a rescan after lost events, any not known is quarantined;
+        in a tree that arrived with an event, every one is."""
         todo = [top]
         while todo:
             directory = todo.pop()
@@ -131,28 +158,43 @@ class NestedRepositoryGuard:
                 if entry.name == ".git" and self._is_top(directory):
                     continue  # the top .git is protected by the sandbox itself
                 if entry.name == ".git":
-                    owned = self._owned(directory, ".git")
-                    agents = owned if initial else (owned or not self.only_sandbox_owned)
-                    if agents and (self.only_sandbox_owned or not initial):
-                        self._quarantine(directory, "found" if initial else "moved in")
+                    path = entry.path
+                    if initial and not self._agents_repository(directory):
+                        self._known.add(path)
+                    elif not (rescan and path in self._known and not self._agents_repository(directory)):
+                        self._quarantine(directory, "found" if initial or rescan else "moved in")
                         continue
                 if entry.is_dir(follow_symlinks=False):
                     todo.append(entry.path)  # a nested repository kept (the human's) is watched too
 
+    def _agents_repository(self, directory: str) -> bool:
+        """directory/.git was made or written by the sandbox's account: it, its config, its
+        commondir or its gitdir file is owned by that account (or owners tell nothing here)."""
+        if not self.tell_apart:
+            return False
+        return any(self._owned(os.path.join(directory, ".git"), name) for name in ("", "config", "commondir", "gitdir"))
+
     # --- events ------------------------------------------------------------------------------
     def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                ready, _, _ = select.select([self._fd], [], [], 0.5)
-                if not ready:
-                    continue
-                data = os.read(self._fd, 1 << 16)
-            except OSError as exc:
-                if exc.errno in (errno.EAGAIN, errno.EINTR):
-                    continue
-                return
+        try:
+            while not self._stop.is_set():
+                try:
+                    ready, _, _ = select.select([self._fd], [], [], 0.5)
+                    if not ready:
+                        continue
+                    data = os.read(self._fd, 1 << 16)
+                except OSError as exc:
+                    if exc.errno in (errno.EAGAIN, errno.EINTR):
+                        continue
+                    raise
+                with self._lock:
+                    try:
+                        self._handle(data)
+                    except GuardUnavailable as exc:  # fail closed, and keep quarantining what it can
+                        self._break(str(exc))
+        except BaseException as exc:  # fail closed: no watcher, no launch
             with self._lock:
-                self._handle(data)
+                self._break(f"the nested-repository watcher failed: {type(exc).__name__}: {exc}"[:300])
 
     def _handle(self, data: bytes) -> None:
         offset = 0
@@ -160,10 +202,10 @@ class NestedRepositoryGuard:
             wd, mask, _cookie, length = _EVENT.unpack_from(data, offset)
             raw = data[offset + _EVENT.size : offset + _EVENT.size + length]
             offset += _EVENT.size + length
-            name = raw.split(b"\0", 1)[0].decode("utf-8", "surrogateescape")
+            name = os.fsdecode(raw.split(b"\0", 1)[0])
             if mask & IN_Q_OVERFLOW:  # events were lost: look at everything again
                 for root in list(self._roots):
-                    self._walk(root, initial=True)
+                    self._walk(root, rescan=True)
                 continue
             directory = self._paths.get(wd)
             if mask & IN_IGNORED:
@@ -177,49 +219,54 @@ class NestedRepositoryGuard:
         nested = _nested_git(directory, self._root_of(directory))
         if nested is not None:  # a change inside a nested repository
             parent, _ = os.path.split(nested)
-            if self._owned(directory, name) or not self.only_sandbox_owned:
+            if not self.tell_apart or self._owned(directory, name) or nested not in self._known:
                 self._quarantine(parent, "changed inside")
             return
-        if name == ".git" and not self._is_top(directory) and mask & (IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE |
-                                                                        IN_ATTRIB):  # fmt: skip
-            if self._owned(directory, ".git") or not self.only_sandbox_owned:
-                self._quarantine(directory, "created")
+        if name == ".git" and not self._is_top(directory):
+            if mask & (IN_CREATE | IN_MOVED_TO | IN_CLOSE_WRITE | IN_ATTRIB):
+                self._quarantine(directory, "created")  # whoever's: a new nested repository
             return
-        if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO) and name != ".git":
-            self._walk(os.path.join(directory, name), initial=False)
+        if mask & IN_ISDIR and mask & (IN_CREATE | IN_MOVED_TO):
+            self._walk(os.path.join(directory, name))
 
     def _owned(self, directory: str, name: str) -> bool:
         try:
-            return os.lstat(os.path.join(directory, name)).st_uid == self.sandbox_uid
+            return os.lstat(os.path.join(directory, name) if name else directory).st_uid == self.sandbox_uid
         except OSError:
             return False
 
     def _quarantine(self, directory: str, why: str) -> None:
-        """Rename directory/.git aside, through descriptors beneath its write root."""
+        """Rename directory/.git aside, through descriptors beneath its write root, then watch
+        what was moved (under its new name) and the gitdir a gitfile named."""
         root = self._root_of(directory)
         if root is None or directory == root:
             return
         rel = os.path.relpath(directory, root)
+        aside = f".git.quarantined-{time.strftime('%Y%m%dT%H%M%S')}-{time.monotonic_ns() % 10**9}"
+        opened: list[int] = []
+        target: str | None = None
         try:
             rfd = descriptors.open_absolute(root).fd
-        except OSError:
-            return
-        opened: list[int] = [rfd]
-        try:
+            opened.append(rfd)
             walk = descriptors.walk_beneath(rfd, rel)
             opened += [o.fd for _, o in walk.found]
             if walk.missing is not None or not walk.found or walk.found[-1][0] != rel or not walk.found[-1][1].is_dir:
                 return  # moved or replaced meanwhile: its new place raises its own event
             parent = walk.found[-1][1].fd
-            aside = f".git.quarantined-{time.strftime('%Y%m%dT%H%M%S')}-{os.getpid()}-{time.monotonic_ns() % 10**6}"
             st = os.lstat(".git", dir_fd=parent)
+            if stat.S_ISREG(st.st_mode):
+                target = _gitfile_target(parent, directory)
             os.rename(".git", aside, src_dir_fd=parent, dst_dir_fd=parent)
-        except (OSError, descriptors.PlantedLink, ValueError):
+        except FileNotFoundError:
+            return  # gone meanwhile
+        except (OSError, descriptors.PlantedLink, ValueError) as exc:
+            self._break(f"cannot quarantine {directory[:200]}/.git: {exc}")
             return
         finally:
             for fd in opened:
                 with contextlib.suppress(OSError):
                     os.close(fd)
+        self._known.discard(os.path.join(directory, ".git"))
         kind = "directory" if stat.S_ISDIR(st.st_mode) else "file"
         details: dict[str, object] = {"path": os.path.join(directory, ".git"), "moved_to": aside, "why": why,
                                       "kind": kind}  # fmt: skip
@@ -227,12 +274,77 @@ class NestedRepositoryGuard:
         if report is not None:
             with contextlib.suppress(Exception):  # the report (an audit record) must not stop the watcher
                 report("nested_repository_quarantined", details)
+        if kind == "directory":
+            self._walk(os.path.join(directory, aside))  # its watches keep their old path otherwise
+        if target is not None and self._root_of(target) == root and os.path.isdir(target):
+            self._quarantine_repository_dir(target, root)
+        self._repeated(directory, root)
+
+    def _quarantine_repository_dir(self, target: str, root: str) -> None:
+        """A gitfile's gitdir inside the root (a repository under another name): moved aside too."""
+        parent, name = os.path.split(target)
+        if name in (".git", "") or parent == "" or target == root:
+            return
+        rel = os.path.relpath(parent, root)
+        opened: list[int] = []
+        try:
+            rfd = descriptors.open_absolute(root).fd
+            opened.append(rfd)
+            pfd = rfd
+            if rel != ".":
+                walk = descriptors.walk_beneath(rfd, rel)
+                opened += [o.fd for _, o in walk.found]
+                if walk.missing is not None or not walk.found or not walk.found[-1][1].is_dir:
+                    return
+                pfd = walk.found[-1][1].fd
+            os.rename(name, f"{name}.quarantined-{time.monotonic_ns() % 10**9}", src_dir_fd=pfd, dst_dir_fd=pfd)
+        except (OSError, descriptors.PlantedLink, ValueError):
+            return
+        finally:
+            for fd in opened:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def _repeated(self, directory: str, root: str) -> None:
+        """A nested repository put back again and again (a durable process racing the human's
+        git): trip, and let the gateway stop what runs there."""
+        now = time.monotonic()
+        times = [t for t in self._recent.get(directory, []) if now - t < TRIP_WINDOW_S] + [now]
+        self._recent[directory] = times
+        if len(times) >= TRIP_COUNT:
+            report = self._reports.get(root)
+            if report is not None:
+                with contextlib.suppress(Exception):
+                    details = {"path": os.path.join(directory, ".git"), "quarantines": len(times)}
+                    report("nested_repository_tripwire", {**details, "window_s": TRIP_WINDOW_S})
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(2.0)
         with contextlib.suppress(OSError):
             os.close(self._fd)
+
+
+TRIP_COUNT = 3
+TRIP_WINDOW_S = 30.0
+
+
+def _gitfile_target(parent_fd: int, directory: str) -> str | None:
+    """The gitdir a `.git` file names (`gitdir: PATH`), read by descriptor, as an absolute path."""
+    try:
+        fd = os.open(".git", os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK, dir_fd=parent_fd)
+    except OSError:
+        return None
+    try:
+        text = os.read(fd, 4096).decode("utf-8", "replace")
+    finally:
+        os.close(fd)
+    if not text.startswith("gitdir:"):
+        return None
+    value = text[len("gitdir:") :].strip().splitlines()[0] if text[len("gitdir:") :].strip() else ""
+    if not value:
+        return None
+    return os.path.normpath(value if os.path.isabs(value) else os.path.join(directory, value))
 
 
 def _nested_git(directory: str, root: str | None) -> str | None:
