@@ -547,17 +547,13 @@ def _replace(dfd: int, dpath: str, name: str, data: bytes, mode: int | None, gra
 
 
 def _give(fd: int, dfd: int, name: str) -> None:
-    """A file the gateway writes keeps the owner of the file it replaces; a new one belongs to the
-    sandbox's account, so sandboxed commands can change it (the gateway may run as root)."""
+    """What the gateway writes for the agent belongs to the sandbox's account, even where it
+    replaces a file of someone else's: the content is the agent's, and an owner is what tells
+    the nested-repository watcher (sandbox/nested.py) who made a file. (The gateway may run as
+    root; without this a command could not change later what the files tool wrote.)"""
     ident = sandbox_identity()
-    if not ident.switch:
-        return
-    try:
-        st = os.lstat(name, dir_fd=dfd)
-        owner = (st.st_uid, st.st_gid) if stat.S_ISREG(st.st_mode) else (ident.uid, ident.gid)
-    except FileNotFoundError:
-        owner = (ident.uid, ident.gid)
-    os.fchown(fd, *owner)
+    if ident.switch:
+        os.fchown(fd, ident.uid, ident.gid)
 
 
 def _sync_dir(dfd: int) -> None:
