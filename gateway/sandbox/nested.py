@@ -86,7 +86,8 @@ class NestedRepositoryGuard:
         self._roots: list[str] = []
         self._paths: dict[int, str] = {}  # watch descriptor -> absolute directory path
         self._known: set[str] = set()  # nested .git the human had when watching began
-        self._recent: dict[str, list[float]] = {}  # directory -> times of its quarantines
+        self._recent: dict[str, list[float]] = {}  # root -> times of its recent quarantines
+        self._tripped: dict[str, float] = {}  # root -> when it last tripped
         self.broken: str | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="nested-repositories", daemon=True)
@@ -172,7 +173,20 @@ class NestedRepositoryGuard:
         commondir or its gitdir file is owned by that account (or owners tell nothing here)."""
         if not self.tell_apart:
             return False
-        return any(self._owned(os.path.join(directory, ".git"), name) for name in ("", "config", "commondir", "gitdir"))
+        git = os.path.join(directory, ".git")
+        if any(self._owned(git, name) for name in ("", "config", "commondir", "gitdir")):
+            return True
+        if os.path.isfile(git) and not os.path.islink(git):  # a gitfile: whose is what it names?
+            try:
+                pfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                return True
+            try:
+                target = _gitfile_target(pfd, directory)
+            finally:
+                os.close(pfd)
+            return target is None or any(self._owned(target, name) for name in ("", "config", "commondir"))
+        return False
 
     # --- events ------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -278,7 +292,7 @@ class NestedRepositoryGuard:
             self._walk(os.path.join(directory, aside))  # its watches keep their old path otherwise
         if target is not None and self._root_of(target) == root and os.path.isdir(target):
             self._quarantine_repository_dir(target, root)
-        self._repeated(directory, root)
+        self._repeated(root)
 
     def _quarantine_repository_dir(self, target: str, root: str) -> None:
         """A gitfile's gitdir inside the root (a repository under another name): moved aside too."""
@@ -305,17 +319,19 @@ class NestedRepositoryGuard:
                 with contextlib.suppress(OSError):
                     os.close(fd)
 
-    def _repeated(self, directory: str, root: str) -> None:
-        """A nested repository put back again and again (a durable process racing the human's
-        git): trip, and let the gateway stop what runs there."""
+    def _repeated(self, root: str) -> None:
+        """Nested repositories put back again and again anywhere in one root (a durable process
+        racing the human's git, however it names its directories): trip, and let the gateway stop
+        what runs there."""
         now = time.monotonic()
-        times = [t for t in self._recent.get(directory, []) if now - t < TRIP_WINDOW_S] + [now]
-        self._recent[directory] = times
-        if len(times) >= TRIP_COUNT:
+        times = [t for t in self._recent.get(root, []) if now - t < TRIP_WINDOW_S] + [now]
+        self._recent[root] = times
+        if len(times) >= TRIP_COUNT and now - self._tripped.get(root, -1e9) > 5.0:
+            self._tripped[root] = now
             report = self._reports.get(root)
             if report is not None:
                 with contextlib.suppress(Exception):
-                    details = {"path": os.path.join(directory, ".git"), "quarantines": len(times)}
+                    details = {"path": root, "quarantines": len(times)}
                     report("nested_repository_tripwire", {**details, "window_s": TRIP_WINDOW_S})
 
     def close(self) -> None:
@@ -325,7 +341,7 @@ class NestedRepositoryGuard:
             os.close(self._fd)
 
 
-TRIP_COUNT = 3
+TRIP_COUNT = 6
 TRIP_WINDOW_S = 30.0
 
 

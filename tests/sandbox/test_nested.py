@@ -74,10 +74,10 @@ def test_a_tree_moved_in_is_searched_and_watched(watched: tuple[Path, NestedRepo
 
 def test_a_repository_that_keeps_coming_back_trips(watched: tuple[Path, NestedRepositoryGuard, Events]) -> None:
     root, _, events = watched
-    (root / "sub").mkdir()
-    for _ in range(TRIP_COUNT):
-        (root / "sub" / ".git").mkdir()
-        assert eventually(lambda: not (root / "sub" / ".git").exists())
+    for i in range(TRIP_COUNT):  # in a new directory each time: the count is per root
+        (root / f"sub{i}").mkdir()
+        (root / f"sub{i}" / ".git").mkdir()
+        assert eventually(lambda i=i: not (root / f"sub{i}" / ".git").exists())
     assert eventually(lambda: any(e == "nested_repository_tripwire" for e, _ in events))
 
 
