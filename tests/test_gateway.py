@@ -529,6 +529,30 @@ def test_a_symlink_put_where_a_missing_write_root_was_binds_nothing(
     assert not (outside / "f").exists()
 
 
+def test_a_write_root_made_a_symlink_to_a_path_both_sides_have_is_not_bound(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    """`build` (a write root) made a link to /tmp, which exists inside the sandbox too: bwrap
+    would bind realpath(/proc/self/fd/N), the host's /tmp, onto the sandbox's, read-write, and its
+    own check (lstat of the destination: the link) would pass. A root that is a link is not bound;
+    the next call runs, in a sandbox whose /tmp is its own."""
+    secret = Path("/tmp") / f"agw-host-{os.getpid()}-{time.monotonic_ns()}"
+    secret.write_text("HOST-TMP-SECRET\n")
+    try:
+        gw = gateway(policy, tmp_path)
+        run(gw, "t=/tmp; ln -s $t build")  # through a variable: the path jail cannot see it
+        assert (ws / "build").is_symlink()
+        probe = f"import os; print(open('{secret}').read() if os.path.exists('{secret}') else 'absent'); "
+        probe += f"open('{secret}.w', 'w').write('pwned')"
+        out = run(gw, f'python3 -c "{probe}"')
+        assert "HOST-TMP-SECRET" not in str(out["stdout"]), out
+        assert not Path(f"{secret}.w").exists()
+        assert out["status"] == "ok" and "absent" in str(out["stdout"]), out
+    finally:
+        secret.unlink()
+        Path(f"{secret}.w").unlink(missing_ok=True)
+
+
 @pytest.mark.parametrize(
     "attack",
     [

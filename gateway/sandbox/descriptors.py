@@ -59,7 +59,12 @@ class Opened:
 
 
 def _opened(fd: int) -> Opened:
+    """`fd`'s identity. O_PATH|O_NOFOLLOW opens a trailing symlink *itself*, and bwrap would then
+    resolve the link by name (it mounts realpath(/proc/self/fd/N)): a link is refused here."""
     st = os.fstat(fd)
+    if stat.S_ISLNK(st.st_mode):
+        os.close(fd)
+        raise OSError(errno.ELOOP, "a symlink where a directory or file was expected")
     return Opened(fd, st.st_dev, st.st_ino, stat.S_ISDIR(st.st_mode))
 
 
@@ -103,13 +108,13 @@ def walk_beneath(root_fd: int, relative: str) -> Walk:
             rel = "/".join(done)
             try:
                 fd = openat2(parent, part, O_PATH, RESOLVE_BENEATH | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS)
+                opened = _opened(fd)
             except OSError as exc:
                 if exc.errno == errno.ENOENT:
                     return Walk(tuple(found), rel)
                 if exc.errno == errno.ELOOP:
                     raise PlantedLink(f"{rel} is a symlink") from None
                 raise
-            opened = _opened(fd)
             found.append((rel, opened))
             if not opened.is_dir and len(done) < len(parts):
                 return Walk(tuple(found), None)  # a file where a directory was expected: it is the end
