@@ -94,27 +94,49 @@ class Launch:
 
 
 class _Cleaner:
-    """One thread that kills what is left in ended sandboxes' cgroups and removes them. The PID
-    namespace has already taken every process with bwrap; this is the belt to those braces."""
+    """One thread, off every caller's path, that kills what is left in ended sandboxes' cgroups
+    and removes them (the PID namespace has already taken every process with bwrap: this is the
+    belt to those braces), and makes the next call's cgroup ready in advance."""
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[quotas.Cgroup] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[quotas.Cgroup | quotas.Quotas] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self._ready: dict[quotas.Quotas, list[quotas.Cgroup]] = {}
 
-    def put(self, group: quotas.Cgroup) -> None:
+    def put(self, job: quotas.Cgroup | quotas.Quotas) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="sandbox-cgroups", daemon=True)
                 self._thread.start()
-        self._queue.put(group)
+        self._queue.put(job)
+
+    def take(self, q: quotas.Quotas) -> quotas.Cgroup | None:
+        """A fresh, empty cgroup with these limits made in advance (None: make one now); another
+        is then made for the next call. Never used twice: each is removed when its sandbox ends."""
+        with self._lock:
+            spare = self._ready.get(q, [])
+            group = spare.pop() if spare else None
+        self.put(q)
+        if group is not None and not all(os.path.exists(f) for f in group.join_files):
+            return None  # swept meanwhile (quotas.sweep removes empty groups that wait long)
+        return group
 
     def _loop(self) -> None:
         while True:
-            group = self._queue.get()
+            job = self._queue.get()
             with contextlib.suppress(Exception):
-                group.kill()
-                group.remove()
+                if isinstance(job, quotas.Quotas):
+                    with self._lock:
+                        if self._ready.get(job):
+                            continue
+                    made = quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", job)
+                    if made is not None:
+                        with self._lock:
+                            self._ready.setdefault(job, []).append(made)
+                    continue
+                job.kill()
+                job.remove()
 
 
 _CLEANER = _Cleaner()
@@ -300,7 +322,7 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
     support = quotas.cgroup_support()
     if support.version is None:
         return None, "rlimits"
-    group = quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", plan.quotas)
+    group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", plan.quotas)
     if group is None:
         return None, "rlimits"
     return group, f"cgroup v{support.version}"

@@ -30,7 +30,7 @@ from __future__ import annotations
 import functools
 import os
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -204,7 +204,27 @@ def build(
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
 ) -> SandboxPlan:
-    """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O."""
+    """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O. (Everything
+    but the command and its environment is the same for every call of a principal in one place:
+    that part is remembered.)"""
+    skeleton = _skeleton(profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds)
+    full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
+    return replace(skeleton, argv=argv, env=full_env)
+
+
+@functools.lru_cache(maxsize=256)
+def _skeleton(
+    profile: Profile,
+    cwd: Path,
+    uid: int,
+    gid: int,
+    user: str,
+    repositories: tuple[git.Repository, ...],
+    host: HostFacts,
+    git_write: bool,
+    die_with_parent: bool,
+    keep_fds: tuple[int, ...],
+) -> SandboxPlan:
     q = profile.quotas
     read_roots = sorted({str(r) for r in profile.read_roots} - {str(w) for w in profile.write_roots})
     write_roots = sorted({str(w) for w in profile.write_roots})
@@ -265,11 +285,10 @@ def build(
             rules.append((m.target, "rx"))
     rules += [("/etc", "r"), ("/dev", "rwd"), ("/proc", "rw"), ("/tmp", "rwcx"), ("/dev/shm", "rwc"),
               (HOME, "rwcx"), (RUN_DIR, "rx")]  # fmt: skip
-    full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
     return SandboxPlan(
-        argv=argv,
+        argv=(),
         cwd=str(cwd),
-        env=full_env,
+        env={},
         mounts=tuple(m for _, m in ordered),
         uid=uid,
         gid=gid,

@@ -57,7 +57,9 @@ def test_a_gitfile_and_the_repository_it_names_are_moved_aside(
     (root / "evil").mkdir()
     (root / "evil" / "config").write_text("[core]\n\tfsmonitor = /bin/false\n")
     (root / "sub").mkdir()
-    (root / "sub" / ".git").write_text("gitdir: ../evil\n")
+    time.sleep(0.2)  # sub is watched
+    (root / "sub" / "pointer").write_text("gitdir: ../evil\n")
+    os.rename(root / "sub" / "pointer", root / "sub" / ".git")  # whole, in one step
     assert eventually(lambda: not (root / "sub" / ".git").exists() and not (root / "evil").exists())
 
 
