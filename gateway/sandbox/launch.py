@@ -205,6 +205,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
                 flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW
                 fd = descriptors.openat2(-100, m.source, flags, descriptors.RESOLVE_NO_SYMLINKS)
             except OSError as exc:
+                if exc.errno == errno.ENOENT:
+                    continue  # removed from the host since it was surveyed: not shown
                 raise SandboxUnavailable(f"{m.source} cannot be opened safely: {exc.strerror}") from exc
             fds.append(fd)
             args += ["--perms", "0444", "--file", str(fd), m.target]
