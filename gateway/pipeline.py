@@ -420,8 +420,8 @@ class Gateway:
 
     def _quarantined(self, event: str, data: dict[str, object]) -> None:
         """The nested-repository watcher moved one aside, tripped, or failed (sandbox/nested.py).
-        On a trip (the same nested repository put back again and again: something running keeps
-        planting it), every session and durable process of each principal that may write there
+        On a trip (nested repositories put back again and again in one root: something running
+        keeps planting them), every session and durable process of each principal that may write there
         is stopped."""
         log.warning(event, **data)
         with contextlib.suppress(AuditUnavailable):

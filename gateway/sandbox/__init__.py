@@ -22,6 +22,7 @@ Popen. docs/sandbox.md says what a command sees and what the sandbox guarantees.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 from gateway.sandbox import git, identity, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
@@ -67,17 +68,11 @@ def plan_for(
 
 
 def start(
-    profile: Profile,
-    argv: list[str],
-    cwd: Path,
-    env: dict[str, str],
-    *,
-    git_write: bool = False,
-    die_with_parent: bool = True,
-    keep_fds: tuple[int, ...] = (),
+    profile: Profile, argv: list[str], cwd: Path, env: dict[str, str], **options: Any
 ) -> tuple[SandboxPlan, Launch]:
-    """Plan and prepare one sandbox. Raises SandboxUnavailable (callers refuse to run)."""
-    plan = plan_for(profile, argv, cwd, env, git_write=git_write, die_with_parent=die_with_parent, keep_fds=keep_fds)
+    """Plan (`plan_for`, with the same options) and prepare one sandbox. Raises
+    SandboxUnavailable (callers refuse to run)."""
+    plan = plan_for(profile, argv, cwd, env, **options)
     try:  # nested repositories the command makes are quarantined as they appear (nested.py)
         nested.guard(plan.uid).watch(profile.write_roots, profile.report or _unreported)
     except nested.GuardUnavailable as exc:
