@@ -13,6 +13,24 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 Millis = Annotated[int, Field(gt=0, le=24 * 3600 * 1000)]
 
+# Sizes are checked here, before anything else looks at a call: no field makes the gateway do
+# work or write records in proportion to what an agent chose to send. The shell analyser refuses
+# commands over 64 KiB with its own reason; these are the outer bounds.
+MAX_SHELL_CHARS = 1 << 20
+MAX_PATH_CHARS = 4096  # PATH_MAX
+MAX_ENV_VARS = 256
+MAX_ENV_VALUE_CHARS = 128 * 1024  # the kernel's limit on one argument or variable (MAX_ARG_STRLEN)
+MAX_CONTENT_CHARS = 16 << 20  # a 10 MiB file as base64 (docs/tools.md), with room
+MAX_STARTUP_COMMANDS = 64
+MAX_CHOICES = 256
+
+ShellText = Annotated[str, Field(min_length=1, max_length=MAX_SHELL_CHARS)]
+PathText = Annotated[str, Field(max_length=MAX_PATH_CHARS)]
+Pattern = Annotated[str, Field(max_length=MAX_PATH_CHARS)]
+EnvName = Annotated[str, Field(max_length=256)]
+EnvMap = Annotated[dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)]], Field(max_length=MAX_ENV_VARS)]
+Content = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
+
 
 class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
@@ -32,11 +50,11 @@ class RunCall(_Call):
     """Run one shell command (the `run` tool)."""
 
     tool: Literal["run"] = "run"
-    command: str = Field(min_length=1)
+    command: ShellText
     """The shell text, as an agent wrote it."""
-    cwd: str | None = None
+    cwd: PathText | None = None
     """Directory to run in (default: the workspace). Must lie in the principal's roots."""
-    env: dict[str, str] = {}
+    env: EnvMap = {}
     """Variables to set for the command; each name must be allowed by the rules deciding it."""
     timeout_ms: Millis | None = None
     """Wall-clock limit; capped by the policy's limit."""
@@ -58,11 +76,11 @@ class SessionCall(_Call):
 
     tool: Literal["session"] = "session"
     action: Literal["start", "exec", "write", "read", "resize", "kill", "list"]
-    session_id: str | None = None
+    session_id: str | None = Field(default=None, max_length=100)
     """The session (every action but start and list)."""
-    cwd: str | None = None
+    cwd: PathText | None = None
     """start: the directory the shell starts in (default: the workspace)."""
-    env: dict[str, str] = {}
+    env: EnvMap = {}
     """start: variables for the shell (checked like the env tool's)."""
     pty: bool = False
     """start: a pseudo-terminal (programs see a terminal, ANSI codes and all) instead of pipes."""
@@ -74,13 +92,13 @@ class SessionCall(_Call):
     """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it."""
     prompt: str | None = Field(default=None, max_length=200)
     """start: text shown after each command in the output (PTY sessions), like PS1."""
-    startup_commands: list[str] = []
+    startup_commands: Annotated[list[ShellText], Field(max_length=MAX_STARTUP_COMMANDS)] = []
     """start: commands run first, each decided like an exec."""
-    command: str | None = Field(default=None, min_length=1)
+    command: ShellText | None = None
     """exec: the shell text."""
     timeout_ms: Millis | None = None
     """exec: how long to wait for the command to finish (it keeps running after)."""
-    input: str | None = None
+    input: Annotated[str, Field(max_length=MAX_SHELL_CHARS)] | None = None
     """write: raw text (a newline is not added). To the shell, each line is a command and is
     decided; to a running program, it is input."""
 
@@ -97,11 +115,11 @@ class ValidationSpec(BaseModel):
     """How an answer to ask_user must look."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
-    pattern: str | None = None
+    pattern: Pattern | None = None
     """A regular expression the whole answer must match."""
     min_length: int | None = Field(default=None, ge=0)
     max_length: int | None = Field(default=None, ge=1)
-    allowed_values: list[str] | None = None
+    allowed_values: Annotated[list[Annotated[str, Field(max_length=4000)]], Field(max_length=MAX_CHOICES)] | None = None
 
     @model_validator(mode="after")
     def _bounds(self) -> ValidationSpec:
@@ -117,7 +135,7 @@ class AskUserCall(_Call):
 
     tool: Literal["ask_user"] = "ask_user"
     prompt: str = Field(min_length=1, max_length=4000)
-    default: str | None = None
+    default: str | None = Field(default=None, max_length=4000)
     """The answer used when the human just presses enter."""
     validation: ValidationSpec | None = None
     password: bool = False
@@ -131,8 +149,8 @@ class EnvCall(_Call):
 
     tool: Literal["env"] = "env"
     action: Literal["get", "set", "unset", "list"]
-    name: str | None = None
-    value: str | None = None
+    name: EnvName | None = None
+    value: Annotated[str, Field(max_length=MAX_ENV_VALUE_CHARS)] | None = None
 
     @model_validator(mode="after")
     def _fields(self) -> EnvCall:
@@ -147,7 +165,7 @@ class FilesCall(_Call):
     action: Literal[
         "read", "read_json", "write", "edit", "list", "stat", "mkdir", "delete", "grep", "find", "write_output"
     ]
-    path: str | None = None
+    path: PathText | None = None
     """The file or directory (relative paths resolve against the workspace). grep/find: where
     to search (default: the workspace)."""
     offset: int | None = Field(default=None, ge=0)
@@ -158,11 +176,11 @@ class FilesCall(_Call):
     """read: byte mode, how many bytes."""
     encoding: Literal["utf-8", "base64"] = "utf-8"
     """read (byte mode) and write: how content is carried."""
-    content: str | None = None
+    content: Content | None = None
     """write: the new content. write_output: the text (markdown) or a JSON document."""
-    old: str | None = None
+    old: Content | None = None
     """edit: the exact text to replace; it must occur exactly once."""
-    new: str | None = None
+    new: Content | None = None
     """edit: its replacement."""
     show_hidden: bool = False
     """list: include names starting with a dot."""
@@ -170,9 +188,9 @@ class FilesCall(_Call):
     """mkdir: create missing parents too."""
     recursive: bool = False
     """delete: a directory and all it holds (without it, only files and empty directories)."""
-    pattern: str | None = None
+    pattern: Pattern | None = None
     """grep: a regular expression. find: a glob (`**/*.py`)."""
-    glob: str | None = None
+    glob: Pattern | None = None
     """grep: only files whose path matches this glob."""
     max_results: int = Field(default=200, ge=1, le=10_000)
     format: Literal["markdown", "json"] = "markdown"
@@ -198,11 +216,11 @@ class ProcessCall(_Call):
 
     tool: Literal["process"] = "process"
     action: Literal["start", "list", "get", "output", "stop", "stop_all"]
-    process_id: str | None = None
-    command: str | None = Field(default=None, min_length=1)
+    process_id: str | None = Field(default=None, max_length=100)
+    command: ShellText | None = None
     """start: the shell text."""
-    cwd: str | None = None
-    env: dict[str, str] = {}
+    cwd: PathText | None = None
+    env: EnvMap = {}
     keep_alive: bool = False
     """start: restart it when it exits (with backoff), until stopped."""
     name: str | None = Field(default=None, max_length=100)
@@ -222,7 +240,7 @@ class FormatOutputCall(_Call):
 
     tool: Literal["format_output"] = "format_output"
     kind: Literal["success", "error", "warning", "info", "table", "json"]
-    message: str | None = None
+    message: Content | None = None
     """success / error / warning / info: the text."""
     data: Any = None
     """table: a list of objects (or of lists, the first being the header); json: any value."""

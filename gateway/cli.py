@@ -17,7 +17,8 @@ from typing import Any
 from gateway import approval_queue
 from gateway.analysis import analyze
 from gateway.approval import Approver, DenyAll, TerminalApprover, visible
-from gateway.audit import AuditLog, AuditUnavailable, verify
+from gateway.audit import AuditUnavailable, open_signed
+from gateway.audit import commands as audit_verbs
 from gateway.audit import records as audit_records
 from gateway.calls import RunCall
 from gateway.decision import Verdict
@@ -54,6 +55,7 @@ STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "
 DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
 DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
 DEFAULT_PROCESS_DIR = str(STATE_HOME)
+DEFAULT_AUDIT_KEYS = str(STATE_HOME / "audit-keys")
 _EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
 
 
@@ -160,7 +162,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         return _fatal("run needs a command: gateway run -- 'make test'")
     try:
         policy = _policy(args)  # read once for the audit settings; the holder keeps it current
-        audit = AuditLog(Path(args.audit_dir), redact=policy.policy.audit.redact)
+        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=policy.policy.audit.redact)
 
         def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
             audit.append(kind, data=data)
@@ -181,7 +183,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"gateway: asks wait for `gateway approvals approve ID --state-dir {args.state_dir}`", file=sys.stderr)
     else:
         approver = DenyAll()
-    gw = Gateway(holder.current, audit, approver)
+    gw = Gateway(holder.current, audit, approver, hidden=(Path(args.audit_keys),))
     result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
     gw.close()
     if result.get("stdout"):
@@ -241,10 +243,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action == "verify":
-        result = verify(directory)
-        print(result.describe())
-        return EXIT_OK if result.ok else EXIT_DENY
+    if args.action in ("verify", "repair", "head"):
+        return audit_verbs.main(args, directory)
     rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
     if args.action == "show":
         if not args.call_id:
@@ -359,6 +359,9 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy file (default: %(default)s)")
     common.add_argument("--workspace", help="the jail root relative roots resolve against (default: the policy's)")
     common.add_argument("--audit-dir", default="audit", help="where audit logs go (default: %(default)s)")
+    common.add_argument(
+        "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the audit signing key and checkpoints (default: %(default)s)"
+    )
     common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
     ck = sub.add_parser("check", parents=[common], help="the decision for a command; runs nothing")
     ck.add_argument("--cwd", help="directory the command would run in (default: the workspace)")
@@ -384,9 +387,15 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
-    au.add_argument("action", choices=["verify", "tail", "show", "query"])
+    au.add_argument("action", choices=["verify", "repair", "head", "tail", "show", "query"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
+    au.add_argument(
+        "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the signing key and checkpoints (default: %(default)s)"
+    )
+    au.add_argument("--key", help="verify: the public key to check with (default: the one in --audit-keys)")
+    au.add_argument("--checkpoint", action="append", help="verify: a checkpoint file (default: the gateway's own)")
+    au.add_argument("--no-checkpoint", action="store_true", help="verify: check without one (truncation will not show)")
     au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")
     au.add_argument("-f", "--follow", action="store_true", help="tail: keep printing new records")
     au.add_argument("--principal")

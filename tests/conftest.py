@@ -3,14 +3,25 @@
 Sandboxed commands run as an unprivileged account (docs/sandbox.md), which must be able to
 reach the workspaces tests create under pytest's temp directories: pytest makes them
 owner-only, so each is opened for traversal (not listing) here.
+
+The gateway's state (approvals, tokens, the audit signing key and checkpoints) defaults to
+$XDG_STATE_HOME/agent-gateway: tests point it at a directory of their own, set before any
+gateway module computes its defaults, so no run touches the user's state.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
+
+_STATE = tempfile.mkdtemp(prefix="agw-test-state-")
+os.environ["XDG_STATE_HOME"] = _STATE
+atexit.register(shutil.rmtree, _STATE, True)
 
 
 def _traversable(d: Path) -> None:

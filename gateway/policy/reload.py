@@ -5,6 +5,8 @@ its includes) has changed since it was loaded, the new version is loaded and val
 (examples included) and only then swapped in, in one reference assignment. A new version that
 fails to load leaves the old one in force; the failure is kept in `last_error` and handed to
 `on_event`, which the gateway turns into an audit record (`policy_loaded` / `policy_rejected`).
+A new version takes effect only once its `policy_loaded` record is written: while the log cannot
+be written, the old policy stays in force and the change is tried again at the next check.
 """
 
 from __future__ import annotations
@@ -69,16 +71,29 @@ class PolicyHolder:
             stamp = _stamp(self._files())
             if stamp == self._stamp:
                 return False
-            self._stamp = stamp
             try:
                 fresh = load_checked(self.path, self.workspace)
             except PolicyError as exc:
                 self.last_error = str(exc)
-                self.on_event(
+                if self._tell(
                     "policy_rejected", {"path": str(self.path), "error": str(exc), "kept": self._policy.sha256}
-                )
+                ):
+                    self._stamp = stamp
                 return False
+            # the record first: a policy the audit log does not name never decides anything
+            if not self._tell("policy_loaded", {"path": str(self.path), "sha256": fresh.sha256}):
+                return False
+            self._stamp = stamp
             self._policy = fresh  # one assignment: callers see the old or the new, never a mix
             self.last_error = None
-            self.on_event("policy_loaded", {"path": str(self.path), "sha256": fresh.sha256})
             return True
+
+    def _tell(self, kind: str, data: dict[str, Any]) -> bool:
+        """Hand an event to `on_event` (the audit log). False when it could not be recorded: the
+        change is then not taken, the old policy stays in force, and the next check tries again."""
+        try:
+            self.on_event(kind, data)
+        except Exception as exc:  # AuditUnavailable, or whatever the sink raises: never the caller's problem
+            self.last_error = f"{kind} could not be recorded ({exc}): the policy in force is unchanged"
+            return False
+        return True

@@ -62,7 +62,7 @@ def _record(audit: AuditLog, event: str, **fields: Any) -> bool:
         audit.append(event, **fields)
         return True
     except AuditUnavailable as exc:
-        log.error("audit_unavailable", event=event, error=str(exc))
+        log.error("audit_unavailable", record=event, error=str(exc))
         return False
 
 

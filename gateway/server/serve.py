@@ -16,7 +16,7 @@ import yaml
 
 from gateway import approval_queue
 from gateway.approval import Approver, DenyAll, TerminalApprover
-from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit import AuditUnavailable, open_signed
 from gateway.pipeline import Gateway
 from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
@@ -82,7 +82,7 @@ def main(args: argparse.Namespace) -> int:
                 return _fail(f"cannot give {ws} to the sandbox's account: {exc}")
     try:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
-        audit = AuditLog(Path(args.audit_dir), redact=first.policy.audit.redact)
+        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
 
         def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
             audit.append(kind, data=data)
@@ -107,7 +107,7 @@ def main(args: argparse.Namespace) -> int:
         audit,
         approver,
         approval_timeout_s=args.approval_timeout,
-        hidden=(tokens_file.parent,),
+        hidden=(tokens_file.parent, Path(args.audit_keys)),
         state_dir=Path(args.process_dir),
     )
     unsafe = [gateway.unsafe_setup(policy, p) for p in policy.grants]
@@ -131,13 +131,13 @@ def main(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"gateway serve: listening on {url} (policy {policy_file}, audit {args.audit_dir})", file=sys.stderr)
         if args.quickstart:
-            _print_quickstart(url, token, str(who), args)
+            _print_quickstart(url, token, str(who), args, audit.key.public.fingerprint if audit.key else "none")
         sys.stderr.flush()
 
     return serve_http(gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready)
 
 
-def _print_quickstart(url: str, token: str, principal: str, args: argparse.Namespace) -> None:
+def _print_quickstart(url: str, token: str, principal: str, args: argparse.Namespace, key: str) -> None:
     desktop = {"mcpServers": {"agent-gateway": {"type": "http", "url": url,
                                                 "headers": {"Authorization": f"Bearer {token}"}}}}  # fmt: skip
     print(
@@ -152,6 +152,8 @@ def _print_quickstart(url: str, token: str, principal: str, args: argparse.Names
 
   Approve asks:  gateway approvals list / gateway approvals approve CALL_ID
   Read the log:  gateway audit tail -f --audit-dir {args.audit_dir}
+  Audit key:     {key}  (records are signed; copy {args.audit_keys}/signing.pub off this
+                 machine to verify later: gateway audit verify --key signing.pub)
 """,
         file=sys.stderr,
     )

@@ -85,7 +85,7 @@ def _event(gw: Gateway, event: str, rec: ProcessRecord, data: dict[str, Any]) ->
     except Exception:  # an event of a running process: the process stays; the log reports it
         from gateway.log import log
 
-        log.warning("audit_failed", event=event, process_id=rec.id)
+        log.warning("audit_failed", record=event, process_id=rec.id)
 
 
 def _start(gw: Gateway, pm: ProcessManager, principal: str, command: str, cwd: Path, env: dict[str, str],

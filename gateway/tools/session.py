@@ -163,7 +163,9 @@ def _exec(
             "a command is still running: read its output, write input to it, or kill the session",
         )  # fmt: skip
     cwd = Path(session.cwd() or policy.workspace)
-    arguments = {**_arguments(call), "command": text, "session_id": session.id}
+    # a startup command's record names it alone, not the whole list again
+    given = {k: v for k, v in _arguments(call).items() if k != "startup_commands"}
+    arguments = {**given, "command": text, "session_id": session.id}
     gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
     if not isinstance(gated, Gated):
         return gated

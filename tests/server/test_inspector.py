@@ -110,11 +110,14 @@ class Gateway:
     home: Path  # HOME for the Inspector, which keeps state under ~/.mcp-inspector
 
     def files(self) -> list[str]:
-        return ["--policy", str(self.policy), "--workspace", str(self.workspace), "--audit-dir", str(self.audit)]
+        return ["--policy", str(self.policy), "--workspace", str(self.workspace), *self.audit_args()]
+
+    def audit_args(self) -> list[str]:
+        return ["--audit-dir", str(self.audit), "--audit-keys", str(self.audit.parent / "audit-keys")]
 
     def verify_audit(self) -> None:
         proc = subprocess.run(
-            [str(GATEWAY), "audit", "verify", "--audit-dir", str(self.audit)],
+            [str(GATEWAY), "audit", "verify", *self.audit_args()],
             capture_output=True,
             text=True,
             timeout=120,

@@ -1,0 +1,110 @@
+"""The log's head, kept apart from the log: what tells a truncated log from a short one.
+
+After every commit the writer replaces one small file outside the audit directory with the last
+record's `seq`, `hash` and signature (`{"log", "seq", "hash", "sig", "ts", "key"}`). The
+signature is the record's own, so the checkpoint needs no trust of its own: a checkpoint only
+the key's holder could have made says "the log reached at least this record, with this hash".
+`verify` fails when the log ends before a checkpoint's `seq` (truncated) or holds another record
+at that `seq` (rewritten); the writer refuses to append to such a log, so the head never moves
+back silently.
+
+A checkpoint file may hold several checkpoints, one JSON object per line: heads copied off the
+machine over time (`gateway audit head >> ...` from cron) are checked the same way.
+
+The file is replaced by rename, not fsynced: after a power cut it may be older than the log
+(never newer, since the log is made durable first), which `verify` accepts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+
+class CheckpointError(Exception):
+    """The checkpoint file could not be read, parsed or written."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    log: str  # the audit directory's real path
+    seq: int
+    hash: str
+    sig: str
+    ts: str
+    key: str  # the signing key's fingerprint
+
+    def line(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")) + "\n"
+
+    @classmethod
+    def of(cls, directory: Path, record: dict[str, Any], key: str) -> Checkpoint:
+        return cls(str(directory), record["seq"], record["hash"], record.get("sig", ""), record["ts"], key)
+
+
+def default_path(directory: Path, key_dir: Path) -> Path:
+    """Where the writer keeps `directory`'s checkpoint: beside the key, named by the log's path."""
+    real = os.path.realpath(directory)
+    return Path(key_dir) / "checkpoints" / (hashlib.sha256(real.encode()).hexdigest()[:16] + ".json")
+
+
+def read(path: Path) -> list[Checkpoint]:
+    """Every checkpoint in `path` (one JSON object per line); [] when the file does not exist."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return []
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            raw = json.loads(line)
+            out.append(
+                Checkpoint(
+                    str(raw["log"]), int(raw["seq"]), str(raw["hash"]), str(raw["sig"]), str(raw["ts"]), str(raw["key"])
+                )
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise CheckpointError(f"{path}:{n}: not a checkpoint ({exc})") from None
+    return out
+
+
+def write(path: Path, checkpoint: Checkpoint) -> None:
+    """Replace the checkpoint file atomically (rename; readers see the old or the new)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            data = checkpoint.line().encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(28, "short write")
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+
+
+def prepare(path: Path, audit_dir: Path) -> None:
+    """Make the checkpoint's directory; refuse a checkpoint inside the audit directory (it must be
+    kept apart: whoever can rewrite the log must not thereby be able to move its head)."""
+    path = Path(path)
+    real_dir = os.path.realpath(audit_dir)
+    parent = os.path.realpath(path.parent)
+    if parent == real_dir or parent.startswith(real_dir + os.sep):
+        raise CheckpointError(f"the checkpoint {path} is inside the audit directory {audit_dir}: keep it apart")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError as exc:
+        raise CheckpointError(f"cannot make the checkpoint directory {path.parent}: {exc.strerror}") from None

@@ -1,0 +1,142 @@
+"""The audit log's signing key: Ed25519, kept apart from the log, out of every sandbox's reach.
+
+The gateway signs each record's hash with a private key it keeps in a directory of its own
+(`signing.key`, mode 0600, in a 0700 directory the sandbox never mounts). Anyone holding only the
+public key (`signing.pub`, one line `ed25519 BASE64`) can check every signature, and cannot make
+one: a reviewer copies the public key (or its fingerprint) off the machine once, and from then on
+a log rewritten by someone without the private key fails `gateway audit verify`.
+"""
+
+from __future__ import annotations
+
+import base64
+import fcntl
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+KEY_FILE = "signing.key"
+PUB_FILE = "signing.pub"
+_PUB_PREFIX = "ed25519 "
+
+
+class AuditKeyError(Exception):
+    """The key could not be read, made or parsed; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class VerifyKey:
+    """A public key: checks signatures, cannot make them."""
+
+    raw: bytes
+
+    @property
+    def fingerprint(self) -> str:
+        return "SHA256:" + base64.b64encode(hashlib.sha256(self.raw).digest()).decode().rstrip("=")
+
+    def line(self) -> str:
+        return _PUB_PREFIX + base64.b64encode(self.raw).decode() + "\n"
+
+    def verify(self, hash_hex: str, signature: str) -> bool:
+        try:
+            sig = base64.b64decode(signature, validate=True)
+            Ed25519PublicKey.from_public_bytes(self.raw).verify(sig, hash_hex.encode("ascii"))
+        except (InvalidSignature, ValueError, TypeError):
+            return False
+        return True
+
+    @classmethod
+    def load(cls, path: Path) -> VerifyKey:
+        """A `signing.pub` file, or a key directory holding one."""
+        path = Path(path)
+        if path.is_dir():
+            path = path / PUB_FILE
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise AuditKeyError(f"cannot read the public key {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        if not text.startswith(_PUB_PREFIX):
+            raise AuditKeyError(f"{path}: not an audit public key (expected one line `ed25519 BASE64`)")
+        try:
+            raw = base64.b64decode(text[len(_PUB_PREFIX) :], validate=True)
+        except ValueError:
+            raise AuditKeyError(f"{path}: the key is not valid base64") from None
+        if len(raw) != 32:
+            raise AuditKeyError(f"{path}: an Ed25519 public key is 32 bytes, this one is {len(raw)}")
+        return cls(raw)
+
+
+class SigningKey:
+    """The private key. `load_or_create(directory)` makes a key pair on first use."""
+
+    def __init__(self, private: Ed25519PrivateKey, directory: Path) -> None:
+        self._private = private
+        self.directory = directory
+        self.public = VerifyKey(
+            private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+        )
+
+    def sign(self, hash_hex: str) -> str:
+        return base64.b64encode(self._private.sign(hash_hex.encode("ascii"))).decode("ascii")
+
+    @classmethod
+    def load_or_create(cls, directory: Path) -> SigningKey:
+        directory = Path(directory)
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            os.chmod(directory, 0o700)
+            lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise AuditKeyError(f"cannot use the audit key directory {directory}: {exc.strerror}") from None
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # two gateways starting at once make one key, not two
+            path = directory / KEY_FILE
+            if not path.exists():
+                cls._create(directory)
+            return cls._load(path, directory)
+        finally:
+            os.close(lock)
+
+    @classmethod
+    def _create(cls, directory: Path) -> None:
+        private = Ed25519PrivateKey.generate()
+        pem = private.private_bytes(
+            serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+        )
+        key = cls(private, directory)
+        try:
+            for name, data, mode in ((KEY_FILE, pem, 0o600), (PUB_FILE, key.public.line().encode(), 0o644)):
+                tmp = directory / f".{name}.new"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+                try:
+                    os.write(fd, data)
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.replace(tmp, directory / name)
+        except OSError as exc:
+            raise AuditKeyError(f"cannot write the audit key in {directory}: {exc.strerror}") from None
+
+    @classmethod
+    def _load(cls, path: Path, directory: Path) -> SigningKey:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                st = os.fstat(f.fileno())
+                data = f.read(64 * 1024)
+        except OSError as exc:
+            raise AuditKeyError(f"cannot read the audit signing key {path}: {exc.strerror}") from None
+        if st.st_mode & 0o077:
+            raise AuditKeyError(f"{path} is readable by others (mode {st.st_mode & 0o777:o}): chmod 600 it")
+        try:
+            private = serialization.load_pem_private_key(data, password=None)
+        except (ValueError, TypeError) as exc:
+            raise AuditKeyError(f"{path}: not a PEM private key ({exc})") from None
+        if not isinstance(private, Ed25519PrivateKey):
+            raise AuditKeyError(f"{path}: not an Ed25519 key")
+        return cls(private, directory)
