@@ -83,19 +83,11 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
     for path, n, record, raw in records(directory):
         last_path, last_line = path.name, n
 
-        def broken(problem: str, seq: Any = None, torn: bool = False) -> Verification:
+        def broken(
+            problem: str, seq: Any = None, torn: bool = False, at: tuple[Any, ...] = (path, n, count, signed)
+        ) -> Verification:
             return Verification(
-                False,
-                count,
-                path.name,
-                n,
-                seq,
-                problem,
-                signed,
-                key.fingerprint if key else "",
-                0,
-                (),
-                torn,  # noqa: B023
+                False, at[2], at[0].name, at[1], seq, problem, at[3], key.fingerprint if key else "", 0, (), torn
             )
 
         if not raw.endswith(b"\n") or record is None:

@@ -132,7 +132,7 @@ def test_a_running_writer_refuses_a_log_that_went_backwards(tmp_path: Path) -> N
         log.append("decision", call_id=f"c{i}")
     path = audit / "audit-000001.jsonl"
     path.write_bytes(b"".join(path.read_bytes().splitlines(keepends=True)[:2]))
-    with pytest.raises(AuditUnavailable, match="backwards|removed"):
+    with pytest.raises(AuditUnavailable, match=r"backwards|removed"):
         log.append("decision", call_id="after")
     assert len(path.read_bytes().splitlines()) == 2  # nothing appended on top of the cut
 
@@ -193,4 +193,5 @@ def test_the_key_is_private_and_one_per_directory(tmp_path: Path) -> None:
 
 def test_the_checkpoint_is_never_inside_the_audit_directory(tmp_path: Path) -> None:
     with pytest.raises(AuditUnavailable, match="keep it apart"):
-        AuditLog(tmp_path / "audit", key=SigningKey.load_or_create(tmp_path / "k"), checkpoint=tmp_path / "audit" / "cp")
+        key = SigningKey.load_or_create(tmp_path / "k")
+        AuditLog(tmp_path / "audit", key=key, checkpoint=tmp_path / "audit" / "cp")
