@@ -20,6 +20,7 @@ evidence).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import re
@@ -228,9 +229,12 @@ class AuditLog:
             st = os.fstat(fd)
             before = st.st_size
             try:
-                written = os.write(fd, data)
-                if written != len(data):
-                    raise OSError(28, f"short write ({written} of {len(data)} bytes)")
+                view, done = memoryview(data), 0
+                while done < len(data):  # a short write is retried: the next one says why (ENOSPC)
+                    n = os.write(fd, view[done:])
+                    if n <= 0:
+                        raise OSError(errno.EIO, f"write returned {n} after {done} of {len(data)} bytes")
+                    done += n
                 os.fdatasync(fd)
             except OSError as exc:
                 self._cut_back(fd, path, before)

@@ -55,3 +55,45 @@ def test_an_unchanged_file_is_not_reloaded(tmp_path: Path) -> None:
     first = holder.current()
     assert holder.reload_if_changed() is False
     assert holder.current() is first
+
+
+def test_a_policy_whose_record_cannot_be_written_does_not_take_effect(tmp_path: Path) -> None:
+    """Before: the new policy went into force with no policy_loaded record, decisions carried a
+    policy hash the log never named, and the reload's exception reached the caller (HTTP 500)."""
+    from gateway.audit import AuditLog, AuditUnavailable, records
+
+    path = tmp_path / "p.yaml"
+    write(path, POLICY.format(decision="allow"), 0)
+    audit = AuditLog(tmp_path / "audit")
+    broken = [False]
+
+    def record(kind: str, data: dict[str, Any]) -> None:
+        if broken[0]:
+            raise AuditUnavailable("disk full")
+        audit.append(kind, data=data)
+
+    holder = PolicyHolder(path, tmp_path, on_event=record, interval=0)
+    first = holder.current().sha256
+    broken[0] = True
+    write(path, POLICY.format(decision="deny"), 1)
+    for _ in range(3):  # no exception, the old policy decides, every check tries again
+        assert holder.current().sha256 == first
+        assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.ALLOW
+    assert holder.last_error is not None and "could not be recorded" in holder.last_error
+    broken[0] = False
+    fresh = holder.current()
+    assert fresh.sha256 != first and evaluate(fresh, "ls", "agent").decision.verdict is Verdict.DENY
+    named = [r["data"]["sha256"] for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "policy_loaded"]
+    assert named == [first, fresh.sha256]  # every policy that decided is on the record
+
+
+def test_a_failed_record_at_shutdown_is_logged_not_raised(tmp_path: Path) -> None:
+    """`_record` turned a failed append into TypeError (structlog's `event` clash): a bad token got
+    500 instead of 401, and SIGTERM exited 1 with a traceback before the gateway was closed."""
+    from gateway.audit import AuditLog
+    from gateway.server.run import _record
+
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    (audit / "audit-000001.jsonl").symlink_to("/dev/full")
+    assert _record(AuditLog(audit), "server_stopped", data={"how": "SIGTERM"}) is False
