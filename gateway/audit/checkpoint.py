@@ -1,18 +1,20 @@
 """The log's head, kept apart from the log: what tells a truncated log from a short one.
 
-After every commit the writer replaces one small file outside the audit directory with the last
-record's `seq`, `hash` and signature (`{"log", "seq", "hash", "sig", "ts", "key"}`). The
+After every commit the writer appends the last record's `seq`, `hash` and signature
+(`{"log", "seq", "hash", "sig", "ts", "key"}`) as one line to a file outside the audit directory
+(replaced by one holding the newest head alone once it passes 1 MiB). The
 signature is the record's own, so the checkpoint needs no trust of its own: a checkpoint only
 the key's holder could have made says "the log reached at least this record, with this hash".
 `verify` fails when the log ends before a checkpoint's `seq` (truncated) or holds another record
 at that `seq` (rewritten); the writer refuses to append to such a log, so the head never moves
 back silently.
 
-A checkpoint file may hold several checkpoints, one JSON object per line: heads copied off the
-machine over time (`gateway audit head >> ...` from cron) are checked the same way.
+The writer and `verify` use the newest head of that file. Any other file of heads, one JSON object
+per line (copied off the machine over time: `gateway audit head >> ...` from cron), is checked
+line by line with `verify --checkpoint FILE`.
 
-The file is replaced by rename, not fsynced: after a power cut it may be older than the log
-(never newer, since the log is made durable first), which `verify` accepts.
+The file is not fsynced: after a power cut it may be older than the log (never newer, since the
+log is made durable first), which `verify` accepts.
 """
 
 from __future__ import annotations
@@ -47,6 +49,16 @@ class Checkpoint:
         return cls(str(directory), record["seq"], record["hash"], record.get("sig", ""), record["ts"], key)
 
 
+def _parse(line: str, path: Path, n: int) -> Checkpoint:
+    try:
+        raw = json.loads(line)
+        return Checkpoint(
+            str(raw["log"]), int(raw["seq"]), str(raw["hash"]), str(raw["sig"]), str(raw["ts"]), str(raw["key"])
+        )
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{path}:{n or 'last line'}: not a checkpoint ({exc})") from None
+
+
 def default_path(directory: Path, key_dir: Path) -> Path:
     """Where the writer keeps `directory`'s checkpoint: beside the key, named by the log's path."""
     real = os.path.realpath(directory)
@@ -63,37 +75,64 @@ def read(path: Path) -> list[Checkpoint]:
         raise CheckpointError(f"cannot read the checkpoint {path}: {getattr(exc, 'strerror', None) or exc}") from None
     out = []
     for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            raw = json.loads(line)
-            out.append(
-                Checkpoint(
-                    str(raw["log"]), int(raw["seq"]), str(raw["hash"]), str(raw["sig"]), str(raw["ts"]), str(raw["key"])
-                )
-            )
-        except (ValueError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{path}:{n}: not a checkpoint ({exc})") from None
+        if line.strip():
+            out.append(_parse(line, path, n))
     return out
 
 
+MAX_HEADS_BYTES = 1 << 20
+
+
 def write(path: Path, checkpoint: Checkpoint) -> None:
-    """Replace the checkpoint file atomically (rename; readers see the old or the new)."""
+    """Add the new head to the checkpoint file: one line appended (readers take the last whole
+    line). Past MAX_HEADS_BYTES the file is replaced by one holding the new head alone (rename:
+    readers see the old file or the new)."""
     path = Path(path)
+    data = checkpoint.line().encode()
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            if os.fstat(fd).st_size + len(data) > MAX_HEADS_BYTES:
+                _replace(path, data)
+            elif os.write(fd, data) != len(data):
+                raise OSError(28, "short write")
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+
+
+def _replace(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            data = checkpoint.line().encode()
             if os.write(fd, data) != len(data):
                 raise OSError(28, "short write")
         finally:
             os.close(fd)
         os.replace(tmp, path)
-    except OSError as exc:
+    except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+        raise
+
+
+def latest(path: Path) -> Checkpoint | None:
+    """The newest head in the gateway's own checkpoint file (its last whole line), or None."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - 8192))
+            tail = f.read()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise CheckpointError(f"cannot read the checkpoint {path}: {exc.strerror}") from None
+    lines = tail.split(b"\n")[:-1]  # whatever follows the last newline is an append in progress
+    if not lines:
+        return None
+    return _parse(lines[-1].decode("utf-8", "replace"), path, 0)
 
 
 def prepare(path: Path, audit_dir: Path) -> None:

@@ -52,12 +52,11 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
             key = VerifyKey.load(key_path)
         except AuditKeyError as exc:
             return _fail(str(exc))
-    paths = [Path(p) for p in args.checkpoint or []]
-    if not paths and not args.no_checkpoint:
-        default = checkpoints.default_path(directory, keys)
-        paths = [default] if default.exists() else []
     try:
-        heads = [cp for p in paths for cp in checkpoints.read(p)]
+        heads = [cp for p in args.checkpoint or [] for cp in checkpoints.read(Path(p))]
+        if not args.checkpoint and not args.no_checkpoint:
+            newest = checkpoints.latest(checkpoints.default_path(directory, keys))
+            heads = [newest] if newest else []
     except checkpoints.CheckpointError as exc:
         return _fail(str(exc))
     for p in args.checkpoint or []:

@@ -6,7 +6,8 @@
 - the chain breaks (a record deleted, reordered or inserted), or seq skips;
 - forged:    a signature does not verify with the reviewer's public key (the log was rewritten,
              hashes recomputed, by someone without the private key);
-- unsigned:  a record without a signature after signing began;
+- unsigned:  the log ends in records no signature covers (each commit's last record is signed,
+             and through the chain its signature covers every record before it);
 - truncated: the log ends before a checkpoint's seq (records at the end were removed);
 - rewritten: the log holds another record at a checkpoint's seq.
 
@@ -51,7 +52,7 @@ class Verification:
         else:
             text = f"ok: {self.records} records, chain intact"
             if self.key:
-                text += f", {self.signed} signatures valid for key {self.key}"
+                text += f", every record covered by {self.signed} signatures valid for key {self.key}"
             if self.heads:
                 text += f", {self.heads} checkpoint(s) matched"
         return "\n".join([text, *(f"note: {n}" for n in self.notes)])
@@ -109,9 +110,7 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
             return broken(f"expected seq {expected_seq}", seq)
         sig = record.get("sig")
         if sig is None:
-            if signed:
-                return broken("unsigned: a record without a signature after signing began", seq)
-            unsigned += 1
+            unsigned += 1  # covered by the next signature, through the chain
         elif key is not None:
             if not isinstance(sig, str) or not key.verify(record["hash"], sig):
                 return broken(
@@ -120,8 +119,10 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
                     seq,
                 )
             signed += 1
+            unsigned = 0
         else:
             signed += 1
+            unsigned = 0
         if seq in wanted:
             hashes[seq] = record["hash"]
         prev = record["hash"]
@@ -135,8 +136,13 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
             "gateway with this key always ends in signed records): it was rewritten or replaced",
             0, fingerprint,
         )  # fmt: skip
-    if unsigned and signed:
-        notes.append(f"the first {unsigned} records predate signing (unsigned): only their chain is checked")
+    if key is not None and unsigned:
+        return Verification(
+            False, count, last_path, last_line, expected_seq - 1,
+            f"unsigned end: the last {unsigned} record(s) carry no signature and none follows (every commit "
+            "ends in a signed record): they were added without the key, or the log was cut inside a commit",
+            signed, fingerprint,
+        )  # fmt: skip
     if key is None and signed:
         notes.append("signatures not checked: give the public key (--key) to tell a rewritten log")
         signed = 0

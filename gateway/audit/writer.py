@@ -177,7 +177,6 @@ class AuditLog:
         seq = last["seq"] if last else 0
         prev = last["hash"] if last else ""
         made: list[tuple[_Pending, dict[str, Any]]] = []
-        chunks: list[bytes] = []
         for p in batch:
             record: dict[str, Any] = {
                 "seq": seq + 1,
@@ -188,9 +187,6 @@ class AuditLog:
             }
             try:
                 record["hash"] = digest(record)
-                if self.key is not None:
-                    record["sig"] = self.key.sign(record["hash"])
-                chunks.append((canonical(record) + "\n").encode("utf-8"))
             except (TypeError, ValueError) as exc:
                 p.error = AuditUnavailable(f"audit record is not serialisable: {exc}")
                 continue
@@ -198,6 +194,11 @@ class AuditLog:
             made.append((p, record))
         if not made:
             return
+        if self.key is not None:
+            # the commit's last record is signed: through the chain its signature covers every
+            # record before it (one signature per fdatasync, however many threads committed)
+            made[-1][1]["sig"] = self.key.sign(made[-1][1]["hash"])
+        chunks = [(canonical(record) + "\n").encode("utf-8") for _, record in made]
         data = b"".join(chunks)
         path = tail.path
         if tail.size and tail.size + len(data) > self.max_file_bytes and last is not None:
@@ -307,10 +308,10 @@ class AuditLog:
         if self.checkpoint is None:
             return
         try:
-            heads = checkpoints.read(self.checkpoint)
+            newest = checkpoints.latest(self.checkpoint)
         except checkpoints.CheckpointError as exc:
             raise AuditUnavailable(str(exc)) from exc
-        for cp in heads:
+        for cp in [newest] if newest else []:
             if seq < cp.seq:
                 raise AuditUnavailable(
                     f"the audit log ends at seq {seq} but its checkpoint {self.checkpoint} says it reached seq "

@@ -61,8 +61,9 @@ def test_an_intact_signed_log_verifies_with_key_and_checkpoint(signed: tuple[Pat
     done = cli(audit, keys, "verify")
     assert done.returncode == 0, done.stdout + done.stderr
     fingerprint = VerifyKey.load(keys / "signing.pub").fingerprint
-    assert f"12 signatures valid for key {fingerprint}" in done.stdout and "1 checkpoint(s) matched" in done.stdout
-    assert all("sig" in r for _, _, r, _ in records(audit) if r)
+    assert f"covered by 12 signatures valid for key {fingerprint}" in done.stdout
+    assert "1 checkpoint(s) matched" in done.stdout
+    assert all("sig" in r for _, _, r, _ in records(audit) if r)  # one writer, one at a time: each signed
 
 
 def test_dropping_the_last_records_is_truncation(signed: tuple[Path, Path]) -> None:
@@ -109,10 +110,10 @@ def test_a_checkpoint_the_attacker_writes_is_not_signed(signed: tuple[Path, Path
     audit, keys = signed
     (audit / "audit-000001.jsonl").write_bytes(b"".join(lines(audit)[:-3]))
     cp_file = default_path(audit, keys)
-    cp = json.loads(cp_file.read_text())
+    cp = json.loads(cp_file.read_text().splitlines()[-1])
     last = json.loads(lines(audit)[-1])
     cp.update(seq=last["seq"], hash="0" * 64)  # moved back, hash made up: no signature fits
-    cp_file.write_text(json.dumps(cp) + "\n")
+    cp_file.write_text(json.dumps(cp) + "\n")  # the whole file replaced: every older head gone
     done = cli(audit, keys, "verify")
     assert done.returncode == 1 and "is not signed by key" in done.stdout
 
@@ -169,7 +170,7 @@ def test_a_signed_log_without_a_checkpoint_is_not_called_verified(signed: tuple[
     assert cli(audit, keys, "verify", "--no-checkpoint").returncode == 0
 
 
-def test_an_unsigned_log_gains_signatures_and_the_old_part_is_named(tmp_path: Path) -> None:
+def test_an_unsigned_log_gains_signatures_that_cover_the_old_part(tmp_path: Path) -> None:
     audit, keys = tmp_path / "audit", tmp_path / "keys"
     old = AuditLog(audit)  # a log from before signing
     for i in range(3):
@@ -177,8 +178,10 @@ def test_an_unsigned_log_gains_signatures_and_the_old_part_is_named(tmp_path: Pa
     log = open_signed(audit, keys)
     log.append("decision", call_id="new")
     done = cli(audit, keys, "verify")
-    assert done.returncode == 0, done.stdout
-    assert "the first 3 records predate signing" in done.stdout
+    assert done.returncode == 0, done.stdout  # the first signature covers the old records, through the chain
+    (audit / "audit-000001.jsonl").write_bytes(b"".join(lines(audit)[:3]))
+    cut = cli(audit, keys, "verify", "--no-checkpoint")  # cut back to the unsigned part
+    assert cut.returncode == 1 and "not signed by key" in cut.stdout
 
 
 def test_the_key_is_private_and_one_per_directory(tmp_path: Path) -> None:
@@ -195,3 +198,41 @@ def test_the_checkpoint_is_never_inside_the_audit_directory(tmp_path: Path) -> N
     with pytest.raises(AuditUnavailable, match="keep it apart"):
         key = SigningKey.load_or_create(tmp_path / "k")
         AuditLog(tmp_path / "audit", key=key, checkpoint=tmp_path / "audit" / "cp")
+
+
+def test_records_appended_after_the_last_signature_are_refused(signed: tuple[Path, Path]) -> None:
+    audit, keys = signed
+    last = json.loads(lines(audit)[-1])
+    forged = {"seq": last["seq"] + 1, "ts": last["ts"], "event": "decision", "call_id": "x", "prev": last["hash"]}
+    forged["hash"] = digest(forged)
+    with open(audit / "audit-000001.jsonl", "ab") as f:
+        f.write((canonical(forged) + "\n").encode())
+    done = cli(audit, keys, "verify")
+    assert done.returncode == 1 and "unsigned end" in done.stdout, done.stdout
+
+
+def test_threads_committing_together_share_one_signature_that_covers_them(tmp_path: Path) -> None:
+    import threading
+
+    audit, keys = tmp_path / "audit", tmp_path / "keys"
+    log = open_signed(audit, keys)
+    threads = [threading.Thread(target=lambda: [log.append("decision") for _ in range(40)]) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    every = [r for _, _, r, _ in records(audit) if r]
+    assert len(every) == 320 and "sig" in every[-1]
+    done = cli(audit, keys, "verify")
+    assert done.returncode == 0, done.stdout
+    # a record inside a commit edited, its hash and every later one recomputed: the next signature breaks
+    kept = [dict(r) for r in every]
+    inside = next(i for i, r in enumerate(kept) if "sig" not in r)
+    kept[inside]["call_id"] = "edited"
+    prev = kept[inside - 1]["hash"] if inside else ""
+    for r in kept[inside:]:
+        r["prev"] = prev
+        r["hash"] = prev = digest(r)
+    (audit / "audit-000001.jsonl").write_bytes(b"".join((canonical(r) + "\n").encode() for r in kept))
+    forged = cli(audit, keys, "verify", "--no-checkpoint")
+    assert forged.returncode == 1 and "forged" in forged.stdout
