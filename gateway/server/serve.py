@@ -152,8 +152,9 @@ def _print_quickstart(url: str, token: str, principal: str, args: argparse.Names
 
   Approve asks:  gateway approvals list / gateway approvals approve CALL_ID
   Read the log:  gateway audit tail -f --audit-dir {args.audit_dir}
-  Audit key:     {key}  (records are signed; copy {args.audit_keys}/signing.pub off this
-                 machine to verify later: gateway audit verify --key signing.pub)
+  Audit key:     {key}
+                 records are signed: copy {args.audit_keys}/signing.pub off this machine,
+                 then check the log any time with: gateway audit verify --key signing.pub
 """,
         file=sys.stderr,
     )
