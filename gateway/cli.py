@@ -243,7 +243,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action in ("verify", "repair", "head"):
+    if args.action in ("verify", "repair", "head", "adopt"):
         return audit_verbs.main(args, directory)
     rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
     if args.action == "show":
@@ -387,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
-    au.add_argument("action", choices=["verify", "repair", "head", "tail", "show", "query"])
+    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
     au.add_argument(

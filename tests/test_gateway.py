@@ -222,9 +222,9 @@ def test_a_missing_program_is_reported(policy: CompiledPolicy, tmp_path: Path) -
 
 def test_a_full_audit_disk_denies_and_runs_nothing(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
     audit = tmp_path / "audit"
-    audit.mkdir()
-    (audit / "audit-000001.jsonl").symlink_to("/dev/full")
-    out = Gateway(policy, AuditLog(audit)).handle(RunCall(principal="agent", command="echo x > ran.txt"))
+    log = AuditLog(audit)
+    (audit / "audit-000001.jsonl").symlink_to("/dev/full")  # every append fails from now on
+    out = Gateway(policy, log).handle(RunCall(principal="agent", command="echo x > ran.txt"))
     assert out["error"]["code"] == "AUDIT_UNAVAILABLE"  # type: ignore[index]
     assert not (ws / "ran.txt").exists()
 

@@ -92,10 +92,17 @@ def write(path: Path, checkpoint: Checkpoint) -> None:
     try:
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            if os.fstat(fd).st_size + len(data) > MAX_HEADS_BYTES:
+            before = os.fstat(fd).st_size
+            if before + len(data) > MAX_HEADS_BYTES:
                 _replace(path, data)
-            elif os.write(fd, data) != len(data):
-                raise OSError(28, "short write")
+            else:
+                try:
+                    if os.write(fd, data) != len(data):
+                        raise OSError(28, "No space left on device (short write)")
+                except OSError:
+                    with contextlib.suppress(OSError):  # leave no partial head (shrinking needs no space)
+                        os.ftruncate(fd, before)
+                    raise
         finally:
             os.close(fd)
     except OSError as exc:

@@ -4,7 +4,10 @@ verify  checks the chain, every signature against the public key, and the log ag
         checkpoints. Exit 0 when intact, 1 when not (the first problem named), 2 on usage errors.
         A signed log needs a key and a checkpoint: without them it fails, unless --no-checkpoint
         says the reviewer knowingly checks less.
-repair  moves a torn last record aside (kept beside the log) and records `audit_repaired`.
+repair  moves what a crash left at the end aside (a torn line; complete records after the last
+        signature) and records `audit_repaired`. It refuses a log with any other problem.
+adopt   goes on with a log that has no checkpoint here (restored from a backup, moved, written
+        before signing) once it verifies, and records `audit_adopted`.
 head    prints the current head as a checkpoint line, to copy off the machine (cron, a remote
         sink); `verify --checkpoint FILE` checks the log against every line of such a file.
 """
@@ -21,7 +24,7 @@ from gateway.audit import checkpoint as checkpoints
 from gateway.audit.keys import PUB_FILE, AuditKeyError, VerifyKey
 from gateway.audit.records import AuditUnavailable, records
 from gateway.audit.verify import head, repair, verify
-from gateway.audit.writer import open_signed
+from gateway.audit.writer import AuditLog, open_signed
 
 OK, BROKEN, USAGE = 0, 1, 2
 
@@ -36,6 +39,8 @@ def main(args: argparse.Namespace, directory: Path) -> int:
         return _repair(args, directory)
     if args.action == "head":
         return _head(args, directory)
+    if args.action == "adopt":
+        return _adopt(args, directory)
     return _verify(args, directory)
 
 
@@ -82,40 +87,81 @@ def _verify(args: argparse.Namespace, directory: Path) -> int:
     return OK if ok else BROKEN
 
 
+def _public_key(args: argparse.Namespace) -> VerifyKey | None:
+    pub = Path(args.key) if getattr(args, "key", None) else Path(args.audit_keys) / PUB_FILE
+    return VerifyKey.load(pub) if pub.exists() or getattr(args, "key", None) else None
+
+
 def _repair(args: argparse.Namespace, directory: Path) -> int:
     try:
-        done = repair(directory)
-    except AuditUnavailable as exc:
+        key = _public_key(args)
+        if key is None and _signed(directory):
+            return _fail(f"the log is signed but there is no public key at {Path(args.audit_keys) / PUB_FILE}")
+        done = repair(directory, key)
+    except (AuditUnavailable, AuditKeyError) as exc:
         print(f"gateway audit repair: {exc}", file=sys.stderr)
         return BROKEN
     if done is None:
-        print("nothing to repair: the log ends in a complete record")
+        print("nothing to repair: the log ends in a complete, signed record")
         return OK
     data = {"file": done.file, "offset": done.offset, "bytes": done.bytes, "sha256": done.sha256}
-    data["kept_as"] = done.kept_as
+    data.update(kept_as=done.kept_as, records=done.records)
     try:
-        log = open_signed(directory, Path(args.audit_keys))
-        log.append("audit_repaired", data=data)
+        if key is not None:  # never a new key: a mistyped --audit-keys is an error
+            open_signed(directory, Path(args.audit_keys), create=False).append("audit_repaired", data=data)
+        else:
+            AuditLog(directory).append("audit_repaired", data=data)
     except AuditUnavailable as exc:
-        print(f"gateway audit repair: the torn record was moved aside but not recorded: {exc}", file=sys.stderr)
+        print(f"gateway audit repair: the end was moved aside but not recorded: {exc}", file=sys.stderr)
         return BROKEN
-    print(f"repaired: {done.bytes} torn bytes at {done.file}:{done.offset} kept in {done.kept_as}; recorded")
+    what = f"{done.bytes} bytes ({done.records} whole unsigned records)" if done.records else f"{done.bytes} torn bytes"
+    print(f"repaired: {what} at {done.file}:{done.offset} kept in {done.kept_as}; recorded")
+    return OK
+
+
+def _adopt(args: argparse.Namespace, directory: Path) -> int:
+    """Go on with a log that has no checkpoint here (restored, moved, from before signing): only
+    once it verifies, and on the record (`audit_adopted`)."""
+    try:
+        key = _public_key(args)
+    except AuditKeyError as exc:
+        return _fail(str(exc))
+    if key is None:
+        return _fail(f"no public key at {Path(args.audit_keys) / PUB_FILE}: adopt needs the gateway's key")
+    if not _signed(directory):
+        print(
+            "gateway audit adopt: no record of this log carries a signature, so nothing vouches for it. A log "
+            "from before signing is adopted when its key is first made; otherwise start a new audit directory",
+            file=sys.stderr,
+        )
+        return BROKEN
+    checked = verify(directory, key)
+    if not checked.ok:
+        print(f"gateway audit adopt: the log does not verify, not adopting it:\n{checked.describe()}", file=sys.stderr)
+        return BROKEN
+    try:
+        log = open_signed(directory, Path(args.audit_keys), create=False, adopt=True)
+        log.append("audit_adopted", data={"records": checked.records, "by": os.environ.get("USER", "")})
+    except AuditUnavailable as exc:
+        print(f"gateway audit adopt: {exc}", file=sys.stderr)
+        return BROKEN
+    print(f"adopted: {checked.records} records verified; the log goes on from here, signed and checkpointed")
     return OK
 
 
 def _head(args: argparse.Namespace, directory: Path) -> int:
     try:
         last = head(directory)
-    except AuditUnavailable as exc:
+        key = _public_key(args)
+    except (AuditUnavailable, AuditKeyError) as exc:
         return _fail(str(exc))
     if last is None:
         return _fail(f"{directory}: the log is empty")
-    key = ""
-    pub = Path(args.audit_keys) / PUB_FILE
-    if pub.exists():
-        try:
-            key = VerifyKey.load(pub).fingerprint
-        except AuditKeyError:
-            key = ""
-    sys.stdout.write(checkpoints.Checkpoint.of(Path(os.path.realpath(directory)), last, key).line())
+    if key is not None and not (isinstance(last.get("sig"), str) and key.verify(last["hash"], last["sig"])):
+        # a head nobody with the key signed is not worth shipping: it would vouch for a forgery
+        print(f"gateway audit head: the last record (seq {last.get('seq')}) is not signed by key {key.fingerprint}:"
+              " see `gateway audit verify`", file=sys.stderr)  # fmt: skip
+        return BROKEN
+    fingerprint = key.fingerprint if key else ""
+    sys.stdout.write(checkpoints.Checkpoint.of(Path(os.path.realpath(directory)), last, fingerprint).line())
     return OK

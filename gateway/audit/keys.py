@@ -13,6 +13,8 @@ import base64
 import fcntl
 import hashlib
 import os
+import secrets
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -72,11 +74,13 @@ class VerifyKey:
 
 
 class SigningKey:
-    """The private key. `load_or_create(directory)` makes a key pair on first use."""
+    """The private key. `load_or_create(directory)` makes a key pair on first use; `created` says
+    this process made it (a log from before signing may then be adopted: writer.py)."""
 
-    def __init__(self, private: Ed25519PrivateKey, directory: Path) -> None:
+    def __init__(self, private: Ed25519PrivateKey, directory: Path, created: bool = False) -> None:
         self._private = private
         self.directory = directory
+        self.created = created
         self.public = VerifyKey(
             private.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
         )
@@ -85,20 +89,33 @@ class SigningKey:
         return base64.b64encode(self._private.sign(hash_hex.encode("ascii"))).decode("ascii")
 
     @classmethod
+    def load(cls, directory: Path) -> SigningKey:
+        """The existing key; never makes one (a mistyped directory is an error, not a new key)."""
+        directory = Path(directory)
+        _check_private_dir(directory)
+        return cls._load(directory / KEY_FILE, directory)
+
+    @classmethod
     def load_or_create(cls, directory: Path) -> SigningKey:
         directory = Path(directory)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
-            os.chmod(directory, 0o700)
-            lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        except OSError as exc:
+            raise AuditKeyError(f"cannot make the audit key directory {directory}: {exc.strerror}") from None
+        _check_private_dir(directory)
+        try:
+            lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         except OSError as exc:
             raise AuditKeyError(f"cannot use the audit key directory {directory}: {exc.strerror}") from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX)  # two gateways starting at once make one key, not two
             path = directory / KEY_FILE
-            if not path.exists():
-                cls._create(directory)
-            return cls._load(path, directory)
+            if os.path.lexists(path):
+                return cls._load(path, directory)
+            cls._create(directory)
+            key = cls._load(path, directory)
+            key.created = True
+            return key
         finally:
             os.close(lock)
 
@@ -108,12 +125,14 @@ class SigningKey:
         pem = private.private_bytes(
             serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
         )
-        key = cls(private, directory)
+        public = cls(private, directory).public.line().encode()
         try:
-            for name, data, mode in ((KEY_FILE, pem, 0o600), (PUB_FILE, key.public.line().encode(), 0o644)):
-                tmp = directory / f".{name}.new"
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+            for name, data, mode in ((KEY_FILE, pem, 0o600), (PUB_FILE, public, 0o644)):
+                # a fresh name made here (O_EXCL): never a file someone planted or linked in advance
+                tmp = directory / f".{name}.{secrets.token_hex(8)}"
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
                 try:
+                    os.fchmod(fd, mode)
                     os.write(fd, data)
                     os.fsync(fd)
                 finally:
@@ -125,14 +144,21 @@ class SigningKey:
     @classmethod
     def _load(cls, path: Path, directory: Path) -> SigningKey:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
             with os.fdopen(fd, "rb") as f:
                 st = os.fstat(f.fileno())
+                if not stat.S_ISREG(st.st_mode):
+                    raise AuditKeyError(f"{path} is not a regular file")
                 data = f.read(64 * 1024)
         except OSError as exc:
             raise AuditKeyError(f"cannot read the audit signing key {path}: {exc.strerror}") from None
-        if st.st_mode & 0o077:
-            raise AuditKeyError(f"{path} is readable by others (mode {st.st_mode & 0o777:o}): chmod 600 it")
+        if st.st_uid != os.geteuid():
+            raise AuditKeyError(f"{path} belongs to uid {st.st_uid}, not to the gateway's user ({os.geteuid()})")
+        if st.st_mode & 0o077 or st.st_nlink != 1:
+            raise AuditKeyError(
+                f"{path} is readable by others or linked elsewhere (mode {st.st_mode & 0o777:o}, {st.st_nlink} "
+                "links): the key may be known; make a new key directory"
+            )
         try:
             private = serialization.load_pem_private_key(data, password=None)
         except (ValueError, TypeError) as exc:
@@ -140,3 +166,19 @@ class SigningKey:
         if not isinstance(private, Ed25519PrivateKey):
             raise AuditKeyError(f"{path}: not an Ed25519 key")
         return cls(private, directory)
+
+
+def _check_private_dir(directory: Path) -> None:
+    """The key directory must be the gateway user's own, closed to everyone else: otherwise
+    someone else could have planted or read what is in it."""
+    try:
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise AuditKeyError(f"no audit key directory {directory}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise AuditKeyError(f"{directory} is not a directory (a link or a file)")
+    if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        raise AuditKeyError(
+            f"the audit key directory {directory} must belong to uid {os.geteuid()} with mode 700 "
+            f"(it is uid {st.st_uid}, mode {st.st_mode & 0o777:o})"
+        )

@@ -28,9 +28,12 @@ from typing import Any
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_FIELD_CHARS = 64 * 1024  # a command is at most 64 KiB (the analyser's cap): kept whole
 MAX_LIST_ITEMS = 1000
+MAX_KEY_CHARS = 200
+MAX_DEPTH = 32
+MAX_NODES = 20_000
+RESERVED = frozenset({"seq", "ts", "event", "prev", "hash", "sig"})  # the writer's own fields
 REDACTED = "[REDACTED]"
 SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
-FILE_NAME = re.compile(r"^audit-(\d{6})\.jsonl$")
 _ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(\S*)$")
 # secrets inside free text (a command line): NAME=value, --password=value / --api-key value,
 # Authorization: Bearer value
@@ -46,7 +49,8 @@ class AuditUnavailable(Exception):
 
 
 def canonical(record: dict[str, Any]) -> str:
-    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    """The one byte form of a record: what is hashed and what is written (verify compares them)."""
+    return json.dumps(record, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
 
 
 def digest(record: dict[str, Any]) -> str:
@@ -75,74 +79,116 @@ def redact(value: Any, patterns: re.Pattern[str] = SECRET_NAME) -> Any:
     return value
 
 
+def _summary(data: bytes, chars: int, head: str) -> dict[str, Any]:
+    return {
+        "omitted": "too long to record",
+        "chars": chars,
+        "bytes": len(data),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "head": head,
+    }
+
+
 def bound(value: Any, max_chars: int = MAX_FIELD_CHARS, max_items: int = MAX_LIST_ITEMS) -> Any:
-    """`value` with every over-long string replaced by its length, SHA-256 and first characters,
-    and every over-long list cut (its length kept): no request, however large, makes a large record."""
-    if isinstance(value, str):
-        if len(value) <= max_chars:
-            return value
-        data = value.encode("utf-8", "surrogatepass")
-        return {
-            "omitted": "too long to record",
-            "chars": len(value),
-            "bytes": len(data),
-            "sha256": hashlib.sha256(data).hexdigest(),
-            "head": value[:200],
-        }
-    if isinstance(value, dict):
-        out = {k: bound(v, max_chars, max_items) for k, v in list(value.items())[:max_items]}
-        if len(value) > max_items:
-            out["(omitted)"] = {"omitted": f"{len(value) - max_items} more entries", "entries": len(value)}
-        return out
-    if isinstance(value, list | tuple):
-        kept = [bound(v, max_chars, max_items) for v in value[:max_items]]
-        if len(value) > max_items:
-            kept.append({"omitted": f"{len(value) - max_items} more items", "items": len(value)})
-        return kept
-    return value
+    """`value` cut to a size a record can carry: a string longer than `max_chars` becomes its
+    length, SHA-256 and first characters; a list or mapping keeps `max_items` entries and its
+    length; a key longer than MAX_KEY_CHARS is shortened and marked with its digest; nesting
+    deeper than MAX_DEPTH and anything past MAX_NODES values are summarised. Never recurses
+    deeper than MAX_DEPTH, whatever it is given."""
+    budget = [MAX_NODES]
+
+    def cut(v: Any, depth: int) -> Any:
+        budget[0] -= 1
+        if budget[0] < 0:
+            return {"omitted": "too many values to record"}
+        if isinstance(v, str):
+            if len(v) <= max_chars:
+                return v
+            return _summary(v.encode("utf-8", "surrogatepass"), len(v), v[:200])
+        if isinstance(v, dict | list | tuple) and depth >= MAX_DEPTH:
+            return {"omitted": f"nested deeper than {MAX_DEPTH}"}
+        if isinstance(v, dict):
+            out: dict[Any, Any] = {}
+            for k, item in list(v.items())[:max_items]:
+                if isinstance(k, str) and len(k) > MAX_KEY_CHARS:
+                    k = f"{k[:MAX_KEY_CHARS]}...sha256:{hashlib.sha256(k.encode('utf-8', 'surrogatepass')).hexdigest()}"
+                out[k] = cut(item, depth + 1)
+            if len(v) > max_items:
+                out["(omitted)"] = {"omitted": f"{len(v) - max_items} more entries", "entries": len(v)}
+            return out
+        if isinstance(v, list | tuple):
+            kept = [cut(item, depth + 1) for item in v[:max_items]]
+            if len(v) > max_items:
+                kept.append({"omitted": f"{len(v) - max_items} more items", "items": len(v)})
+            return kept
+        return v
+
+    return cut(value, 0)
 
 
-def last_record(path: Path) -> dict[str, Any] | None:
+def stub(fields: dict[str, Any], data: bytes) -> dict[str, Any]:
+    """A record's fields when even the bounded form is too large: who, what and the decision
+    (short strings only), and the rest as its size and digest."""
+    keep = ("call_id", "principal", "tool", "decision", "rule", "policy_sha256")
+    out: dict[str, Any] = {k: fields[k] for k in keep if isinstance(fields.get(k), str) and len(fields[k]) <= 200}
+    out["data"] = _summary(data, len(data), "")
+    return out
+
+
+def last_record(fd: int, name: str) -> dict[str, Any] | None:
+    """The last record of one log file (read from its end), None when the file is empty."""
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            if size == 0:
-                return None
-            chunk = 4096
-            while True:
-                start = max(0, size - chunk)
-                f.seek(start)
-                data = f.read(size - start)
-                lines = data.rstrip(b"\n").split(b"\n")
-                if len(lines) > 1 or start == 0:
-                    if not data.endswith(b"\n"):
-                        raise AuditUnavailable(
-                            f"{path} ends in a partial record (a crash while writing): run `gateway audit repair`"
-                        )
-                    record = json.loads(lines[-1])
-                    if not (
-                        isinstance(record, dict)
-                        and isinstance(record.get("seq"), int)
-                        and isinstance(record.get("hash"), str)
-                    ):
-                        raise AuditUnavailable(f"{path} ends in a record that is not ours; run `gateway audit verify`")
-                    return record
-                chunk *= 4
-    except ValueError as exc:
+        size = os.fstat(fd).st_size
+        if size == 0:
+            return None
+        chunk = 4096
+        while True:
+            start = max(0, size - chunk)
+            data = os.pread(fd, size - start, start)
+            lines = data.rstrip(b"\n").split(b"\n")
+            if len(lines) > 1 or start == 0:
+                if not data.endswith(b"\n"):
+                    raise AuditUnavailable(
+                        f"{name} ends in a partial record (a crash while writing): run `gateway audit repair`"
+                    )
+                record = json.loads(lines[-1])
+                if not (
+                    isinstance(record, dict)
+                    and isinstance(record.get("seq"), int)
+                    and isinstance(record.get("hash"), str)
+                ):
+                    raise AuditUnavailable(f"{name} ends in a record that is not ours; run `gateway audit verify`")
+                return record
+            chunk *= 4
+    except (ValueError, RecursionError) as exc:
         raise AuditUnavailable(
-            f"{path} ends in a record that is not JSON ({exc}): see `gateway audit verify`, `gateway audit repair`"
+            f"{name} ends in a line that is not a record ({exc}): see `gateway audit verify`"
         ) from exc
-    except (OSError, RecursionError) as exc:
-        raise AuditUnavailable(f"cannot read the end of the audit log {path}: {exc}") from exc
+    except OSError as exc:
+        raise AuditUnavailable(f"cannot read the end of the audit log {name}: {exc.strerror or exc}") from exc
+
+
+def parse(raw: bytes) -> dict[str, Any] | None:
+    """One line as a record, or None when it is not a JSON object (however deeply nested)."""
+    try:
+        value = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return value if isinstance(value, dict) else None
 
 
 def records(directory: Path) -> Iterator[tuple[Path, int, dict[str, Any] | None, bytes]]:
-    """Every line of the log in order: (file, line number, record or None if unreadable, raw)."""
-    for path in sorted(p for p in Path(directory).iterdir() if FILE_NAME.match(p.name)):
-        with open(path, "rb") as f:
-            for n, raw in enumerate(f, 1):
-                try:
-                    yield path, n, json.loads(raw), raw
-                except ValueError:
-                    yield path, n, None, raw
+    """Every line of the log in order: (file, line number, record or None if unreadable, raw).
+    Files are opened by descriptor, never through a link (files.py)."""
+    from gateway.audit.files import AuditDir
+
+    with AuditDir(directory) as d:
+        for name in d.names():
+            try:
+                fd = d.open_read(name)
+            except OSError as exc:
+                yield Path(directory) / name, 0, None, f"cannot open: {exc.strerror or exc}".encode()
+                continue
+            with os.fdopen(fd, "rb") as f:
+                for n, raw in enumerate(f, 1):
+                    yield Path(directory) / name, n, parse(raw), raw

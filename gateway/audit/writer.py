@@ -11,11 +11,16 @@ A failed write leaves the file as it was: the file is cut back to its length bef
 middle of a write can still leave a partial last line (a power cut): the writer then refuses to
 append until `gateway audit repair` has moved the torn bytes aside and recorded that it did.
 
-With a key (`keys.SigningKey`), every record is signed and, after each commit, the head is
-written to a checkpoint kept apart (`checkpoint.py`). Before each commit the writer compares the
-log with that checkpoint and refuses to append to a log that ends before it or disagrees with it:
-a truncated or rewritten log is never extended (which would move the checkpoint back over the
-evidence).
+With a key (`keys.SigningKey`), each commit's last record is signed and the head is added to a
+checkpoint kept apart (`checkpoint.py`). Before each commit the writer checks the end of the log
+and extends it only if it is what a holder of the key left there: the record it wrote last, the
+one the checkpoint names, or a record whose signature verifies. A log that ends before its
+checkpoint, beside it, in records nobody signed, or that has records but no checkpoint, is never
+extended: signing on top would launder what someone without the key put there, or move the head
+back over the evidence. The one exception is explicit: a log from before signing, adopted when
+its key is made or by `gateway audit adopt`.
+
+Files are used by descriptor, never through a link (files.py).
 """
 
 from __future__ import annotations
@@ -31,10 +36,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.audit import checkpoint as checkpoints
+from gateway.audit.files import FILE_NAME, AuditDir
 from gateway.audit.keys import SigningKey
 from gateway.audit.records import (
-    FILE_NAME,
     MAX_FILE_BYTES,
+    RESERVED,
     SECRET_NAME,
     AuditUnavailable,
     bound,
@@ -42,6 +48,7 @@ from gateway.audit.records import (
     digest,
     last_record,
     redact,
+    stub,
 )
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -63,11 +70,9 @@ class _Pending:
 
 @dataclass
 class _Tail:
-    """What the writer last saw at the end of the log (valid while nothing else touched it)."""
+    """The end of the log: the file to append to and its last record."""
 
-    path: Path
-    ino: int
-    size: int
+    name: str
     last: dict[str, Any] | None
 
 
@@ -89,41 +94,53 @@ class AuditLog:
         *,
         key: SigningKey | None = None,
         checkpoint: Path | None = None,
+        adopt: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self.max_file_bytes = max_file_bytes
         self.secret_names = re.compile("|".join([SECRET_NAME.pattern, *(redact or [])]), re.IGNORECASE)
         self.key = key
         self.checkpoint = Path(checkpoint) if checkpoint is not None else None
+        # a log with records but no checkpoint is extended only when adopting it is said
+        # outright (`gateway audit adopt`) or its key was made just now (a log from before signing)
+        self._adopt = adopt or bool(key is not None and key.created)
         self._cond = threading.Condition()
         self._queue: list[_Pending] = []
         self._committing = False
-        self._tail_seen: _Tail | None = None
+        self._trusted = ""  # the hash of the last record this writer wrote or checked
         self._high = 0  # the highest seq this writer has seen on disk: the log must never go below it
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(self.directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise AuditUnavailable(f"cannot open the audit directory {self.directory}: {exc.strerror}") from exc
+        self._dir = AuditDir(self.directory, create=True)
+        self._lock_fd = self._dir.lock()
         if self.checkpoint is not None:
+            if key is None:
+                raise AuditUnavailable("a checkpoint needs a signing key")
             try:
                 checkpoints.prepare(self.checkpoint, self.directory)
             except checkpoints.CheckpointError as exc:
                 raise AuditUnavailable(str(exc)) from exc
-            with self._locked():
-                self._check_head(self._tail(), deep=True)
+        with self._locked():
+            self._check_end(self._tail(), deep=True)
 
     # --- appending -------------------------------------------------------------------------------
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one record durably and return it. Raises AuditUnavailable."""
-        given = redact({k: v for k, v in fields.items() if v is not None}, self.secret_names)
-        body = bound(given)
+        reserved = RESERVED.intersection(fields)
+        if reserved:
+            raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")
         try:
-            size = len(canonical(body))
+            given = redact(
+                bound({k: v for k, v in fields.items() if v is not None}, max_chars=1 << 30), self.secret_names
+            )
+            body = bound(given)
+            size = len(canonical(body).encode("utf-8", "surrogatepass"))
             if size > MAX_RECORD_BYTES:  # many long fields: keep each as its size and digest
                 body = bound(given, max_chars=1024, max_items=50)
-                size = len(canonical(body))
-        except (TypeError, ValueError) as exc:
+                data = canonical(body).encode("utf-8", "surrogatepass")
+                size = len(data)
+                if size > MAX_RECORD_BYTES:
+                    body = stub(given, data)
+                    size = len(canonical(body).encode("utf-8", "surrogatepass"))
+        except (TypeError, ValueError, RecursionError) as exc:
             raise AuditUnavailable(f"audit record is not serialisable: {exc}") from exc
         pending = _Pending(event, body, size)
         with self._cond:
@@ -172,7 +189,7 @@ class AuditLog:
 
     def _commit_locked(self, batch: list[_Pending]) -> None:
         tail = self._tail()
-        self._check_head(tail, deep=False)
+        self._check_end(tail, deep=False)
         last = tail.last
         seq = last["seq"] if last else 0
         prev = last["hash"] if last else ""
@@ -187,7 +204,7 @@ class AuditLog:
             }
             try:
                 record["hash"] = digest(record)
-            except (TypeError, ValueError) as exc:
+            except (TypeError, ValueError, RecursionError) as exc:
                 p.error = AuditUnavailable(f"audit record is not serialisable: {exc}")
                 continue
             seq, prev = record["seq"], record["hash"]
@@ -200,13 +217,13 @@ class AuditLog:
             made[-1][1]["sig"] = self.key.sign(made[-1][1]["hash"])
         chunks = [(canonical(record) + "\n").encode("utf-8") for _, record in made]
         data = b"".join(chunks)
-        path = tail.path
-        if tail.size and tail.size + len(data) > self.max_file_bytes and last is not None:
-            path = self._next_file(path)
-        ino, size = self._write(path, data)
+        name = tail.name
+        if tail.last is not None and self._size(name) + len(data) > self.max_file_bytes:
+            name = self._next_file(name)
+        self._write(name, data)
         head = made[-1][1]
         self._high = head["seq"]
-        self._tail_seen = _Tail(path, ino, size, head)
+        self._trusted = head["hash"]
         if self.checkpoint is not None and self.key is not None:
             try:
                 checkpoints.write(
@@ -216,19 +233,20 @@ class AuditLog:
                 # the records are on disk (harmless: nothing has run yet) but the head is not kept
                 # apart: fail closed, the callers deny
                 raise AuditUnavailable(f"records written but the head was not: {exc}") from exc
+        self._adopt = False
         for p, record in made:
             p.record = record
 
-    def _write(self, path: Path, data: bytes) -> tuple[int, int]:
+    def _write(self, name: str, data: bytes) -> None:
         """Append `data` and make it durable, or leave the file exactly as it was."""
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = self._dir.open_append(name)
         except OSError as exc:
-            self._tail_seen = None
-            raise AuditUnavailable(f"cannot write the audit log {path}: {exc.strerror or exc}") from exc
+            raise AuditUnavailable(
+                f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}"
+            ) from exc
         try:
-            st = os.fstat(fd)
-            before = st.st_size
+            before = os.fstat(fd).st_size
             try:
                 view, done = memoryview(data), 0
                 while done < len(data):  # a short write is retried: the next one says why (ENOSPC)
@@ -238,87 +256,99 @@ class AuditLog:
                     done += n
                 os.fdatasync(fd)
             except OSError as exc:
-                self._cut_back(fd, path, before)
-                raise AuditUnavailable(f"cannot write the audit log {path}: {exc.strerror or exc}") from exc
-            return st.st_ino, before + len(data)
+                self._cut_back(fd, before)
+                raise AuditUnavailable(
+                    f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}"
+                ) from exc
         finally:
             os.close(fd)
 
-    def _cut_back(self, fd: int, path: Path, size: int) -> None:
+    def _cut_back(self, fd: int, size: int) -> None:
         """Undo a failed append: shrinking a file needs no space, so this works on a full disk."""
-        self._tail_seen = None
         try:
             if os.fstat(fd).st_size != size:
                 os.ftruncate(fd, size)
                 os.fdatasync(fd)
         except OSError:
-            pass  # not a regular file (a test's /dev/full), or the disk is gone: the tail check reports it
+            pass  # the disk is gone: the next append's check of the end reports it
 
     # --- the end of the log ----------------------------------------------------------------------
     def _locked(self) -> _Flock:
         return _Flock(self._lock_fd)
 
     def _real_dir(self) -> Path:
-        return Path(os.path.realpath(self.directory))
+        return Path(self._dir.real())
 
-    def _files(self) -> list[Path]:
-        return sorted(p for p in self.directory.iterdir() if FILE_NAME.match(p.name))
+    def _size(self, name: str) -> int:
+        try:
+            fd = self._dir.open_read(name)
+        except FileNotFoundError:
+            return 0
+        except OSError as exc:
+            raise AuditUnavailable(f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}") from exc
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
-    def _next_file(self, path: Path) -> Path:
-        m = FILE_NAME.match(path.name)
-        n = int(m.group(1)) + 1 if m else 1
-        return self.directory / f"audit-{n:06d}.jsonl"
+    @staticmethod
+    def _next_file(name: str) -> str:
+        m = FILE_NAME.match(name)
+        return f"audit-{int(m.group(1)) + 1 if m else 1:06d}.jsonl"
 
     def _tail(self) -> _Tail:
-        """The file to append to and the last record of the chain. Read from disk unless nothing
-        has changed since this writer's last commit: the same file, of the same size, and no next
-        file (another process rotating makes exactly that one)."""
-        try:
-            seen = self._tail_seen
-            if seen is not None and seen.path.exists():
-                st = os.stat(seen.path)
-                if st.st_ino == seen.ino and st.st_size == seen.size and not self._next_file(seen.path).exists():
-                    return seen
-            files = self._files()
-        except OSError as exc:
-            raise AuditUnavailable(f"cannot read the audit directory {self.directory}: {exc.strerror}") from exc
-        tail: _Tail | None = None
-        for path in reversed(files):
-            last = last_record(path)
+        """The file to append to and the last record of the chain, read from disk every time
+        (another process, or someone else, may have changed it since)."""
+        names = self._dir.names()
+        for name in reversed(names):
+            try:
+                fd = self._dir.open_read(name)
+            except OSError as exc:
+                raise AuditUnavailable(
+                    f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}"
+                ) from exc
+            try:
+                last = last_record(fd, name)
+            finally:
+                os.close(fd)
             if last is not None:
-                st = os.stat(path)
-                tail = _Tail(path, st.st_ino, st.st_size, last)
-                break
-        if tail is None:
-            path = files[-1] if files else self.directory / "audit-000001.jsonl"
-            tail = _Tail(path, 0, 0, None)
-        self._tail_seen = tail if tail.last is not None else None
-        return tail
+                return _Tail(name, last)
+        return _Tail(names[-1] if names else "audit-000001.jsonl", None)
 
-    def _check_head(self, tail: _Tail, *, deep: bool) -> None:
-        """Refuse to extend a log that went backwards: below what this writer saw, or below (or
-        beside) its checkpoint. `deep` also finds the checkpoint's record when the log is ahead
-        of it (after a crash between the write and the checkpoint)."""
-        seq = tail.last["seq"] if tail.last else 0
+    def _check_end(self, tail: _Tail, *, deep: bool) -> None:
+        """Refuse to extend a log whose end is not what a holder of the key left there (see the
+        module's docstring). `deep` (at start) also checks the checkpoint's own record when the
+        log has gone on past it (a crash between a commit and its checkpoint)."""
+        last = tail.last
+        seq = last["seq"] if last else 0
         if seq < self._high:
             raise AuditUnavailable(
                 f"the audit log went backwards: it ends at seq {seq}, this gateway wrote up to {self._high}: "
                 "it was truncated or replaced; see `gateway audit verify`"
             )
-        if self.checkpoint is None:
+        if self.key is None or self.checkpoint is None:
+            self._high = seq
             return
         try:
-            newest = checkpoints.latest(self.checkpoint)
+            cp = checkpoints.latest(self.checkpoint)
         except checkpoints.CheckpointError as exc:
             raise AuditUnavailable(str(exc)) from exc
-        for cp in [newest] if newest else []:
+        if cp is None:
+            if last is not None and not self._adopt:
+                raise AuditUnavailable(
+                    f"the audit log {self.directory} has {seq} records but no checkpoint at {self.checkpoint}: "
+                    "it was removed, or this log was not written with this key (moved, restored, replaced). "
+                    "Check it (`gateway audit verify --no-checkpoint --key ...`), then `gateway audit adopt` "
+                    "to go on with it, or start a new audit directory"
+                )
+        else:
             if seq < cp.seq:
                 raise AuditUnavailable(
                     f"the audit log ends at seq {seq} but its checkpoint {self.checkpoint} says it reached seq "
                     f"{cp.seq} ({cp.ts}): records were removed. See `gateway audit verify`; if the log was "
                     "archived on purpose, move the checkpoint away with it"
                 )
-            if seq == cp.seq and tail.last is not None and tail.last["hash"] != cp.hash:
+            if seq == cp.seq and last is not None and last["hash"] != cp.hash:
                 raise AuditUnavailable(
                     f"the audit log's record seq {seq} is not the one its checkpoint {self.checkpoint} names: "
                     "the log was rewritten. See `gateway audit verify`"
@@ -332,7 +362,35 @@ class AuditLog:
                         f"the audit log's record seq {cp.seq} is not the one its checkpoint {self.checkpoint} "
                         "names: the log was rewritten. See `gateway audit verify`"
                     )
-        self._high = max(self._high, seq)
+        if last is not None and digest(last) != last["hash"]:
+            raise AuditUnavailable(
+                f"the audit log's last record (seq {seq}) does not match its hash: it was edited. "
+                "See `gateway audit verify`"
+            )
+        vouched = last is None or last["hash"] == self._trusted or (cp is not None and cp.seq == seq)
+        legacy = self._adopt and cp is None and last is not None and "sig" not in last
+        if not vouched and not legacy and not self._signed_here(last):
+            # an end neither this writer nor the checkpoint vouches for, and no signature of ours
+            raise AuditUnavailable(
+                f"the audit log ends in a record (seq {seq}) no holder of this gateway's key signed: records "
+                "were added or rewritten without the key, or a crash cut a commit short. "
+                "See `gateway audit verify`; `gateway audit repair` handles a crash"
+            )
+        self._trusted = last["hash"] if last else ""
+        self._high = seq
+
+    def _signed_here(self, record: dict[str, Any] | None) -> bool:
+        if record is None or self.key is None:
+            return False
+        sig = record.get("sig")
+        try:
+            return (
+                isinstance(sig, str)
+                and digest(record) == record["hash"]
+                and self.key.public.verify(record["hash"], sig)
+            )
+        except (TypeError, ValueError):
+            return False
 
 
 class _Flock:
@@ -349,13 +407,17 @@ class _Flock:
         fcntl.flock(self.fd, fcntl.LOCK_UN)
 
 
-def open_signed(directory: Path, key_dir: Path, redact: list[str] | None = None) -> AuditLog:
-    """The gateway's log: signed with the key in `key_dir` (made on first use), its head kept in
-    `key_dir/checkpoints/`. Raises AuditUnavailable with the reason."""
+def open_signed(
+    directory: Path, key_dir: Path, redact: list[str] | None = None, *, create: bool = True, adopt: bool = False
+) -> AuditLog:
+    """The gateway's log: signed with the key in `key_dir` (made on first use unless `create` is
+    false), its head kept in `key_dir/checkpoints/`. Raises AuditUnavailable with the reason."""
     from gateway.audit.keys import AuditKeyError
 
     try:
-        key = SigningKey.load_or_create(key_dir)
+        key = SigningKey.load_or_create(key_dir) if create else SigningKey.load(key_dir)
     except AuditKeyError as exc:
         raise AuditUnavailable(str(exc)) from exc
-    return AuditLog(directory, redact=redact, key=key, checkpoint=checkpoints.default_path(directory, key_dir))
+    return AuditLog(
+        directory, redact=redact, key=key, checkpoint=checkpoints.default_path(directory, key_dir), adopt=adopt
+    )

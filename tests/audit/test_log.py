@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit import REDACTED, AuditLog, AuditUnavailable, digest, records, verify
+from gateway.audit import REDACTED, AuditLog, AuditUnavailable, canonical, digest, records, verify
 
 
 def fill(directory: Path, n: int, **kwargs: object) -> AuditLog:
@@ -69,7 +69,7 @@ def test_every_kind_of_tampering_is_named(tmp_path: Path, kind: str, line: int, 
     elif kind == "append_forged":
         forged = {"seq": 6, "event": "decision", "prev": "0" * 64}
         forged["hash"] = digest(forged)
-        lines.append((json.dumps(forged) + "\n").encode())
+        lines.append((canonical(forged) + "\n").encode())  # written as the writer would: only the chain tells
     elif kind == "drop_first":
         del lines[0]
     rewrite(path, lines)
@@ -95,10 +95,15 @@ def test_rotation_keeps_the_chain(tmp_path: Path) -> None:
     assert result.ok and result.records == 40, result.describe()
 
 
-def test_a_full_disk_is_an_error_not_a_lost_record(tmp_path: Path) -> None:
-    (tmp_path / "audit-000001.jsonl").symlink_to("/dev/full")  # every write fails with ENOSPC
-    with pytest.raises(AuditUnavailable, match="cannot write the audit log"):
-        AuditLog(tmp_path).append("decision", call_id="x")
+def test_a_log_file_that_is_a_link_is_never_written_through(tmp_path: Path) -> None:
+    # (a real full disk: tests/audit/test_full_disk.py) a link planted under a log's name, here
+    # to /dev/full, is refused rather than followed: the gateway may be root
+    log = AuditLog(tmp_path)
+    (tmp_path / "audit-000001.jsonl").symlink_to("/dev/full")
+    with pytest.raises(AuditUnavailable, match="symbolic links"):
+        log.append("decision", call_id="x")
+    with pytest.raises(AuditUnavailable, match="symbolic links"):
+        AuditLog(tmp_path)
 
 
 def test_an_unusable_directory_is_an_error(tmp_path: Path) -> None:

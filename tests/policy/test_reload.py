@@ -94,6 +94,6 @@ def test_a_failed_record_at_shutdown_is_logged_not_raised(tmp_path: Path) -> Non
     from gateway.server.run import _record
 
     audit = tmp_path / "audit"
-    audit.mkdir()
-    (audit / "audit-000001.jsonl").symlink_to("/dev/full")
-    assert _record(AuditLog(audit), "server_stopped", data={"how": "SIGTERM"}) is False
+    log = AuditLog(audit)
+    (audit / "audit-000001.jsonl").symlink_to("/dev/full")  # every append fails from now on
+    assert _record(log, "server_stopped", data={"how": "SIGTERM"}) is False
