@@ -197,6 +197,8 @@ class Gateway:
         self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()), *((self.state_dir,) if self.state_dir else ()))
         for private in self.hidden:  # made now: a sandbox started before it existed must not see it later
             Path(private).mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(Exception):  # what runs of the sandboxes of a gateway killed with SIGKILL
+            sandbox.quotas.kill_abandoned()
         with contextlib.suppress(Exception):  # cgroups left by sandboxes that ended while no gateway ran
             sandbox.quotas.sweep()
         # "approve for this session": the digests of calls a supervisor approved for the rest of

@@ -1,0 +1,55 @@
+"""Crashes that leave nothing behind: a gateway killed with SIGKILL at random moments around
+spawns, many times over, leaves no sandbox running once a gateway runs again.
+
+`run` sandboxes: the helper arms the parent-death signal before bwrap exists (and notices a
+parent already gone), and the groups of sandboxes that were to die with a gateway that is gone
+are killed when the next one starts (what bwrap's own window let through)."""
+
+from __future__ import annotations
+
+import random
+import secrets
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.audit import AuditLog
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy
+from tests import crashload
+from tests.server.conftest import POLICY
+
+pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
+
+ITERATIONS = 25
+
+
+def _marker() -> str:
+    return f"4{secrets.randbelow(10**6):06d}.{secrets.randbelow(10**6):06d}"
+
+
+def test_kill_9_around_spawns_leaves_no_run_sandbox(tmp_path: Path, ws: Path, policy: CompiledPolicy) -> None:
+    marker = _marker()
+    rng = random.Random()
+    try:
+        for i in range(ITERATIONS):
+            cfg = {
+                "policy": POLICY, "policy_path": str(tmp_path / "policies" / "p.yaml"), "ws": str(ws),
+                "audit": str(tmp_path / f"audit{i}"), "state": str(tmp_path / f"state{i}"), "mode": "run",
+                "command": f"sleep {marker}", "timeout_ms": 150, "threads": 8,
+            }  # fmt: skip
+            proc = crashload.start_load(cfg)
+            try:
+                first = crashload.wait_first(proc)
+                assert first.get("status") == "timeout", first  # the sandbox runs here
+                time.sleep(rng.uniform(0.0, 0.4))  # somewhere among the spawns of 8 threads
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+        Gateway(policy, AuditLog(tmp_path / "audit-last"), state_dir=tmp_path / "state-last").close()  # a restart
+        leaked = crashload.survivors(marker, settle_s=10.0)
+        assert not leaked, f"{len(leaked)} sandbox processes outlived a killed gateway and its restart"
+    finally:
+        crashload.kill_all(crashload.with_marker(marker))
