@@ -14,6 +14,12 @@
  *       gateway asked for, set resource limits, restrict the process with Landlock, close every
  *       inherited descriptor, exec the command.
  *
+ *   agw-init hold FD -- program args...
+ *       Wait until the byte "g" arrives on descriptor FD, close it, exec the program. The
+ *       gateway starts a durable process this way and sends the byte once the process's record
+ *       (with its pid) is on disk; if the gateway dies first, FD reads end-of-file and the
+ *       program never runs, so no process runs that no record names.
+ *
  * Any failure prints one line, "agent-gateway sandbox: <what failed>: <why>", on stderr and
  * exits with status 125; the command is never run after a failure (fail closed).
  *
@@ -730,6 +736,35 @@ static int run_inner(int argc, char **argv) {
     fail_errno(errno, "exec %s", program[0]);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Hold mode: run only once the gateway says so                                              */
+
+static int run_hold(int argc, char **argv) {
+    unsigned long long fd;
+    char go = 0;
+    ssize_t r;
+
+    if (argc < 5 || strcmp(argv[3], "--") != 0) {
+        fail_errno(EINVAL, "usage: agw-init hold FD -- program [args]");
+    }
+    fd = number("hold FD", argv[2]);
+    if (fd > INT_MAX) {
+        fail_errno(EINVAL, "hold %llu: out of range", fd);
+    }
+    do {
+        r = read((int)fd, &go, 1);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        fail_errno(errno, "hold: read descriptor %llu", fd);
+    }
+    if (r == 0 || go != 'g') {
+        fail_because("the gateway is gone or refused the start", "hold");
+    }
+    close((int)fd);
+    execvp(argv[4], argv + 4);
+    fail_errno(errno, "exec %s", argv[4]);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "outer") == 0) {
         return run_outer(argc, argv);
@@ -737,5 +772,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "inner") == 0) {
         return run_inner(argc, argv);
     }
-    fail_errno(EINVAL, "usage: agw-init outer|inner [options] -- program [args]");
+    if (argc >= 2 && strcmp(argv[1], "hold") == 0) {
+        return run_hold(argc, argv);
+    }
+    fail_errno(EINVAL, "usage: agw-init outer|inner|hold [options] -- program [args]");
 }

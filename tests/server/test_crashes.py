@@ -7,6 +7,7 @@ are killed when the next one starts (what bwrap's own window let through)."""
 
 from __future__ import annotations
 
+import copy
 import random
 import secrets
 import signal
@@ -16,8 +17,10 @@ from pathlib import Path
 import pytest
 
 from gateway.audit import AuditLog
+from gateway.calls import ProcessCall
 from gateway.pipeline import Gateway
-from gateway.policy.compile import CompiledPolicy
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
 from tests import crashload
 from tests.server.conftest import POLICY
 
@@ -51,5 +54,44 @@ def test_kill_9_around_spawns_leaves_no_run_sandbox(tmp_path: Path, ws: Path, po
         Gateway(policy, AuditLog(tmp_path / "audit-last"), state_dir=tmp_path / "state-last").close()  # a restart
         leaked = crashload.survivors(marker, settle_s=10.0)
         assert not leaked, f"{len(leaked)} sandbox processes outlived a killed gateway and its restart"
+    finally:
+        crashload.kill_all(crashload.with_marker(marker))
+
+
+def test_kill_9_during_process_starts_leaves_no_unrecorded_process(tmp_path: Path, ws: Path) -> None:
+    """Every durable process that runs after the kills is named by a record: a gateway on each
+    state directory finds it and `stop_all` ends it (8 of 30 ran with no record before)."""
+    marker = _marker()
+    rng = random.Random()
+    many = copy.deepcopy(POLICY)
+    many["roles"]["dev"]["limits"]["processes"] = 100_000
+    compiled = compile_policy(Policy.model_validate(many), tmp_path / "policies" / "p.yaml", ws, sha256="t")
+    leaked: list[int] = []
+    try:
+        for i in range(ITERATIONS):
+            state = tmp_path / f"state{i}"
+            cfg = {
+                "policy": many, "policy_path": str(tmp_path / "policies" / "p.yaml"), "ws": str(ws),
+                "audit": str(tmp_path / f"audit{i}"), "state": str(state), "mode": "process",
+                "command": f"sleep {marker}", "threads": 4,
+            }  # fmt: skip
+            proc = crashload.start_load(cfg)
+            try:
+                first = crashload.wait_first(proc)
+                assert first.get("status") == "ok", first
+                time.sleep(rng.uniform(0.0, 0.3))
+            finally:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait(30)
+            gw = Gateway(compiled, AuditLog(tmp_path / f"audit-after{i}"), state_dir=state)
+            try:
+                stopped = gw.handle(ProcessCall(principal="agent", action="stop_all"))
+                assert stopped["status"] == "ok", stopped
+            finally:
+                gw.close()
+            found = crashload.survivors(marker, settle_s=10.0)
+            leaked += found
+            crashload.kill_all(found)
+        assert not leaked, f"{len(leaked)} processes of durable starts ran with no record naming them"
     finally:
         crashload.kill_all(crashload.with_marker(marker))
