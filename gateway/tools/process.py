@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 def manager(gw: Gateway) -> ProcessManager | None:
-    """The gateway's process manager, made (and its records rehydrated) on first use."""
+    """The gateway's process manager, made (and its records rehydrated) when the gateway starts."""
     from gateway.executors.processes import ProcessManager
 
     if gw.state_dir is None:

@@ -8,6 +8,8 @@ are killed when the next one starts (what bwrap's own window let through)."""
 from __future__ import annotations
 
 import copy
+import json
+import os
 import random
 import secrets
 import signal
@@ -93,5 +95,36 @@ def test_kill_9_during_process_starts_leaves_no_unrecorded_process(tmp_path: Pat
             leaked += found
             crashload.kill_all(found)
         assert not leaked, f"{len(leaked)} processes of durable starts ran with no record naming them"
+    finally:
+        crashload.kill_all(crashload.with_marker(marker))
+
+
+def test_a_restarted_gateway_revives_a_keep_alive_service_without_any_call(
+    tmp_path: Path, ws: Path, policy: CompiledPolicy
+) -> None:
+    """Rehydration happens when the gateway starts, not on the first process call: a keep-alive
+    service that died while no gateway ran is restarted by the next gateway on its own."""
+    marker = _marker()
+    state = tmp_path / "state"
+    first = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=state)
+    try:
+        out = first.handle(ProcessCall(principal="agent", action="start", command=f"sleep {marker}", keep_alive=True))
+        assert out["status"] == "ok", out
+        pid = out["process"]["pid"]
+        first.close()  # the gateway stops; the service runs on
+        os.killpg(pid, signal.SIGKILL)  # and dies while no gateway runs
+        assert not crashload.survivors(marker)
+        second = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=state)  # no call is made to it
+        try:
+            record = next(state.glob("processes/*/record.json"))
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline and not crashload.with_marker(marker):
+                time.sleep(0.1)
+            assert crashload.with_marker(marker), "the keep-alive service stayed down"
+            saved = json.loads(record.read_text())
+            assert saved["restarts"] == 1 and saved["state"] == "running" and saved["pid"] != pid
+        finally:
+            second.handle(ProcessCall(principal="agent", action="stop_all"))
+            second.close()
     finally:
         crashload.kill_all(crashload.with_marker(marker))
