@@ -208,11 +208,9 @@ class Gateway:
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
-        # the process manager (gateway/tools/process.py makes it, below), and the starts the
-        # process tool decided, which its gate lets through once each
+        # the process manager (gateway/tools/process.py makes it, below)
         self._processes: Any = None
         self._processes_lock = threading.Lock()
-        self._decided_starts: dict[tuple[str, str, str], int] = {}
         if self.state_dir is not None:  # rehydrate now: adopt what runs, restart keep-alive services
             from gateway.tools import process
 
