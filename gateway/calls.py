@@ -32,11 +32,44 @@ EnvMap = Annotated[dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE_C
 Content = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 
 
+_DATA_FIELDS = frozenset({"content", "input", "old", "new"})
+"""Fields that are data (a file's bytes, a program's input), where a NUL byte is a byte like any other."""
+
+
+def _nul_at(value: Any, where: str) -> str | None:
+    """Where in `value` a string holds a NUL byte (dict keys included), or None."""
+    if isinstance(value, str):
+        return where if "\0" in value else None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            found = _nul_at(k, f"{where} (a name)") or _nul_at(v, f"{where}.{k}")
+            if found:
+                return found
+    if isinstance(value, list | tuple):
+        for i, v in enumerate(value):
+            found = _nul_at(v, f"{where}[{i}]")
+            if found:
+                return found
+    return None
+
+
 class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
 
     principal: str
     """Who calls: set by the gateway (the CLI's --principal, the MCP token's owner), never by the agent."""
+
+    @model_validator(mode="after")
+    def _no_nul(self) -> _Call:
+        """A NUL byte cannot be passed to the OS (paths, a cwd, environment names and values,
+        argv, a command's text): refused here as INVALID_INPUT naming the field, before
+        anything is decided or run. Data fields (file content, a program's input) may hold it."""
+        for name in type(self).model_fields:
+            if name not in _DATA_FIELDS:
+                found = _nul_at(getattr(self, name), name)
+                if found:
+                    raise ValueError(f"{found}: a NUL byte is not allowed here")
+        return self
 
 
 def _require(call: BaseModel, needs: dict[str, tuple[str, ...]]) -> None:

@@ -197,6 +197,8 @@ class Gateway:
         self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()), *((self.state_dir,) if self.state_dir else ()))
         for private in self.hidden:  # made now: a sandbox started before it existed must not see it later
             Path(private).mkdir(parents=True, exist_ok=True, mode=0o700)
+        with contextlib.suppress(Exception):  # what runs of the sandboxes of a gateway killed with SIGKILL
+            sandbox.quotas.kill_abandoned()
         with contextlib.suppress(Exception):  # cgroups left by sandboxes that ended while no gateway ran
             sandbox.quotas.sweep()
         # "approve for this session": the digests of calls a supervisor approved for the rest of
@@ -206,11 +208,13 @@ class Gateway:
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
-        # the process manager (gateway/tools/process.py makes it on first use), and the starts
-        # the process tool decided, which its gate lets through once each
+        # the process manager (gateway/tools/process.py makes it, below)
         self._processes: Any = None
         self._processes_lock = threading.Lock()
-        self._decided_starts: dict[tuple[str, str, str], int] = {}
+        if self.state_dir is not None:  # rehydrate now: adopt what runs, restart keep-alive services
+            from gateway.tools import process
+
+            process.manager(self)
 
     @property
     def policy(self) -> CompiledPolicy:

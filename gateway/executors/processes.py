@@ -2,6 +2,9 @@
 
 Each process has a folder `<state_dir>/<id>/` (mode 0700) holding `record.json` (the
 `ProcessRecord`, written atomically) and `process.log` (stdout and stderr, opened with O_APPEND).
+The record, with the pid, is on disk before the command can run: the child starts as
+`agw-init hold FD -- argv`, which execs the command only when the gateway sends a byte after the
+write, and exits at end-of-file if the gateway dies first.
 The process runs in its own session (`start_new_session`), so its pid is also its process group
 and session id; stopping it signals the whole group (SIGTERM, SIGKILL after a grace period). In
 the gateway the argv from `build` is the sandbox (bwrap without `--die-with-parent`), whose PID
@@ -40,6 +43,7 @@ from typing import Any
 
 from gateway.executors import proctree
 from gateway.log import log
+from gateway.sandbox import helper
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
@@ -336,23 +340,29 @@ class ProcessManager:
 
     def _spawn(self, rec: ProcessRecord) -> str | None:
         """Start `rec`'s command; fill pid, start_ticks, boot_id, started_at. Returns an error
-        message when it cannot start."""
+        message when it cannot start.
+
+        The process is held (`agw-init hold`) until its record, with its pid, is on disk: a
+        gateway killed in between leaves a process that reads end-of-file and never runs its
+        command, never one that runs with no record naming it."""
         try:
             spawn = self._build(rec)
         except Exception as exc:  # e.g. the sandbox is unavailable: no start, and say why
             return f"cannot build the sandbox: {exc}"
         try:
+            holder = helper.helper_path()
             logfd = os.open(
                 self.log_path(rec.id),
                 os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC,
                 0o600,
             )
-        except OSError as exc:
+        except (OSError, helper.HelperUnavailable) as exc:
             spawn.started()
-            return f"cannot open the log: {exc}"
+            return f"cannot open the log: {exc}" if isinstance(exc, OSError) else str(exc)
+        hold_r, hold_w = os.pipe()  # both close-on-exec: only this child gets the read end
         try:
             proc = subprocess.Popen(
-                spawn.argv,
+                [holder, "hold", str(hold_r), "--", *spawn.argv],
                 env=spawn.env,
                 cwd=spawn.cwd,
                 stdin=subprocess.DEVNULL,
@@ -360,16 +370,17 @@ class ProcessManager:
                 stderr=logfd,
                 start_new_session=True,
                 close_fds=True,
-                pass_fds=spawn.pass_fds,
+                pass_fds=(*spawn.pass_fds, hold_r),
             )
         except OSError as exc:
+            os.close(hold_w)
             return str(exc)
         finally:
             os.close(logfd)
+            os.close(hold_r)
             spawn.started()
         st = _stat(proc.pid)
-        self._children[rec.id] = proc
-        self._sandboxes[rec.id] = spawn.summary
+        before = replace(rec)
         rec.pid = proc.pid
         rec.start_ticks = st.start_ticks if st else None
         rec.boot_id = self._boot_id
@@ -378,6 +389,21 @@ class ProcessManager:
         rec.exit_code = None
         rec.next_restart_at = None
         rec.state = "running"
+        try:
+            self._persist(rec)
+        except OSError as exc:  # no record, no run: the held process is told nothing and ends
+            os.close(hold_w)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(KILL_WAIT_SECONDS)
+            for f in fields(ProcessRecord):
+                setattr(rec, f.name, getattr(before, f.name))
+            return f"cannot write the process record: {exc}"
+        try:
+            os.write(hold_w, b"g")
+        finally:
+            os.close(hold_w)
+        self._children[rec.id] = proc
+        self._sandboxes[rec.id] = spawn.summary
         return None
 
     def _live_count(self, principal: str) -> int:
@@ -438,8 +464,7 @@ class ProcessManager:
             if failure is not None:
                 shutil.rmtree(folder, ignore_errors=True)
                 return _error("SPAWN_FAILED", failure)
-            self._records[process_id] = rec
-            self._save(rec)
+            self._records[process_id] = rec  # on disk already (_spawn wrote it before the command could run)
             view = self._view(rec)
             snapshot = replace(rec)
         held = self._sandboxes.get(process_id, {})

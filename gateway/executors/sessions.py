@@ -141,6 +141,7 @@ class Session:
         self.launch: sandbox.Launch | None = None  # its sandbox's cgroup, removed with it
         self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False
+        self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
         self._carry = b""
         self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
         self.reader.start()
@@ -159,8 +160,15 @@ class Session:
                         self._carry = b""
                     self.closed = True
                     self.cond.notify_all()
-                    return
+                    break
                 self._scan(self._carry + chunk)
+        # the output closed: the shell is gone (or going). Wait for bubblewrap now, so it is not
+        # left a zombie, and let the manager drop the session at once, not at the next start.
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(5.0)
+        if self.on_end is not None and self.proc.poll() is not None:
+            with contextlib.suppress(Exception):
+                self.on_end(self)
 
     def _scan(self, data: bytes) -> None:
         """Move output into the buffer, taking end markers out. A marker may be split across
@@ -417,7 +425,15 @@ class SessionManager:
         with self._lock:
             self._sessions[session.id] = session
             self._idle_limits[session.id] = idle_seconds
+        session.on_end = self._ended
+        if not session.reader.is_alive():  # it ended before it was listed
+            self._ended(session)
         return session
+
+    def _ended(self, session: Session) -> None:
+        """A session's shell ended (`exit`, killed): forget it now, off the reader's thread
+        (forgetting joins it)."""
+        threading.Thread(target=self.forget_dead, name="session-ended", daemon=True).start()
 
     def get(self, principal: str, session_id: str) -> Session:
         with self._lock:
@@ -468,6 +484,7 @@ class SessionManager:
             while not self._stop.wait(interval_s):
                 with contextlib.suppress(Exception):
                     self.reap()
+                    self.forget_dead()
 
         self._reaper = threading.Thread(target=loop, name="session-reaper", daemon=True)
         self._reaper.start()

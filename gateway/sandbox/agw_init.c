@@ -2,9 +2,10 @@
  * agw-init: the last steps before an untrusted command runs, done by a small program that
  * cannot be talked out of them.
  *
- *   agw-init outer [--join FILE]... [--uid N --gid N] [--nproc N] -- /abs/program args...
+ *   agw-init outer [--join FILE]... [--uid N --gid N] [--nproc N] [--parent PID] -- /abs/program args...
  *       On the host, started by the gateway (as root) in front of bwrap: join the cgroups,
- *       set the process limit, drop to an unprivileged uid/gid for good, exec the program.
+ *       set the process limit, drop to an unprivileged uid/gid for good, arm the parent-death
+ *       signal (SIGKILL when the gateway PID dies; refuse if it already has), exec the program.
  *
  *   agw-init inner [--verify-ro-root] [--expect PATH DEV INO ro|rw]...
  *                  [--landlock required|optional|off] [--allow PATH ACCESS]... [--no-tcp]
@@ -12,6 +13,12 @@
  *       Inside the sandbox, after bwrap built the mounts: prove the mounts are the ones the
  *       gateway asked for, set resource limits, restrict the process with Landlock, close every
  *       inherited descriptor, exec the command.
+ *
+ *   agw-init hold FD -- program args...
+ *       Wait until the byte "g" arrives on descriptor FD, close it, exec the program. The
+ *       gateway starts a durable process this way and sends the byte once the process's record
+ *       (with its pid) is on disk; if the gateway dies first, FD reads end-of-file and the
+ *       program never runs, so no process runs that no record names.
  *
  * Any failure prints one line, "agent-gateway sandbox: <what failed>: <why>", on stderr and
  * exits with status 125; the command is never run after a failure (fail closed).
@@ -27,6 +34,7 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -274,11 +282,25 @@ static unsigned long long target_id(const char *option, const char *s) {
     return v;
 }
 
+/* Die with the gateway: SIGKILL when the thread that started us ends (the kernel's rule for
+ * PR_SET_PDEATHSIG; the gateway forks from threads that wait for the sandbox, or from one that
+ * lives as long as it does), and fail now if the gateway `parent` is already gone (we were
+ * reparented before the signal was armed). Armed after the identity change, which clears it;
+ * exec of bwrap (not set-user-ID) keeps it, and bwrap's --die-with-parent arms it again. */
+static void die_with_parent(pid_t parent) {
+    if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0L, 0L, 0L) != 0) {
+        fail_errno(errno, "prctl(PR_SET_PDEATHSIG)");
+    }
+    if (getppid() != parent) {
+        fail_because("the gateway is gone", "parent %ld", (long)parent);
+    }
+}
+
 static int run_outer(int argc, char **argv) {
     const char **joins = allocate((size_t)argc, sizeof *joins);
     size_t njoins = 0;
-    int have_uid = 0, have_gid = 0, have_nproc = 0;
-    unsigned long long uid = 0, gid = 0, nproc = 0;
+    int have_uid = 0, have_gid = 0, have_nproc = 0, have_parent = 0;
+    unsigned long long uid = 0, gid = 0, nproc = 0, parent = 0;
     int i = 2;
 
     for (; i < argc; i++) {
@@ -300,6 +322,13 @@ static int run_outer(int argc, char **argv) {
             need_values(argc, argv, i, 1);
             nproc = number(opt, argv[++i]);
             have_nproc = 1;
+        } else if (strcmp(opt, "--parent") == 0) {
+            need_values(argc, argv, i, 1);
+            parent = number(opt, argv[++i]);
+            if (parent <= 1 || parent > INT_MAX) {
+                fail_errno(EINVAL, "--parent %llu: out of range", parent);
+            }
+            have_parent = 1;
         } else {
             fail_errno(EINVAL, "outer: unknown option %s", opt);
         }
@@ -330,6 +359,9 @@ static int run_outer(int argc, char **argv) {
     }
     if (have_uid) {
         drop_identity((uid_t)uid, (gid_t)gid);
+    }
+    if (have_parent) {
+        die_with_parent((pid_t)parent);
     }
     execv(program[0], program);
     fail_errno(errno, "exec %s", program[0]);
@@ -704,6 +736,35 @@ static int run_inner(int argc, char **argv) {
     fail_errno(errno, "exec %s", program[0]);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Hold mode: run only once the gateway says so                                              */
+
+static int run_hold(int argc, char **argv) {
+    unsigned long long fd;
+    char go = 0;
+    ssize_t r;
+
+    if (argc < 5 || strcmp(argv[3], "--") != 0) {
+        fail_errno(EINVAL, "usage: agw-init hold FD -- program [args]");
+    }
+    fd = number("hold FD", argv[2]);
+    if (fd > INT_MAX) {
+        fail_errno(EINVAL, "hold %llu: out of range", fd);
+    }
+    do {
+        r = read((int)fd, &go, 1);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        fail_errno(errno, "hold: read descriptor %llu", fd);
+    }
+    if (r == 0 || go != 'g') {
+        fail_because("the gateway is gone or refused the start", "hold");
+    }
+    close((int)fd);
+    execvp(argv[4], argv + 4);
+    fail_errno(errno, "exec %s", argv[4]);
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "outer") == 0) {
         return run_outer(argc, argv);
@@ -711,5 +772,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "inner") == 0) {
         return run_inner(argc, argv);
     }
-    fail_errno(EINVAL, "usage: agw-init outer|inner [options] -- program [args]");
+    if (argc >= 2 && strcmp(argv[1], "hold") == 0) {
+        return run_hold(argc, argv);
+    }
+    fail_errno(EINVAL, "usage: agw-init outer|inner|hold [options] -- program [args]");
 }

@@ -1,12 +1,15 @@
 """Apply a `SandboxPlan`: open every source by descriptor, and build the argv that starts it.
 
-    agw-init outer --join CGROUP... --uid U --gid G       (only when the gateway is root)
+    agw-init outer --join CGROUP... --uid U --gid G --parent GATEWAY_PID
       -> bwrap <mounts by descriptor> --unshare-all ... --
          -> /run/agent-gateway/init inner --verify-ro-root --expect ... --allow ... --rlimit ...
             -> the command
 
 The outer helper puts itself in the call's cgroup and drops to the sandbox uid before bwrap
-exists, so every process of the sandbox is counted and none is root. The inner helper checks
+exists, so every process of the sandbox is counted and none is root; for a sandbox that dies
+with the gateway it then arms the parent-death signal and checks the gateway is still its
+parent, so a gateway killed at any moment around a spawn leaves nothing running (bwrap's own
+--die-with-parent is armed only once bwrap runs). The inner helper checks
 that `/` is read-only and that every bound object is the one opened here, applies Landlock and
 rlimits, closes every descriptor but 0-2 (and the ones the caller keeps), and runs the command.
 
@@ -130,7 +133,7 @@ class _Cleaner:
                     with self._lock:
                         if self._ready.get(job):
                             continue
-                    made = quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", job)
+                    made = quotas.Cgroup.create(quotas.owned_name(secrets.token_hex(6)), job)
                     if made is not None:
                         with self._lock:
                             self._ready.setdefault(job, []).append(made)
@@ -255,7 +258,7 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
     inner += ["--", *plan.argv]
     command = [bwrap, *args, "--", *inner]
     switch = os.geteuid() != plan.uid
-    if switch or cgroup is not None:
+    if switch or cgroup is not None or plan.die_with_parent:
         outer = [helper_bin, "outer"]
         for f in cgroup.join_files if cgroup is not None else ():
             outer += ["--join", f]
@@ -263,6 +266,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
             outer += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
             if cgroup is None and q.pids:  # the dedicated uid's process count, as a last resort
                 outer += ["--nproc", str(q.pids)]
+        if plan.die_with_parent:  # armed before bwrap exists: a kill -9 of the gateway at any moment
+            outer += ["--parent", str(os.getpid())]  # ends the sandbox (bwrap's own comes later)
         command = [*outer, "--", *command]
     launch = Launch(command, tuple(fds), cgroup, how)
     launch._fds = list(fds)
@@ -321,10 +326,17 @@ def _protect(
 
 
 def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
+    """The sandbox's group. One that dies with the gateway carries its owner in its name (a
+    gateway started after a crash kills what is left in it: quotas.kill_abandoned); a durable
+    process's does not."""
     support = quotas.cgroup_support()
     if support.version is None:
         return None, "rlimits"
-    group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(f"s-{secrets.token_hex(6)}", plan.quotas)
+    if plan.die_with_parent:
+        name = quotas.owned_name(secrets.token_hex(6))
+        group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(name, plan.quotas)
+    else:
+        group = quotas.Cgroup.create(f"d-{secrets.token_hex(6)}", plan.quotas)
     if group is None:
         return None, "rlimits"
     return group, f"cgroup v{support.version}"

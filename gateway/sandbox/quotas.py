@@ -568,6 +568,55 @@ def _apply(version: int, where: str, served: tuple[str, ...], quotas: Quotas) ->
         put("pids.max", quotas.pids)
 
 
+_OWNED = re.compile(r"s-(\d+)-(\d+)-[0-9a-f]+")
+
+
+def _start_ticks(pid: int) -> int | None:
+    """Field 22 of /proc/<pid>/stat (when it started, in clock ticks since boot); None: gone."""
+    try:
+        raw = _read(f"/proc/{pid}/stat")
+        return int(raw[raw.rindex(")") + 2 :].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def owned_name(token: str) -> str:
+    """The name of a group whose processes must die with this gateway process: it carries our
+    pid and start time, so a later gateway can tell the group of a gateway that is gone
+    (`kill_abandoned`) from one of a gateway still running on this host."""
+    pid = os.getpid()
+    return f"s-{pid}-{_start_ticks(pid) or 0}-{token}"
+
+
+def kill_abandoned() -> int:
+    """Kill and remove the groups of sandboxes that were to die with a gateway process that is
+    gone (killed with SIGKILL: what the parent-death signals missed, e.g. bwrap's namespace
+    init forked the instant its parent died). Durable processes' groups are named otherwise
+    (they outlive the gateway on purpose) and are never touched. Returns how many groups."""
+    layout = _layout()
+    if layout is None:
+        return 0
+    names: dict[str, list[tuple[str, tuple[str, ...]]]] = {}
+    for base, served in layout.bases:
+        try:
+            entries = list(os.scandir(base))
+        except OSError:
+            continue
+        for entry in entries:
+            m = _OWNED.fullmatch(entry.name)
+            if m is None or not entry.is_dir(follow_symlinks=False):
+                continue
+            pid, ticks = int(m.group(1)), int(m.group(2))
+            if _start_ticks(pid) == ticks:
+                continue  # its gateway still runs
+            names.setdefault(entry.name, []).append((entry.path, served))
+    for name, groups in names.items():
+        group = Cgroup(name, layout.version, tuple(groups))
+        group.kill()
+        group.remove()
+    return len(names)
+
+
 def sweep(min_age: float = SWEEP_MIN_AGE) -> int:
     """Remove empty groups left under our base by gateways that crashed; returns how many names
     were removed. Groups younger than `min_age` seconds are left alone: another gateway on this

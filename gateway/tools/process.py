@@ -5,6 +5,7 @@ after a gateway restart, backoff) are in gateway/executors/processes.py."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from gateway.executors import env as envstore
 from gateway.executors.processes import Spawnable
 from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
+from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 
 if TYPE_CHECKING:
@@ -23,7 +25,7 @@ if TYPE_CHECKING:
 
 
 def manager(gw: Gateway) -> ProcessManager | None:
-    """The gateway's process manager, made (and its records rehydrated) on first use."""
+    """The gateway's process manager, made (and its records rehydrated) when the gateway starts."""
     from gateway.executors.processes import ProcessManager
 
     if gw.state_dir is None:
@@ -43,9 +45,19 @@ def manager(gw: Gateway) -> ProcessManager | None:
         return found
 
 
+_decided = threading.local()
+"""What the current start or restart was decided as, on the thread that then spawns it (`start`
+runs the gate and the spawn on the caller's thread, a restart on the monitor's): `start`, the
+(principal, command, cwd) the tool call decided, and `policy`, the snapshot it was decided
+under, from which the sandbox is built (never from a policy reloaded since)."""
+
+
 def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
-    """The sandbox for a start or restart, as decided now (the policy may have changed)."""
-    policy = gw.policy
+    """The sandbox for a start or restart, from the policy it was decided under."""
+    policy: CompiledPolicy | None = getattr(_decided, "policy", None)
+    _decided.policy = None
+    if policy is None:  # fail closed: never a sandbox from a policy nobody decided under
+        raise RuntimeError("no decision for this start")
     analysis = analyze(rec.command)  # the same text the gate decided: the same programs
     git_write = analysis.denial is None and sandbox.git.is_git_write(analysis.commands)
     plan, launch = sandbox.start(
@@ -56,14 +68,13 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
 
 
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
-    key = (rec.principal, rec.command, rec.cwd)
-    if why == "start":
-        with gw._processes_lock:  # a start the tool call decided: let it through, once
-            if gw._decided_starts.get(key):
-                gw._decided_starts[key] -= 1
-                return None
+    if why == "start":  # a start this thread's tool call decided: let it through, once
+        if getattr(_decided, "start", None) == (rec.principal, rec.command, rec.cwd):
+            _decided.start = None
+            return None
         return "a start must be decided by the process tool first"
     arguments = {"action": "restart", "process_id": rec.id, "command": rec.command, "cwd": rec.cwd}
+    _decided.policy = None
     try:
         policy = gw.policy
         # decided as at start: the call's own variables against the rules; what the env store
@@ -75,6 +86,7 @@ def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
     except Exception as exc:  # e.g. the principal left the policy: no restart, and say why
         return f"the restart could not be decided: {type(exc).__name__}: {exc}"
     if isinstance(gated, Gated):
+        _decided.policy = gated.policy  # the restart's sandbox comes from this same snapshot
         return None
     return str(gated.get("error", {}).get("message", "denied"))
 
@@ -88,21 +100,21 @@ def _event(gw: Gateway, event: str, rec: ProcessRecord, data: dict[str, Any]) ->
         log.warning("audit_failed", record=event, process_id=rec.id)
 
 
-def _start(gw: Gateway, pm: ProcessManager, principal: str, command: str, cwd: Path, env: dict[str, str],
-           keep_alive: bool, name: str | None) -> dict[str, Any]:  # fmt: skip
-    policy = gw.policy
-    key = (principal, command, str(cwd))
-    with gw._processes_lock:
-        gw._decided_starts[key] = gw._decided_starts.get(key, 0) + 1
+def _start(gw: Gateway, pm: ProcessManager, policy: CompiledPolicy, principal: str, command: str, cwd: Path,
+           env: dict[str, str], keep_alive: bool, name: str | None) -> dict[str, Any]:  # fmt: skip
+    """Start what the call decided under `policy`: its limits and its sandbox come from it too.
+    The manager runs the gate and the spawn on this thread; what this call decided is handed to
+    them here (concurrent starts of the same command each pass their own decision)."""
+    _decided.start = (principal, command, str(cwd))
+    _decided.policy = policy
     try:
         return pm.start(
             principal, command, str(cwd), env, keep_alive, name,
             limits(policy, principal).get("processes", DEFAULT_PROCESSES),
         )  # fmt: skip
     finally:
-        with gw._processes_lock:
-            if gw._decided_starts.get(key):
-                gw._decided_starts[key] -= 1
+        _decided.start = None
+        _decided.policy = None
 
 
 def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
@@ -118,7 +130,7 @@ def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
         if not isinstance(gated, Gated):
             return gated
         env = {**gw.env.effective(policy, call.principal), **call.env}
-        out = _start(gw, pm, call.principal, call.command, cwd, env, call.keep_alive, call.name)
+        out = _start(gw, pm, gated.policy, call.principal, call.command, cwd, env, call.keep_alive, call.name)
         return gw.record_result(gated, out)
     decision = tool_decision(policy, call.principal, Tool.PROCESSES)
     subject = f"process {call.action} {call.process_id or ''}".strip()
@@ -149,13 +161,13 @@ def run_in_background(
     if pm is None:
         out = {"status": "error", "error": {"code": "PROCESSES_UNAVAILABLE", "message": "no state directory"}}
         return gw.record_result(gated, out)
-    started = _start(gw, pm, call.principal, call.command, cwd, env, False, None)
+    started = _start(gw, pm, gated.policy, call.principal, call.command, cwd, env, False, None)
     if started.get("status") != "ok":
         return gw.record_result(gated, started)
     pid = started["process"]["id"]
     finished = pm.wait_for(call.principal, pid, after_ms / 1000)
     record = pm.get(call.principal, pid)
-    tail = pm.output(call.principal, pid, limits(gw.policy, call.principal).get("output_bytes") or (1 << 20))
+    tail = pm.output(call.principal, pid, limits(gated.policy, call.principal).get("output_bytes") or (1 << 20))
     result: dict[str, Any] = {"status": "ok", "cwd": str(cwd), "output": tail.get("output", "")}
     if finished:
         result["exit_code"] = record.get("process", {}).get("exit_code")

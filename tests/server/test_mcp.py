@@ -470,3 +470,35 @@ def test_the_gateways_own_records_stay_private_whatever_the_read_roots(tmp_path:
     assert read["status"] == "denied" and "gateway's own records" in read["error"]["message"]
     assert grep["status"] == "denied"
     assert "SECRET_MARKER_77" not in json.dumps(cat)  # the sandbox hides the audit directory
+
+
+def test_nul_bytes_in_arguments_that_reach_the_os_are_invalid_input(gw: Gateway, era: str) -> None:
+    """A NUL byte in a path, a cwd, an env name or value is the caller's mistake (INVALID_INPUT,
+    naming the field), never an internal error; in file content it is data."""
+    calls: list[tuple[str, dict[str, Any], str]] = [
+        ("run", {"command": "echo hi", "env": {"APP_X": "a\0b"}}, "env.APP_X"),
+        ("run", {"command": "echo hi", "cwd": "sub\0dir"}, "cwd"),
+        ("run", {"command": "echo a\0b"}, "command"),
+        ("files", {"action": "read", "path": "a\0b"}, "path"),
+        ("files", {"action": "write", "path": "x\0y", "content": "z"}, "path"),
+        ("files", {"action": "list", "path": "\0"}, "path"),
+        ("session", {"action": "start", "cwd": "a\0"}, "cwd"),
+        ("session", {"action": "start", "env": {"APP_\0": "v"}}, "env (a name)"),
+        ("process", {"action": "start", "command": "sleep 1", "env": {"APP_Y": "\0"}}, "env.APP_Y"),
+        ("process", {"action": "start", "command": "sleep 1", "cwd": "d\0"}, "cwd"),
+        ("env", {"action": "set", "name": "APP_Z", "value": "a\0"}, "value"),
+    ]
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with Client(GatewayServer(gw, "agent").mcp, mode=era) as c:
+            return [envelope(await c.call_tool(name, args)) for name, args, _ in calls]
+
+    for (name, args, field), out in zip(calls, run(scenario()), strict=True):
+        assert out["error"]["code"] == "INVALID_INPUT", (name, args, out)
+        assert field in out["error"]["message"] and "NUL" in out["error"]["message"], out
+
+    async def data() -> dict[str, Any]:
+        async with Client(GatewayServer(gw, "agent").mcp, mode=era) as c:
+            return envelope(await c.call_tool("files", {"action": "write", "path": "nul.bin", "content": "a\0b"}))
+
+    assert run(data())["status"] == "ok"

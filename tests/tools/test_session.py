@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, records, verify
@@ -344,7 +345,8 @@ def test_ended_sessions_free_their_slot_and_descriptors(gw: Gateway) -> None:
         sid = start(gw, principal="limited")
         call(gw, "exec", principal="limited", session_id=sid, command="exit")
     assert len(os.listdir("/proc/self/fd")) <= before + 4
-    assert call(gw, "start", prompt="a\x00b")["error"]["code"] == "INVALID_INPUT"
+    with pytest.raises(ValidationError, match="prompt: a NUL byte"):  # the call model refuses it: INVALID_INPUT
+        call(gw, "start", prompt="a\x00b")
 
 
 def test_input_a_program_does_not_read_ends_the_call(gw: Gateway) -> None:
@@ -373,3 +375,19 @@ def test_a_command_still_running_cannot_create_protected_paths_later(gw: Gateway
     assert out["status"] == "ok", out
     assert (ws / "planted.txt").read_text() in ("File exists", "Read-only file system")
     assert not (ws / ".git" / "hooks" / "pre-commit").exists()
+
+
+@pytest.mark.parametrize("pty", [False, True])
+def test_a_session_whose_shell_exits_is_forgotten_and_reaped_at_once(gw: Gateway, pty: bool) -> None:
+    """`exit` in a session: its bubblewrap is waited for (no zombie left) and the session leaves
+    the list by itself, without waiting for the next start or the idle reaper."""
+    sid = start(gw, pty=pty)
+    session = gw.sessions.get("agent", sid)
+    call(gw, "exec", session_id=sid, command="exit 3", timeout_ms=2000)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (call(gw, "list")["sessions"] or session.proc.returncode is None):
+        time.sleep(0.05)
+    assert call(gw, "list")["sessions"] == []
+    assert session.proc.returncode is not None  # waited for: no zombie bwrap
+    events = [r["event"] for _, _, r, _ in records(gw.audit.directory) if r]
+    assert "session_ended" in events
