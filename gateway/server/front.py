@@ -7,10 +7,11 @@ connections before it holds a token. The front keeps them from starving the clie
   A connection must deliver complete request headers within `header_timeout_s` of connecting
   (or of starting its next request) and its body within `body_timeout_s` of its headers, or it
   is closed. At most `max_connections` are open, at most `max_connections_per_peer` from one
-  address. At a cap, a new connection takes the place of the oldest one that is not in a request
-  (stalled in its headers, silent for a second, or idle between requests); if every one is busy,
-  the new one is closed at once. Stalled and idle connections are what a flood holds, and a real
-  client sends its whole request as soon as it connects, so it always finds a place.
+  address. At a cap, a new connection takes the place of the oldest one stalled in its headers
+  or silent for a second since it connected, else of the oldest one idle between requests; if
+  every one is in a request (or too new to judge), the new one is closed at once. Stalled and
+  silent connections are what a flood holds, and a real client sends its whole request as soon
+  as it connects, so it finds a place.
 - **Sizes** (`BodyCap`). A request whose declared body is over `max_body_bytes` gets 413 before
   anything else reads it, authentication included. Bodies without a length are counted by the
   SDK's own cap, set to the same value, before it parses them.
@@ -151,14 +152,22 @@ class ConnectionGuard:
                 del self.by_peer[conn.peer]
 
     def _evict_from(self, conns: dict[GuardedH11, None]) -> bool:
+        """Close the oldest connection that is stalled or silent, else the oldest idle one."""
         now = time.monotonic()
-        for victim in conns:
-            if victim.evictable(now):
-                self.counts["evicted"] += 1
-                self.forget(victim)
-                victim.drop()
-                return True
-        return False
+        victim = None
+        for candidate in conns:
+            rank = candidate.eviction_rank(now)
+            if rank == 0:
+                victim = candidate
+                break
+            if rank == 1 and victim is None:
+                victim = candidate
+        if victim is None:
+            return False
+        self.counts["evicted"] += 1
+        self.forget(victim)
+        victim.drop()
+        return True
 
     def _refuse(self, conn: GuardedH11, cap: str) -> bool:
         self.counts["refused"] += 1
@@ -220,14 +229,16 @@ class GuardedH11(H11Protocol):
         self._follow()
 
     # -- what the guard asks
-    def evictable(self, now: float) -> bool:
-        """Not in a request: stalled in its headers, silent since it connected, or idle between
-        requests. A connection that has not had a second to speak is left alone."""
+    def eviction_rank(self, now: float) -> int | None:
+        """0: stalled in its headers, or silent for a second since it connected; 1: idle between
+        requests (a client's kept-alive connection); None: in a request, or too new to judge."""
         if self._dropped or self.conn.their_state is not h11.IDLE:
-            return False
+            return None
         if self.cycle is not None and not self.cycle.response_complete:
-            return False
-        return self.heard or self.cycle is not None or now - self.opened >= SILENT_GRACE_S
+            return None
+        if self.heard or (self.cycle is None and now - self.opened >= SILENT_GRACE_S):
+            return 0
+        return 1 if self.cycle is not None else None
 
     def drop(self) -> None:
         self._dropped = True

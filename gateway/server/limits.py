@@ -15,7 +15,7 @@ class FrontLimits:
     """The HTTP front's limits (`gateway serve` flags in brackets)."""
 
     max_connections: int = 1024
-    """Open connections at most (`--max-connections`); never more than half the descriptor limit."""
+    """Open connections at most (`--max-connections`); never more than a quarter of the descriptor limit."""
     max_connections_per_peer: int = 256
     """Open connections from one address at most (`--max-connections-per-peer`)."""
     header_timeout_s: float = 5.0
@@ -38,16 +38,24 @@ class FrontLimits:
                 out.append(f"{flag} {value}: must be more than 0 seconds")
         return out
 
-    def within_descriptors(self) -> tuple[FrontLimits, str | None]:
-        """These limits with `max_connections` at most half the soft descriptor limit (the rest is
-        for the gateway: audit files, pipes to sandboxes), and a note if it had to be lowered."""
+    def within_descriptors(self) -> tuple[FrontLimits, int, str | None]:
+        """These limits fitted to the soft descriptor limit, the listening backlog to use, and a
+        note if `max_connections` had to be lowered.
+
+        asyncio accepts up to the backlog's number of connections at once, each a descriptor until
+        the front has closed the ones it refuses, so the budget is: a quarter of the limit for open
+        connections, an eighth for the accept queue, the rest for the gateway (audit files, pipes
+        to sandboxes)."""
         soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
-        room = max(16, soft // 2) if soft != resource.RLIM_INFINITY else self.max_connections
+        if soft == resource.RLIM_INFINITY:
+            soft = 1 << 20
+        backlog = min(2048, max(16, soft // 8))
+        room = max(16, soft // 4)
         if self.max_connections <= room:
-            return self, None
+            return self, backlog, None
         lowered = FrontLimits(**{**self.__dict__, "max_connections": room})
         why = f"--max-connections {self.max_connections} lowered to {room}: the descriptor limit is {soft}"
-        return lowered, why
+        return lowered, backlog, why
 
 
 FLAGS = {

@@ -192,7 +192,7 @@ def serve_http(
             "clear text over plain HTTP: put TLS in front of it.",
             file=sys.stderr,
         )
-    limits, lowered = (limits or FrontLimits()).within_descriptors()
+    limits, backlog, lowered = (limits or FrontLimits()).within_descriptors()
     if lowered:
         print(f"gateway serve: {lowered}", file=sys.stderr)
     server = GatewayServer(gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port))
@@ -207,6 +207,7 @@ def serve_http(
         host=host,
         port=port,
         http=GuardedH11.bind(ConnectionGuard(limits, throttle)),
+        backlog=backlog,
         log_level="warning",
         timeout_graceful_shutdown=int(max(1, grace_s)),
         lifespan="on",
