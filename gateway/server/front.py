@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import errno
+import json
 import logging
 import threading
 import time
@@ -432,3 +433,93 @@ def refusal_recorder(app: ASGIApp, refusals: RefusalLog) -> ASGIApp:
         await app(scope, receive, watch)
 
     return recorded
+
+
+# --- a client that leaves ------------------------------------------------------------------------
+PEEK_BYTES = 1 << 20
+"""Bodies up to this size are kept while their call runs, to name the call if the client leaves."""
+
+
+def cancel_on_leave(app: ASGIApp) -> ASGIApp:
+    """`app`, telling the SDK to cancel a legacy-era tool call whose client disconnected.
+
+    On the 2026-07-28 wire the SDK cancels a call when its client disconnects. On the legacy
+    (`initialize`) wire it does not: the call would run to its timeout with nobody to answer. Its
+    answer is an SSE stream, whose reader does notice the disconnect (`http.disconnect`); then
+    this sends the session the `notifications/cancelled` a polite client would have sent, with
+    the same session and token, and the SDK cancels the call, which kills its command
+    (CALL_CANCELLED). Calls already answered (`pending` included) are left alone."""
+    spawned: set[asyncio.Task[None]] = set()
+
+    async def watched(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or _header(scope, b"mcp-session-id") is None:
+            await app(scope, receive, send)
+            return
+        body: list[bytes] = []
+        kept = 0
+        answered = False
+
+        async def seen(message: MutableMapping[str, Any]) -> None:
+            nonlocal answered
+            if message.get("type") == "http.response.body" and not message.get("more_body", False):
+                answered = True
+            await send(message)
+
+        async def heard() -> MutableMapping[str, Any]:
+            nonlocal kept
+            message: MutableMapping[str, Any] = await receive()
+            if message.get("type") == "http.request" and kept <= PEEK_BYTES:
+                chunk = bytes(message.get("body", b""))
+                kept += len(chunk)
+                body.append(chunk)
+            elif message.get("type") == "http.disconnect" and not answered and kept <= PEEK_BYTES:
+                call_id = _tool_call_id(b"".join(body))
+                if call_id is not None:
+                    task = asyncio.get_running_loop().create_task(_cancel(app, scope, call_id))
+                    spawned.add(task)
+                    task.add_done_callback(spawned.discard)
+            return message
+
+        await app(scope, heard, seen)
+
+    return watched
+
+
+def _tool_call_id(body: bytes) -> str | int | None:
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if isinstance(message, dict) and message.get("method") == "tools/call":
+        rid = message.get("id")
+        if isinstance(rid, str | int) and not isinstance(rid, bool):
+            return rid
+    return None
+
+
+async def _cancel(app: ASGIApp, scope: MutableMapping[str, Any], call_id: str | int) -> None:
+    note = {"jsonrpc": "2.0", "method": "notifications/cancelled",
+            "params": {"requestId": call_id, "reason": "the HTTP client disconnected"}}  # fmt: skip
+    raw = json.dumps(note).encode()
+    keep = (b"authorization", b"mcp-session-id", b"mcp-protocol-version", b"host", b"origin")
+    headers = [(k, v) for k, v in scope.get("headers") or () if k.lower() in keep]
+    headers += [(b"content-type", b"application/json"), (b"accept", b"application/json, text/event-stream"),
+                (b"content-length", str(len(raw)).encode())]  # fmt: skip
+    delivered = False
+
+    async def receive() -> dict[str, Any]:
+        nonlocal delivered
+        if not delivered:
+            delivered = True
+            return {"type": "http.request", "body": raw, "more_body": False}
+        await asyncio.sleep(60)  # the SDK answers a notification without listening for more
+        return {"type": "http.disconnect"}
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message.get("type") == "http.response.start" and message.get("status") != 202:
+            log.warning("http_cancel_not_accepted", status=message.get("status"), request_id=call_id)
+
+    try:
+        await app({**scope, "headers": headers}, receive, send)
+    except Exception as exc:  # the call then runs to its timeout, as without this
+        log.warning("http_cancel_failed", request_id=call_id, error=f"{type(exc).__name__}: {exc}")

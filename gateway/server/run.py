@@ -38,6 +38,7 @@ from gateway.server.front import (
     RefusalLog,
     ThrottledFilter,
     ThrottledLog,
+    cancel_on_leave,
     quiet_resource_errors,
     refusal_recorder,
 )
@@ -143,7 +144,7 @@ def http_app(
     inner = server.mcp.streamable_http_app(
         transport_security=security, host=host, max_request_body_size=limits.max_body_bytes
     )
-    return BodyCap(refusal_recorder(inner, refusals), limits.max_body_bytes)
+    return BodyCap(refusal_recorder(cancel_on_leave(inner), refusals), limits.max_body_bytes)
 
 
 class _Uvicorn(uvicorn.Server):

@@ -271,3 +271,34 @@ def test_a_10_mib_write_over_http(small_server: HttpGateway, ws: Path) -> None:
     result = asyncio.run(call(small_server.url, token, "files", args))
     assert envelope(result)["status"] == "ok", envelope(result)
     assert (ws / "big.bin").read_bytes() == data
+
+
+# --- a client that leaves ------------------------------------------------------------------------
+def test_a_legacy_client_that_disconnects_mid_call_has_its_command_killed(small_server: HttpGateway) -> None:
+    """On the legacy wire the SDK does not cancel a call whose client vanished: its command
+    would run to its timeout with nobody to answer. The front tells the SDK to cancel it."""
+    token = small_server.token("agent")
+    port = small_server.port
+    auth = {"Authorization": f"Bearer {token}", "Connection": "keep-alive"}
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+             "capabilities": {}, "clientInfo": {"name": "leaver", "version": "1"}}}  # fmt: skip
+    with httpx2.Client(headers={**auth, "Accept": "application/json, text/event-stream"}, timeout=30) as h:
+        r = h.post(small_server.url, json=hello)
+        session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
+        h.post(small_server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
+            "params": {"name": "run", "arguments": {"command": "sleep 50; echo finished"}}}  # fmt: skip
+    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+        s.sendall(request_bytes(port, {**auth, **session}, json.dumps(call).encode()))
+        deadline = time.monotonic() + 30
+        while not any(r["event"] == "decision" for r in audit_records(small_server.audit)):
+            assert time.monotonic() < deadline, "the call never started"
+            time.sleep(0.1)
+        time.sleep(1)  # the command is running; now the client dies without a word
+    deadline = time.monotonic() + 30  # the old server answers after 50 s, to nobody
+    results: list[dict[str, Any]] = []
+    while not results and time.monotonic() < deadline:
+        time.sleep(0.2)
+        results = [r for r in audit_records(small_server.audit) if r["event"] == "result"]
+    assert results, "the call was not cancelled"
+    assert results[0]["data"]["error"]["code"] == "CALL_CANCELLED"
