@@ -28,6 +28,7 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.schema import Policy
 from gateway.policy.selftest import check_examples, example_cases, load_checked, test_cases
+from gateway.server.limits import FrontLimits
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
@@ -421,6 +422,38 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--approval-timeout", type=float, default=120.0, help="seconds a supervisor has to answer")
     sv.add_argument("--pending-after", type=float, default=5.0, help="seconds before an asked call returns pending")
     sv.add_argument("--grace", type=float, default=10.0, help="seconds running calls get at shutdown")
+    front = FrontLimits()
+    sv.add_argument(
+        "--max-connections",
+        type=int,
+        default=front.max_connections,
+        help="HTTP: open connections at most (default: %(default)s, at most half the descriptor limit)",
+    )
+    sv.add_argument(
+        "--max-connections-per-peer",
+        type=int,
+        default=front.max_connections_per_peer,
+        help="HTTP: open connections from one address at most (default: %(default)s)",
+    )
+    sv.add_argument(
+        "--header-timeout",
+        type=float,
+        default=front.header_timeout_s,
+        help="HTTP: seconds a connection has to send a request's headers (default: %(default)s)",
+    )
+    sv.add_argument(
+        "--body-timeout",
+        type=float,
+        default=front.body_timeout_s,
+        help="HTTP: seconds a request has to send its body after its headers (default: %(default)s)",
+    )
+    sv.add_argument(
+        "--max-body",
+        type=int,
+        default=front.max_body_bytes,
+        metavar="BYTES",
+        help="HTTP: largest request body, answered 413 above it (default: %(default)s, 16 MiB)",
+    )
     sv.add_argument("--quickstart", action="store_true",
                     help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip
     sv.set_defaults(func=_cmd_serve)

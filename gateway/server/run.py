@@ -6,16 +6,18 @@ taking calls, give running calls `grace_s`, cancel what is left (killing its com
 next start to adopt.
 
 HTTP: every request needs a bearer token from the tokens file; a missing or unknown token is
-answered 401 before any tool runs, and recorded (`auth_refused`). The server binds to loopback
-unless `allow_remote` is given; then it warns, and Host/Origin checking still applies.
+answered 401 before any tool runs, and recorded (`auth_refused`, aggregated per peer). The server
+binds to loopback unless `allow_remote` is given; then it warns, and Host/Origin checking still
+applies. Connections, deadlines and body sizes are limited by the front (`front.py`).
 """
 
 import asyncio
 import ipaddress
+import logging
 import os
 import signal
 import sys
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -28,6 +30,19 @@ from gateway.audit import AuditLog, AuditUnavailable
 from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.server.app import GatewayServer
+from gateway.server.front import (
+    ASGIApp,
+    BodyCap,
+    ConnectionGuard,
+    GuardedH11,
+    RefusalLog,
+    ThrottledFilter,
+    ThrottledLog,
+    cancel_on_leave,
+    quiet_resource_errors,
+    refusal_recorder,
+)
+from gateway.server.limits import FrontLimits
 from gateway.server.tokens import TokenStore
 
 SCOPE = "gateway"
@@ -113,8 +128,12 @@ async def _stdio(server: GatewayServer) -> str:
 
 
 # --- HTTP ----------------------------------------------------------------------------------------
-def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Awaitable[None]]:
-    """The streamable HTTP app (`/mcp`), wrapped so refused requests are audited."""
+def http_app(
+    server: GatewayServer, host: str, port: int, refusals: RefusalLog, limits: FrontLimits | None = None
+) -> ASGIApp:
+    """The streamable HTTP app (`/mcp`): sizes checked first (`BodyCap`), then the SDK's app,
+    whose refused requests are reported to `refusals` (see `front.py`)."""
+    limits = limits or FrontLimits()
     names = [host] if host != "localhost" else ["localhost", "127.0.0.1"]
     hosts = [f"{h}:{port}" if ":" not in h else f"[{h}]:{port}" for h in names]
     security = TransportSecuritySettings(
@@ -122,34 +141,10 @@ def http_app(server: GatewayServer, host: str, port: int) -> Callable[..., Await
         allowed_hosts=hosts,
         allowed_origins=[f"http://{h}" for h in hosts],
     )
-    inner = server.mcp.streamable_http_app(transport_security=security, host=host)
-    audit = server.gw.audit
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http":
-            await inner(scope, receive, send)
-            return
-
-        async def watch(message: MutableMapping[str, Any]) -> None:
-            if message.get("type") == "http.response.start" and message.get("status") in (401, 403):
-                headers = dict(scope.get("headers") or [])
-                auth = headers.get(b"authorization", b"")
-                await asyncio.to_thread(  # an fsynced write: off the event loop
-                    _record,
-                    audit,
-                    "auth_refused",
-                    data={
-                        "status": message["status"],
-                        "path": scope.get("path"),
-                        "peer": ":".join(str(x) for x in scope.get("client") or ("?", "?")),
-                        "presented": "unknown bearer" if auth.lower().startswith(b"bearer ") else "none",
-                    },
-                )
-            await send(message)
-
-        await inner(scope, receive, watch)
-
-    return app
+    inner = server.mcp.streamable_http_app(
+        transport_security=security, host=host, max_request_body_size=limits.max_body_bytes
+    )
+    return BodyCap(refusal_recorder(cancel_on_leave(inner), refusals), limits.max_body_bytes)
 
 
 class _Uvicorn(uvicorn.Server):
@@ -183,6 +178,7 @@ def serve_http(
     grace_s: float = 10.0,
     allow_remote: bool = False,
     ready: Callable[[str], None] | None = None,
+    limits: FrontLimits | None = None,
 ) -> int:
     if not is_loopback(host):
         if not allow_remote:
@@ -197,32 +193,46 @@ def serve_http(
             "clear text over plain HTTP: put TLS in front of it.",
             file=sys.stderr,
         )
+    limits, backlog, lowered = (limits or FrontLimits()).within_descriptors()
+    if lowered:
+        print(f"gateway serve: {lowered}", file=sys.stderr)
     server = GatewayServer(gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port))
     if not _record(gateway.audit, "server_started", data={"transport": "http", "host": host, "port": port}):
         return 2
+    throttle = ThrottledLog()
+    refusals = RefusalLog(gateway.audit, window_s=limits.refusal_window_s)
+    quiet = ThrottledFilter()
+    logging.getLogger("uvicorn.error").addFilter(quiet)  # a bad request or an app error: once per interval
     config = uvicorn.Config(
-        http_app(server, host, port),
+        http_app(server, host, port, refusals, limits),
         host=host,
         port=port,
+        http=GuardedH11.bind(ConnectionGuard(limits, throttle)),
+        backlog=backlog,
         log_level="warning",
         timeout_graceful_shutdown=int(max(1, grace_s)),
         lifespan="on",
     )
     runner = _Uvicorn(config)
     runner.gateway_server = server
-    if ready is not None:
-        original = runner.startup
+    original = runner.startup
 
-        async def startup(sockets: Any = None) -> None:
-            await original(sockets)
+    async def startup(sockets: Any = None) -> None:
+        quiet_resource_errors(asyncio.get_running_loop(), throttle)
+        await original(sockets)
+        if ready is not None and runner.started:
             ready(f"http://{'[' + host + ']' if ':' in host else host}:{port}/mcp")
 
-        runner.startup = startup  # type: ignore[method-assign]
+    runner.startup = startup  # type: ignore[method-assign]
     # uvicorn handles SIGINT/SIGTERM while it serves, then raises the signal again: with these
     # handlers in place that second delivery is a no-op, so the shutdown below always runs
     got: list[str] = []
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: got.append(signal.Signals(signum).name))
-    runner.run()
+    try:
+        runner.run()
+    finally:
+        refusals.close()  # the counts still open, before the server_stopped record
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
     finish(server, grace_s, got[0] if got else "stopped")
     return 0 if runner.started else 2

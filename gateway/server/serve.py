@@ -24,6 +24,7 @@ from gateway.policy.selftest import load_checked
 from gateway.sandbox.identity import IdentityUnavailable, hand_over
 from gateway.server import tokens
 from gateway.server.app import GatewayServer
+from gateway.server.limits import FrontLimits
 from gateway.server.run import serve_http, serve_stdio
 
 EXIT_USAGE = 2
@@ -70,6 +71,15 @@ def main(args: argparse.Namespace) -> int:
         if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
             return _fail(f"--http {args.http}: expected HOST:PORT, e.g. 127.0.0.1:8765")
         port = int(port_text)
+    limits = FrontLimits(
+        max_connections=args.max_connections,
+        max_connections_per_peer=args.max_connections_per_peer,
+        header_timeout_s=args.header_timeout,
+        body_timeout_s=args.body_timeout,
+        max_body_bytes=args.max_body,
+    )
+    if args.http and limits.problems():
+        return _fail("; ".join(limits.problems()))
     if args.quickstart:
         for d in (workspace or _workspace_of(policy_file), Path(args.audit_dir)):
             if d is not None:
@@ -134,7 +144,9 @@ def main(args: argparse.Namespace) -> int:
             _print_quickstart(url, token, str(who), args, audit.key.public.fingerprint if audit.key else "none")
         sys.stderr.flush()
 
-    return serve_http(gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready)
+    return serve_http(
+        gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready, limits=limits
+    )
 
 
 def _print_quickstart(url: str, token: str, principal: str, args: argparse.Namespace, key: str) -> None:

@@ -4,6 +4,7 @@ the server treats differently, gateways built on it, and running the real `gatew
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import socket
 import subprocess
@@ -148,7 +149,9 @@ def gateway_cmd(*args: str, check: bool = True, env: dict[str, str] | None = Non
 class HttpGateway:
     """A real `gateway serve --http` on a loopback port, stopped (SIGTERM) by the fixture."""
 
-    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, extra: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, tmp_path: Path, policy_file: Path, ws: Path, extra: tuple[str, ...] = (), nofile: int | None = None
+    ) -> None:
         self.tmp = tmp_path
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/mcp"
@@ -160,6 +163,10 @@ class HttpGateway:
         argv = [GATEWAY, "serve", "--http", f"127.0.0.1:{self.port}", "--tokens", str(self.tokens)]
         argv += ["--policy", str(policy_file), "--workspace", str(ws), "--audit-dir", str(self.audit)]
         argv += ["--state-dir", str(self.queue), "--process-dir", str(tmp_path / "processes"), *extra]
+        if nofile is not None:  # the server's soft descriptor limit (prlimit execs the gateway: same pid)
+            hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+            keep = "unlimited" if hard == resource.RLIM_INFINITY else hard  # sandboxes set their own
+            argv = ["prlimit", f"--nofile={nofile}:{keep}", "--", *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.stderr.open("w"))
         deadline = time.monotonic() + 60
         while "listening on" not in self.stderr.read_text():
