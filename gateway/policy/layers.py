@@ -3,9 +3,11 @@
 A lower layer is the authority over what it grants: its sandbox settings, its roles' roots,
 protected paths, levels and limits, its principals, its tool levels, second-opinion, environment,
 shell and redaction settings are ceilings, which a layer including it may tighten and never
-widen. Where a lower layer sets nothing, the default is the ceiling (the ci-runner example sets
-no `sandbox`, so its includers cannot turn the network on). Only rules stay open to an upper
-layer, as before: it may add rules and replace rules by id, except the ones marked `final`.
+widen. Where a lower layer that defines principals sets nothing, the default is the ceiling (the
+ci-runner example sets no `sandbox`, so its includers cannot turn the network on); a lower layer
+without principals (a fragment: shared rules or roles) grants nobody anything, and only what it
+writes is a ceiling. Only rules stay open to an upper layer, as before: it may add rules and
+replace rules by id, except the ones marked `final`.
 
 Merge, lowest layer first (includes in the order listed, each over the ones before it, then the
 file itself over all of them):
@@ -35,7 +37,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -180,10 +182,22 @@ def _overlay(lower: _Layer, upper: _Layer, workspace: Path | None) -> _Layer:
         tests=upper.tests or lower.tests,
         policy=policy,
     )
-    problems = _widenings(lower, merged, upper, workspace)
+    problems = _widenings(_as_ceiling(lower, merged), merged, upper, workspace)
     if problems:
         raise PolicyError("\n".join(problems))
     return merged
+
+
+def _as_ceiling(lower: _Layer, merged: _Layer) -> _Layer:
+    """What the upper layer is held to. A lower layer that defines principals is a policy: what
+    it allows, defaults included, is what its principals get, so all of it is a ceiling. One
+    that defines none is a fragment (shared rules, roles): it grants nobody anything, so only
+    what it writes is a ceiling, and the rest is taken from the merge."""
+    if lower.policy.principals:
+        return lower
+    data = _deep_merge(merged.data, lower.data)
+    policy = Policy.model_validate({"version": 1, **data, "rules": list(lower.rules.values())})
+    return replace(lower, data=data, policy=policy, workspace=lower.workspace or merged.workspace)
 
 
 # --- what "wider" means, field by field ---------------------------------------------------

@@ -502,3 +502,35 @@ def test_while_a_layer_is_refused_its_includes_are_still_watched(tmp_path: Path)
     _bump(base, "version: 1\nsandbox: {network: true}\n", 1)  # the admin raises the ceiling
     assert holder.current().policy.sandbox.network is True
     assert events == ["policy_loaded", "policy_rejected", "policy_loaded"]
+
+
+def test_a_fragment_without_principals_bounds_only_what_it_writes(tmp_path: Path) -> None:
+    """Shared rules or roles grant nobody anything: their includer sets the rest."""
+    fragment = {"version": 1, "roles": {"dev": {"write_roots": ["src"]}}, "sandbox": {"require_landlock": True}}
+    full = {
+        "principals": {"agent": {"roles": ["dev"]}},
+        "roles": {"dev": {"level": 2, "read_roots": ["."]}},
+        "tools": {"run": {"allow_from": 1}},
+        "sandbox": {"network": True},
+        "second_opinion": {"unconfirmed": "allow"},
+    }
+    merged = load_layers(layers(tmp_path, full, fragment)).policy
+    assert (merged.tools[Tool.RUN].allow_from, merged.sandbox.network, merged.sandbox.require_landlock) == (
+        1,
+        True,
+        True,
+    )
+    assert merged.roles["dev"].write_roots == ["src"]
+    for wider, field in [
+        ({"sandbox": {"require_landlock": False}}, "sandbox.require_landlock"),
+        (_role(write_roots=["."]), "roles.dev.write_roots"),
+    ]:
+        with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+            load_layers(layers(tmp_path, _deep(full, wider), fragment))
+
+
+def _deep(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
