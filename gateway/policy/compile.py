@@ -16,14 +16,13 @@ misloaded (pycasbin's `enforce` returns True when disabled), and serialises acce
 from __future__ import annotations
 
 import hashlib
-import os
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import casbin
 
-from gateway.policy.layers import load_layers
+from gateway.policy.layers import load_layers, resolve_roots
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
 
@@ -126,7 +125,7 @@ class CompiledPolicy:
 def load_policy(path: Path, workspace: Path | None = None) -> CompiledPolicy:
     """Read, merge, validate and compile a policy (its inline examples are checked by
     `selftest.check_examples`, which `load_checked` runs)."""
-    layered = load_layers(path)
+    layered = load_layers(path, workspace)
     ws = workspace or layered.workspace or Path.cwd() / "workspace"
     digest = hashlib.sha256()
     for f in layered.files:
@@ -222,4 +221,4 @@ def _resolve_roles(policy: Policy, ws: Path, source: Path) -> dict[str, Resolved
 
 
 def _paths(entries: list[str], ws: Path) -> tuple[Path, ...]:
-    return tuple(Path(os.path.realpath(ws / e)) for e in entries)
+    return resolve_roots(entries, ws)

@@ -1,23 +1,53 @@
 """Policy layering: a policy may `include` others, which are lower layers.
 
-Merge, lowest layer first:
-- `principals`, `roles`, `tools`: an upper layer's entry replaces the lower one of the same key;
-- `workspace`, `home`, `second_opinion`, `sandbox`, `audit`, `tests`: the upper layer's value
-  wins when it sets one;
+A lower layer is the authority over what it grants: its sandbox settings, its roles' roots,
+protected paths, levels and limits, its principals, its tool levels, second-opinion, environment,
+shell and redaction settings are ceilings, which a layer including it may tighten and never
+widen. Where a lower layer that defines principals sets nothing, the default is the ceiling (the
+ci-runner example sets no `sandbox`, so its includers cannot turn the network on); a lower layer
+without principals (a fragment: shared rules or roles) grants nobody anything, and only what it
+writes is a ceiling. Only rules stay open to an upper layer, as before: it may add rules and
+replace rules by id, except the ones marked `final`.
+
+Merge, lowest layer first (includes in the order listed, each over the ones before it, then the
+file itself over all of them):
+- every field, at every depth, by key: an upper layer changes only what it writes.
+  `sandbox: {etc: [x]}` keeps the lower `network` and `require_landlock`; a role written again
+  keeps the lower fields it does not name (`limits` too, limit by limit). A list or a value an
+  upper layer writes replaces the lower one;
 - `rules`: concatenated; an upper rule with the id of a lower one replaces it, unless the lower
-  one is `final`, which is an error (an admin layer can pin rules that a project layer cannot
-  relax). Relative paths (`workspace`, `tests`) are resolved against the file that names them.
+  one is `final`, which is an error;
+- then the merged policy is compared with the lower one, field by field (`_widenings`; the table
+  in docs/policy.md says what "wider" means for each). Anything wider is a load error naming
+  where the upper layer wrote it (file:line:column), the field, and where the ceiling comes
+  from in the lower layers.
+
+Roles and principals that only an upper layer defines are new definitions, bounded by nothing
+but the tool levels (those apply to every role). A principal the lower layers define is compared
+as a whole (all its roles, inherited ones included): an upper layer may give it another role only
+if that adds nothing wider than it had.
+
+Relative paths (`workspace`, `tests`) are resolved against the file that names them; roots are
+compared as the gateway uses them (absolute, symlinks resolved), each layer's against its own
+workspace (or the `--workspace` the gateway runs with), so moving the workspace cannot move a
+role's roots out from under the lower layers' ones.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
-from gateway.policy.loader import PolicyError, parse_policy
-from gateway.policy.schema import Policy, Rule
+from pydantic import ValidationError
+
+from gateway.policy.loader import PolicyError, Positions, parse_policy_at
+from gateway.policy.schema import LIMIT_DEFAULTS, Policy, Rule, RuleDecision, Tool
 
 MAX_INCLUDE_DEPTH = 8
+_OPEN = {RuleDecision.DENY: 0, RuleDecision.ASK: 1, RuleDecision.ALLOW: 2}  # how much a decision lets through
 
 
 @dataclass(frozen=True)
@@ -31,63 +61,315 @@ class Layered:
     tests: Path | None
 
 
-def load_layers(path: Path) -> Layered:
+@dataclass(frozen=True)
+class _Layer:
+    """A file merged over its includes."""
+
+    path: Path
+    data: dict[str, Any]
+    """Every field its files write (rules apart), as plain data: what it overrides when merged."""
+    rules: dict[str, Rule]
+    rule_sources: dict[str, Path]
+    origins: dict[tuple[str, ...], str]
+    """Where each written value is: `file:line:column`, by field path (`("sandbox", "network")`)."""
+    workspace: Path | None
+    tests: Path | None
+    policy: Policy
+    """`data` and `rules` validated, defaults filled in."""
+
+
+def load_layers(path: Path, workspace: Path | None = None) -> Layered:
+    """Read `path` and its includes and merge them. `workspace` is the one the gateway runs with
+    (`--workspace`), if any: roots are compared against it."""
     files: list[Path] = []
-    merged, sources, workspace, tests = _load(path.resolve(), files, ())
-    return Layered(merged, sources, tuple(files), workspace, tests)
+    top = _load(path.resolve(), files, (), workspace)
+    return Layered(top.policy, top.rule_sources, tuple(files), top.workspace, top.tests)
 
 
-def _load(
-    path: Path, files: list[Path], stack: tuple[Path, ...]
-) -> tuple[Policy, dict[str, Path], Path | None, Path | None]:
+def layer_files(path: Path) -> tuple[Path, ...]:
+    """The file and every file it includes, as far as they can be read (reload watches these:
+    a layer that fails to load or merge must still be watched, so that fixing it is noticed)."""
+    out: list[Path] = []
+    todo = [path.resolve()]
+    while todo and len(out) < 100:
+        file = todo.pop(0)
+        if file in out:
+            continue
+        out.append(file)
+        try:
+            includes = parse_policy_at(file)[0].include
+        except PolicyError:
+            continue
+        todo.extend((file.parent / inc).resolve() for inc in includes)
+    return tuple(out)
+
+
+def resolve_roots(entries: Iterable[str], workspace: Path) -> tuple[Path, ...]:
+    """Roots as the gateway uses them: absolute, against the workspace, symlinks resolved."""
+    return tuple(Path(os.path.realpath(workspace / e)) for e in entries)
+
+
+def _load(path: Path, files: list[Path], stack: tuple[Path, ...], workspace: Path | None) -> _Layer:
     if path in stack:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise PolicyError(f"{path}: include cycle: {chain}")
     if len(stack) >= MAX_INCLUDE_DEPTH:
         raise PolicyError(f"{path}: includes nested more than {MAX_INCLUDE_DEPTH} deep")
     files.append(path)
-    top = parse_policy(path)
-    base: Policy | None = None
-    sources: dict[str, Path] = {}
-    workspace = (path.parent / top.workspace).resolve() if top.workspace else None
-    tests = (path.parent / top.tests).resolve() if top.tests else None
+    top, positions = parse_policy_at(path)
+    own = _own(path, top, positions)
+    below: _Layer | None = None
     for inc in top.include:
-        lower, lower_sources, lower_ws, lower_tests = _load((path.parent / inc).resolve(), files, (*stack, path))
-        base = lower if base is None else _merge(base, sources, lower, lower_sources, path)
-        sources.update(lower_sources)
-        workspace = workspace or lower_ws
-        tests = tests or lower_tests
-    own_sources = {r.id: path for r in top.rules}
-    if base is None:
-        return top, own_sources, workspace, tests
-    merged = _merge(base, sources, top, own_sources, path)
-    sources.update(own_sources)
-    return merged, sources, workspace, tests
+        lower = _load((path.parent / inc).resolve(), files, (*stack, path), workspace)
+        below = lower if below is None else _overlay(below, lower, workspace)
+    return own if below is None else _overlay(below, own, workspace)
 
 
-def _merge(
-    lower: Policy, lower_sources: dict[str, Path], upper: Policy, upper_sources: dict[str, Path], at: Path
-) -> Policy:
-    rules: dict[str, Rule] = {r.id: r for r in lower.rules}
-    for rule in upper.rules:
-        old = rules.get(rule.id)
+def _own(path: Path, policy: Policy, positions: Positions) -> _Layer:
+    data = policy.model_dump(mode="json", exclude_unset=True, exclude={"version", "include", "rules"})
+    origins: dict[tuple[str, ...], str] = {}
+
+    def note(node: dict[str, Any], at: tuple[str, ...]) -> None:
+        for key, value in node.items():
+            line, col = positions.get((*at, key), (1, 1))
+            origins[(*at, key)] = f"{path}:{line}:{col}"
+            if isinstance(value, dict):
+                note(value, (*at, key))
+
+    note(data, ())
+    return _Layer(
+        path=path,
+        data=data,
+        rules={r.id: r for r in policy.rules},
+        rule_sources={r.id: path for r in policy.rules},
+        origins=origins,
+        workspace=(path.parent / policy.workspace).resolve() if policy.workspace else None,
+        tests=(path.parent / policy.tests).resolve() if policy.tests else None,
+        policy=policy,
+    )
+
+
+def _deep_merge(lower: dict[str, Any], upper: dict[str, Any]) -> dict[str, Any]:
+    out = dict(lower)
+    for key, value in upper.items():
+        below = out.get(key)
+        out[key] = _deep_merge(below, value) if isinstance(value, dict) and isinstance(below, dict) else value
+    return out
+
+
+def _overlay(lower: _Layer, upper: _Layer, workspace: Path | None) -> _Layer:
+    rules = dict(lower.rules)
+    for rule_id, rule in upper.rules.items():
+        old = rules.get(rule_id)
         if old is not None and old.final:
             raise PolicyError(
-                f"{upper_sources.get(rule.id, at)}: rule {rule.id!r} is final in {lower_sources.get(rule.id, '?')} "
+                f"{upper.rule_sources[rule_id]}: rule {rule_id!r} is final in {lower.rule_sources[rule_id]} "
                 "and cannot be redefined by a later layer"
             )
-        rules[rule.id] = rule
-    fields = upper.model_fields_set
-    return Policy(
-        version=1,
-        workspace=upper.workspace if "workspace" in fields else lower.workspace,
-        home=upper.home if "home" in fields else lower.home,
-        principals={**lower.principals, **upper.principals},
-        roles={**lower.roles, **upper.roles},
-        tools={**lower.tools, **upper.tools},
-        second_opinion=upper.second_opinion if "second_opinion" in fields else lower.second_opinion,
-        sandbox=upper.sandbox if "sandbox" in fields else lower.sandbox,
-        audit=upper.audit if "audit" in fields else lower.audit,
-        rules=list(rules.values()),
-        tests=upper.tests if "tests" in fields else lower.tests,
+        rules[rule_id] = rule
+    data = _deep_merge(lower.data, upper.data)
+    try:
+        policy = Policy.model_validate({"version": 1, **data, "rules": list(rules.values())})
+    except ValidationError as exc:  # each part was valid on its own; say so if the whole is not
+        raise PolicyError(f"{upper.path}: merged over its includes, the policy is invalid: {exc}") from None
+    merged = _Layer(
+        path=upper.path,
+        data=data,
+        rules=rules,
+        rule_sources={**lower.rule_sources, **upper.rule_sources},
+        origins={**lower.origins, **upper.origins},
+        workspace=upper.workspace or lower.workspace,
+        tests=upper.tests or lower.tests,
+        policy=policy,
     )
+    problems = _widenings(_as_ceiling(lower, merged), merged, upper, workspace)
+    if problems:
+        raise PolicyError("\n".join(problems))
+    return merged
+
+
+def _as_ceiling(lower: _Layer, merged: _Layer) -> _Layer:
+    """What the upper layer is held to. A lower layer that defines principals is a policy: what
+    it allows, defaults included, is what its principals get, so all of it is a ceiling. One
+    that defines none is a fragment (shared rules, roles): it grants nobody anything, so only
+    what it writes is a ceiling, and the rest is taken from the merge."""
+    if lower.policy.principals:
+        return lower
+    data = _deep_merge(merged.data, lower.data)
+    policy = Policy.model_validate({"version": 1, **data, "rules": list(lower.rules.values())})
+    return replace(lower, data=data, policy=policy, workspace=lower.workspace or merged.workspace)
+
+
+# --- what "wider" means, field by field ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """What a role or a principal may do, inheritance folded in (as compile.py and the
+    pipeline fold it)."""
+
+    level: int
+    read_roots: tuple[Path, ...]
+    write_roots: tuple[Path, ...]
+    protected: tuple[Path, ...]
+    limits: dict[str, int]
+
+
+def _closure(policy: Policy, roles: Iterable[str]) -> list[str]:
+    """The roles and every role they inherit (unknown names are compile.py's to report)."""
+    seen: list[str] = []
+    todo = list(roles)
+    while todo:
+        name = todo.pop()
+        if name in seen or name not in policy.roles:
+            continue
+        seen.append(name)
+        todo.extend(policy.roles[name].inherits)
+    return seen
+
+
+def _reach(policy: Policy, held: list[str], workspace: Path) -> _Reach:
+    folded = [policy.roles[r] for r in _closure(policy, held)]
+    limits: dict[str, int] = {}
+    for key, default in LIMIT_DEFAULTS.items():  # pipeline.limits: the largest a held role sets
+        values = [v for r in held if r in policy.roles and (v := getattr(policy.roles[r].limits, key)) is not None]
+        limits[key] = max(values) if values else default
+    return _Reach(
+        level=max((r.level for r in folded), default=0),
+        read_roots=resolve_roots({e for r in folded for e in r.read_roots}, workspace),
+        write_roots=resolve_roots({e for r in folded for e in r.write_roots}, workspace),
+        protected=resolve_roots({e for r in folded for e in r.protected}, workspace),
+        limits=limits,
+    )
+
+
+def _within(path: Path, root: Path) -> bool:
+    return path.is_relative_to(root)
+
+
+def _tool_decision(policy: Policy, tool: Tool, level: int) -> RuleDecision:
+    access = policy.tools.get(tool)
+    if access is None:
+        return RuleDecision.DENY
+    if access.allow_from is not None and level >= access.allow_from:
+        return RuleDecision.ALLOW
+    if access.ask_from is not None and level >= access.ask_from:
+        return RuleDecision.ASK
+    return RuleDecision.DENY
+
+
+def _covers(pattern: str, name: str) -> bool:
+    """An `environment.allow` entry covers a name or a narrower prefix pattern."""
+    if pattern.endswith("*"):
+        return name.removesuffix("*").startswith(pattern[:-1])
+    return name == pattern
+
+
+def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | None) -> list[str]:
+    """What `upper` made wider than `lower` allowed, one message per field."""
+    lo, hi = lower.policy, merged.policy
+    out: list[str] = []
+
+    def wider(field: tuple[str, ...], got: str, ceiling: str, label: str | None = None) -> None:
+        out.append(
+            f"{_written(upper, field)}: {label or '.'.join(field)}: {got} is wider than {ceiling}, "
+            f"{_ceiling(lower, field)}; a layer may only tighten the layers it includes (docs/policy.md, Layering)"
+        )
+
+    if hi.sandbox.network and not lo.sandbox.network:
+        wider(("sandbox", "network"), "true (commands reach the network)", "false")
+    if lo.sandbox.require_landlock and not hi.sandbox.require_landlock:
+        wider(("sandbox", "require_landlock"), "false", "true")
+    if extra := [e for e in hi.sandbox.etc if e not in lo.sandbox.etc]:
+        wider(("sandbox", "etc"), f"showing {extra}", f"{lo.sandbox.etc}")
+    if _OPEN[hi.second_opinion.unconfirmed] > _OPEN[lo.second_opinion.unconfirmed]:
+        was, now = lo.second_opinion.unconfirmed, hi.second_opinion.unconfirmed
+        wider(("second_opinion", "unconfirmed"), repr(now.value), repr(was.value))
+    if extra := [s for s in hi.shells if s not in lo.shells]:
+        wider(("shells",), f"{extra}", f"{lo.shells}")
+    if extra := [n for n in hi.environment.allow if not any(_covers(p, n) for p in lo.environment.allow)]:
+        wider(("environment", "allow"), f"{extra}", f"{lo.environment.allow}")
+    if dropped := [p for p in lo.audit.redact if p not in hi.audit.redact]:
+        wider(("audit", "redact"), f"dropping {dropped}", f"{lo.audit.redact}")
+    for tool in Tool:
+        for level in range(101):
+            was, now = _tool_decision(lo, tool, level), _tool_decision(hi, tool, level)
+            if _OPEN[now] > _OPEN[was]:
+                wider(("tools", tool.value), f"{now.value} at level {level}", f"{was.value}")
+                break
+
+    lo_ws = _workspace(lower, workspace)
+    hi_ws = _workspace(merged, workspace)
+    # roots resolve against the workspace: say so when this layer moved it
+    moved = "" if lo_ws == hi_ws else f" (roots resolve against the workspace, which this layer makes {hi_ws})"
+    before = len(out)
+    for name, role in lo.roles.items():
+        inherits = hi.roles[name].inherits
+        note = moved + (f" (it now inherits {inherits})" if inherits != role.inherits else "")
+        _reach_widenings(("roles", name), _reach(lo, [name], lo_ws), _reach(hi, [name], hi_ws), wider, note=note)
+    if len(out) == before:  # a principal widened by a role already reported would say it twice
+        for name, principal in lo.principals.items():
+            held = hi.principals[name].roles
+            _reach_widenings(
+                ("principals", name),
+                _reach(lo, principal.roles, lo_ws),
+                _reach(hi, held, hi_ws),
+                wider,
+                f"principals.{name} (roles {held}, inherited ones included)",
+                moved,
+            )
+    return out
+
+
+Wider = Callable[[tuple[str, ...], str, str, str | None], None]
+
+
+def _reach_widenings(
+    field: tuple[str, ...], was: _Reach, now: _Reach, wider: Wider, label: str | None = None, note: str = ""
+) -> None:
+    def say(sub: tuple[str, ...], got: str, ceiling: str) -> None:
+        where = field if label else (*field, *sub)
+        wider(where, got, ceiling, f"{label}: {'.'.join(sub)}{note}" if label else f"{'.'.join(where)}{note}")
+
+    if now.level > was.level:
+        say(("level",), str(now.level), str(was.level))
+    readable = (*was.read_roots, *was.write_roots)
+    for root in now.write_roots:
+        if not any(_within(root, r) for r in was.write_roots):
+            say(("write_roots",), f"writing {root}", f"the write roots {[str(r) for r in was.write_roots]}")
+    for root in now.read_roots:
+        if not any(_within(root, r) for r in readable):
+            say(("read_roots",), f"reading {root}", f"the read and write roots {[str(r) for r in readable]}")
+    for p in was.protected:
+        for root in now.write_roots:
+            if not (_within(root, p) or _within(p, root)):
+                continue
+            deeper = root if _within(root, p) else p
+            if not any(_within(deeper, q) for q in now.protected):
+                say(("protected",), f"leaving {deeper} writable", f"protecting {p}")
+    for key, value in now.limits.items():
+        if value > was.limits[key]:
+            say(("limits", key), str(value), str(was.limits[key]))
+
+
+def _workspace(layer: _Layer, override: Path | None) -> Path:
+    # as compile.load_policy picks it
+    return Path(override or layer.workspace or Path.cwd() / "workspace").expanduser().resolve()
+
+
+def _written(upper: _Layer, field: tuple[str, ...]) -> str:
+    """Where the upper layer wrote a field (or the closest thing it wrote that holds it)."""
+    for n in range(len(field), 0, -1):
+        if field[:n] in upper.origins:
+            return upper.origins[field[:n]]
+    return str(upper.path)
+
+
+def _ceiling(lower: _Layer, field: tuple[str, ...]) -> str:
+    """Where the ceiling comes from in the lower layers."""
+    if field in lower.origins:
+        return f"set at {lower.origins[field]}"
+    for n in range(len(field) - 1, 0, -1):
+        if field[:n] in lower.origins:
+            return f"the default under {'.'.join(field[:n])} at {lower.origins[field[:n]]}"
+    return f"the default in {lower.path}, which does not set it"

@@ -121,11 +121,19 @@ def read_yaml(path: Path) -> tuple[Any, dict[tuple[Any, ...], tuple[int, int]]]:
     return data, positions
 
 
+Positions = dict[tuple[Any, ...], tuple[int, int]]
+
+
 def parse_policy(path: Path) -> Policy:
-    """One policy file, validated (its includes are not followed: see layers.load)."""
+    """One policy file, validated (its includes are not followed: see layers.load_layers)."""
+    return parse_policy_at(path)[0]
+
+
+def parse_policy_at(path: Path) -> tuple[Policy, Positions]:
+    """One policy file, validated, and the (line, column) of every value in it."""
     data, positions = read_yaml(path)
     try:
-        return Policy.model_validate(data)
+        return Policy.model_validate(data), positions
     except ValidationError as exc:
         lines = []
         for err in exc.errors():

@@ -51,12 +51,9 @@ class PolicyHolder:
         self.on_event("policy_loaded", {"path": str(path), "sha256": self._policy.sha256})
 
     def _files(self) -> tuple[Path, ...]:
-        from gateway.policy.layers import load_layers
+        from gateway.policy.layers import layer_files
 
-        try:
-            return load_layers(self.path).files
-        except PolicyError:
-            return (self.path.resolve(),)
+        return layer_files(self.path)
 
     def current(self) -> CompiledPolicy:
         now = time.monotonic()

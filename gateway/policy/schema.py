@@ -69,6 +69,25 @@ class Limits(_Model):
     """Size of each private tmpfs: /tmp, /dev/shm and HOME (default 256 MiB each)."""
 
 
+LIMIT_DEFAULTS: dict[str, int] = {
+    "timeout_ms": 120_000,
+    "output_bytes": 1 << 20,
+    "sessions": 8,
+    "session_idle_seconds": 1800,
+    "processes": 8,
+    "cpu_seconds": 600,
+    "file_bytes": 10 << 20,
+    "open_files": 1024,
+    "memory_bytes": 2 << 30,
+    "pids": 512,
+    "tmpfs_bytes": 256 << 20,
+}
+"""What an unset limit allows, for policy layering (an upper layer may not set a limit above
+what a lower layer allows). Where the gateway's uses of one limit differ, the smallest:
+`file_bytes` is 1 GiB for a sandbox's RLIMIT_FSIZE but 10 MiB for the files tool.
+tests/policy/test_layers.py checks these against the constants the gateway uses."""
+
+
 class Role(_Model):
     """A set of permissions. Principals hold roles; roles inherit from roles."""
 
@@ -268,7 +287,9 @@ class Policy(_Model):
     version: Literal[1]
     include: list[str] = []
     """Lower layers, loaded first (paths relative to this file). This file's entries override
-    theirs by key, except rules marked `final`."""
+    theirs by key, but may only tighten what they grant (sandbox, roots, protected paths, levels,
+    limits, tool levels...: docs/policy.md, Layering); rules may be added or replaced, except
+    the ones marked `final`."""
     workspace: str | None = None
     """The jail root that relative roots resolve against (`--workspace` overrides it). Relative
     to this file."""

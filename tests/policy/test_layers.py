@@ -1,0 +1,536 @@
+"""Policy layers: every field merges, and a lower layer's settings are ceilings an upper layer
+may tighten but never widen (docs/policy.md, Layering)."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+import typing
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.executors.files import FileLimits
+from gateway.pipeline import (
+    DEFAULT_CPU_SECONDS,
+    DEFAULT_MEMORY_BYTES,
+    DEFAULT_OPEN_FILES,
+    DEFAULT_PIDS,
+    DEFAULT_PROCESSES,
+    DEFAULT_SESSION_IDLE_S,
+    DEFAULT_SESSIONS,
+    DEFAULT_TMPFS_BYTES,
+    Gateway,
+)
+from gateway.policy.compile import load_policy
+from gateway.policy.layers import Layered, load_layers
+from gateway.policy.loader import PolicyError
+from gateway.policy.reload import PolicyHolder
+from gateway.policy.schema import LIMIT_DEFAULTS, Limits, Policy, Tool
+from gateway.sandbox.identity import hand_over
+
+CI_RUNNER = Path(__file__).resolve().parents[2] / "policies" / "examples" / "ci-runner.yaml"
+
+LIMITS = {
+    "timeout_ms": 60_000,
+    "output_bytes": 65_536,
+    "sessions": 2,
+    "session_idle_seconds": 600,
+    "processes": 2,
+    "cpu_seconds": 60,
+    "file_bytes": 1 << 20,
+    "open_files": 256,
+    "memory_bytes": 256 << 20,
+    "pids": 64,
+    "tmpfs_bytes": 64 << 20,
+}
+
+# The lower layer every case below is laid over: it sets every field.
+BASE: dict[str, Any] = {
+    "version": 1,
+    "workspace": "ws",
+    "home": ".",
+    "principals": {"agent": {"roles": ["dev"]}},
+    "roles": {
+        "dev": {
+            "level": 2,
+            "read_roots": ["."],
+            "write_roots": ["src"],
+            "protected": ["src/.hooks"],
+            "limits": LIMITS,
+        },
+        "helper": {"level": 1, "read_roots": ["docs"]},
+    },
+    "tools": {"run": {"allow_from": 1, "ask_from": 0}, "session": {"ask_from": 2}},
+    "second_opinion": {"unconfirmed": "ask"},
+    "sandbox": {"network": False, "require_landlock": True, "etc": ["java-17-openjdk", "ca-certificates"]},
+    "audit": {"redact": ["^INTERNAL_"]},
+    "environment": {"allow": ["CI", "APP_*"]},
+    "shells": ["bash"],
+    "rules": [
+        {
+            "id": "ls",
+            "decision": "allow",
+            "justification": "listing",
+            "programs": ["ls"],
+            "examples": {"match": ["ls"]},
+        }
+    ],
+    "tests": "base.tests.jsonl",
+}
+
+Get = Callable[[Layered], object]
+
+
+def _role(**fields: object) -> dict[str, Any]:
+    return {"roles": {"dev": fields}}
+
+
+def _limit(key: str, value: int) -> dict[str, Any]:
+    return _role(limits={key: value})
+
+
+# (schema field, upper layer's fields that tighten, what the merge must then hold, upper layer's
+# fields that widen and what the error says, or None where the field is no ceiling). Every field of the schema is here:
+# test_every_schema_field_has_a_case fails when one is added without a decision.
+CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] | None]] = [
+    # --- layering itself and values that grant nothing ----------------------------------
+    ("version", {"version": 1}, lambda m: m.policy.version, 1, None),
+    ("include", {}, lambda m: [f.name for f in m.files], ["top.yaml", "base.yaml"], None),
+    (
+        "workspace",
+        {"workspace": "ws/src", "roles": {"helper": {"read_roots": ["../docs"]}}},  # roots move along
+        lambda m: m.workspace and m.workspace.name,
+        "src",
+        ({"workspace": "."}, "roles.dev.read_roots (roots resolve against the workspace, which this layer makes"),
+    ),
+    ("home", {"home": "src"}, lambda m: m.policy.home, "src", None),
+    ("tests", {"tests": "top.tests.jsonl"}, lambda m: m.tests and m.tests.name, "top.tests.jsonl", None),
+    ("rules", {"rules": []}, lambda m: [r.id for r in m.policy.rules], ["ls"], None),
+    # --- principals: an existing one may not gain anything through a new or changed role ---
+    (
+        "principals.*.roles",
+        {"principals": {"agent": {"roles": ["helper"]}}, "roles": {"helper": {"limits": LIMITS}}},
+        lambda m: m.policy.principals["agent"].roles,
+        ["helper"],
+        (
+            {"principals": {"agent": {"roles": ["dev", "admin"]}}, "roles": {"admin": {"write_roots": ["."]}}},
+            "principals.agent (roles ['dev', 'admin'], inherited ones included): write_roots: writing",
+        ),
+    ),
+    # --- roles ---------------------------------------------------------------------------
+    (
+        "roles.*.inherits",
+        _role(inherits=["helper"]),
+        lambda m: m.policy.roles["dev"].inherits,
+        ["helper"],
+        (
+            {"roles": {"helper": {"inherits": ["dev"]}}},
+            "roles.helper.level (it now inherits ['dev']): 2 is wider than 1",
+        ),
+    ),
+    (
+        "roles.*.level",
+        _role(level=1),
+        lambda m: m.policy.roles["dev"].level,
+        1,
+        (_role(level=3), "roles.dev.level: 3 is wider than 2"),
+    ),
+    (
+        "roles.*.read_roots",
+        _role(read_roots=["src"]),
+        lambda m: m.policy.roles["dev"].read_roots,
+        ["src"],
+        (_role(read_roots=[".."]), "roles.dev.read_roots: reading"),
+    ),
+    (
+        "roles.*.write_roots",
+        _role(write_roots=["src/pkg"]),
+        lambda m: m.policy.roles["dev"].write_roots,
+        ["src/pkg"],
+        (_role(write_roots=["."]), "roles.dev.write_roots: writing"),
+    ),
+    (
+        "roles.*.protected",
+        _role(protected=["src/.hooks", "src/gen"]),
+        lambda m: m.policy.roles["dev"].protected,
+        ["src/.hooks", "src/gen"],
+        (_role(protected=[]), "roles.dev.protected: leaving"),
+    ),
+    *[
+        (
+            f"roles.*.limits.{key}",
+            _limit(key, value - 1),
+            (lambda k: lambda m: getattr(m.policy.roles["dev"].limits, k))(key),
+            value - 1,
+            (_limit(key, value + 1), f"roles.dev.limits.{key}: {value + 1} is wider than {value}"),
+        )
+        for key, value in LIMITS.items()
+    ],
+    # --- tool levels -------------------------------------------------------------------------
+    (
+        "tools.*.allow_from",
+        {"tools": {"run": {"allow_from": 2}}},
+        lambda m: (m.policy.tools[Tool.RUN].allow_from, m.policy.tools[Tool.RUN].ask_from),
+        (2, 0),
+        ({"tools": {"run": {"allow_from": 0}}}, "tools.run: allow at level 0 is wider than ask"),
+    ),
+    (
+        "tools.*.ask_from",
+        {"tools": {"session": {"ask_from": 3}}},
+        lambda m: m.policy.tools[Tool.SESSION].ask_from,
+        3,
+        ({"tools": {"session": {"ask_from": 1}}}, "tools.session: ask at level 1 is wider than deny"),
+    ),
+    # --- the rest ------------------------------------------------------------------------------
+    (
+        "second_opinion.unconfirmed",
+        {"second_opinion": {"unconfirmed": "deny"}},
+        lambda m: m.policy.second_opinion.unconfirmed.value,
+        "deny",
+        ({"second_opinion": {"unconfirmed": "allow"}}, "second_opinion.unconfirmed: 'allow' is wider than 'ask'"),
+    ),
+    (
+        "sandbox.network",
+        {"sandbox": {"network": False}},
+        lambda m: m.policy.sandbox.network,
+        False,
+        ({"sandbox": {"network": True}}, "sandbox.network: true"),
+    ),
+    (
+        "sandbox.require_landlock",
+        {"sandbox": {"require_landlock": True}},
+        lambda m: m.policy.sandbox.require_landlock,
+        True,
+        ({"sandbox": {"require_landlock": False}}, "sandbox.require_landlock: false is wider than true"),
+    ),
+    (
+        "sandbox.etc",
+        {"sandbox": {"etc": ["java-17-openjdk"]}},
+        lambda m: (m.policy.sandbox.etc, m.policy.sandbox.require_landlock),
+        (["java-17-openjdk"], True),  # what the upper layer does not write stays
+        ({"sandbox": {"etc": ["java-17-openjdk", "fonts"]}}, "sandbox.etc: showing ['fonts']"),
+    ),
+    (
+        "audit.redact",
+        {"audit": {"redact": ["^INTERNAL_", "^MINE_"]}},
+        lambda m: m.policy.audit.redact,
+        ["^INTERNAL_", "^MINE_"],
+        ({"audit": {"redact": ["^MINE_"]}}, "audit.redact: dropping ['^INTERNAL_']"),
+    ),
+    (
+        "environment.allow",
+        {"environment": {"allow": ["CI", "APP_DEBUG", "APP_X*"]}},
+        lambda m: m.policy.environment.allow,
+        ["CI", "APP_DEBUG", "APP_X*"],
+        ({"environment": {"allow": ["CI", "APP_*", "PAGER"]}}, "environment.allow: ['PAGER'] is wider"),
+    ),
+    ("shells", {"shells": []}, lambda m: m.policy.shells, [], ({"shells": ["bash", "sh"]}, "shells: ['sh'] is wider")),
+]
+
+IDS = [c[0] for c in CASES]
+
+
+def layers(tmp_path: Path, upper: dict[str, Any], base: dict[str, Any] | None = None) -> Path:
+    (tmp_path / "ws" / "src").mkdir(parents=True, exist_ok=True)
+    (tmp_path / "base.yaml").write_text(json.dumps(BASE if base is None else base))  # JSON is YAML
+    top = tmp_path / "top.yaml"
+    top.write_text(json.dumps({"version": 1, "include": ["base.yaml"], **upper}))
+    return top
+
+
+def _fields(model: type[BaseModel], prefix: str) -> Iterator[str]:
+    for name, info in model.model_fields.items():
+        yield from _field(info.annotation, f"{prefix}{name}")
+
+
+def _field(annotation: Any, path: str) -> Iterator[str]:
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        yield from _fields(annotation, path + ".")
+    elif origin is dict and isinstance(args[1], type) and issubclass(args[1], BaseModel):
+        yield from _fields(args[1], path + ".*.")
+    else:  # a value or a list (rules are a list: their layering is by id, tested in test_loader.py)
+        yield path
+
+
+def test_every_schema_field_has_a_case() -> None:
+    """A field added to the schema must be given a layering decision here (and in the docs)."""
+    assert sorted(_fields(Policy, "")) == sorted(set(IDS))
+
+
+@pytest.mark.parametrize(("field", "tighter", "get", "expected", "wider"), CASES, ids=IDS)
+def test_a_tighter_upper_layer_is_merged(
+    tmp_path: Path, field: str, tighter: dict[str, Any], get: Get, expected: object, wider: object
+) -> None:
+    assert get(load_layers(layers(tmp_path, tighter))) == expected
+
+
+WIDER = [c for c in CASES if c[4] is not None]
+
+
+@pytest.mark.parametrize(("field", "tighter", "get", "expected", "wider"), WIDER, ids=[c[0] for c in WIDER])
+def test_a_wider_upper_layer_is_refused(
+    tmp_path: Path, field: str, tighter: object, get: Get, expected: object, wider: tuple[dict[str, Any], str]
+) -> None:
+    top = layers(tmp_path, wider[0])
+    with pytest.raises(PolicyError) as exc:
+        load_layers(top)
+    message = str(exc.value)
+    assert message.startswith(str(top))  # the upper file (JSON: one line, so no line to check)
+    assert wider[1] in message, message  # the field, what it got and its ceiling
+    assert str(tmp_path / "base.yaml") in message  # where the ceiling comes from
+    assert "docs/policy.md" in message
+
+
+# --- the attack from the issue, and the shape of the error an admin reads ---------------------
+
+
+def test_an_upper_layer_cannot_turn_on_the_network_the_ci_runner_leaves_off(tmp_path: Path) -> None:
+    top = tmp_path / "top.yaml"
+    top.write_text(f"version: 1\ninclude: [{json.dumps(str(CI_RUNNER))}]\nsandbox:\n  network: true\n")
+    with pytest.raises(PolicyError) as exc:
+        load_policy(top, tmp_path)
+    assert str(exc.value) == (
+        f"{top}:4:12: sandbox.network: true (commands reach the network) is wider than false, the default in "
+        f"{CI_RUNNER}, which does not set it; a layer may only tighten the layers it includes "
+        "(docs/policy.md, Layering)"
+    )
+
+
+def test_the_error_points_at_the_ceiling_a_lower_file_set(tmp_path: Path) -> None:
+    (tmp_path / "base.yaml").write_text("version: 1\nroles:\n  dev:\n    write_roots: [src]\n")
+    top = tmp_path / "top.yaml"
+    top.write_text("version: 1\ninclude: [base.yaml]\nroles:\n  dev:\n    write_roots: [src, /etc]\n")
+    with pytest.raises(PolicyError) as exc:
+        load_policy(top, tmp_path)
+    message = str(exc.value)
+    assert message.startswith(f"{top}:5:18: roles.dev.write_roots: writing /etc is wider than the write roots")
+    assert f"set at {tmp_path / 'base.yaml'}:4:18" in message
+
+
+def test_a_layer_that_sets_nothing_still_has_ceilings(tmp_path: Path) -> None:
+    """Defaults are ceilings: unset limits are the gateway's defaults, unlisted tools are denied."""
+    base = {"version": 1, "principals": {"a": {"roles": ["r"]}}, "roles": {"r": {"level": 1, "read_roots": ["."]}}}
+    for upper, field in [
+        (_role_r(limits={"timeout_ms": LIMIT_DEFAULTS["timeout_ms"] + 1}), "roles.r.limits.timeout_ms"),
+        ({"tools": {"files": {"allow_from": 100}}}, "tools.files: allow at level 100"),
+        ({"second_opinion": {"unconfirmed": "allow"}}, "second_opinion.unconfirmed"),
+        ({"shells": ["bash", "sh"]}, "shells"),
+        ({"environment": {"allow": ["CI"]}}, "environment.allow"),
+    ]:
+        with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+            load_layers(layers(tmp_path, upper, base))
+    assert load_layers(layers(tmp_path, _role_r(limits={"timeout_ms": 1000}), base)).policy.roles["r"].limits == Limits(
+        timeout_ms=1000
+    )
+
+
+def _role_r(**fields: object) -> dict[str, Any]:
+    return {"roles": {"r": fields}}
+
+
+def test_new_principals_and_roles_are_new_definitions(tmp_path: Path) -> None:
+    upper = {
+        "principals": {"bot": {"roles": ["bot", "dev"]}},
+        "roles": {"bot": {"level": 2, "read_roots": ["/"], "write_roots": ["."], "limits": {"timeout_ms": 1 << 30}}},
+    }
+    merged = load_layers(layers(tmp_path, upper))
+    assert merged.policy.principals["bot"].roles == ["bot", "dev"]
+    assert merged.policy.roles["dev"] == load_layers(layers(tmp_path, {})).policy.roles["dev"]
+
+
+def test_an_existing_principal_may_take_a_new_role_that_adds_nothing_wider(tmp_path: Path) -> None:
+    upper = {
+        "principals": {"agent": {"roles": ["dev", "docs"]}},
+        "roles": {"docs": {"level": 1, "read_roots": ["docs"]}},
+    }
+    assert load_layers(layers(tmp_path, upper)).policy.principals["agent"].roles == ["dev", "docs"]
+    upper["roles"] = {"docs": {"level": 1, "read_roots": ["docs"], "limits": {"pids": LIMITS["pids"] + 1}}}
+    with pytest.raises(PolicyError, match=r"principals\.agent \(roles \['dev', 'docs'\].*limits\.pids: 65"):
+        load_layers(layers(tmp_path, upper))
+
+
+def test_a_role_named_again_keeps_what_the_upper_layer_does_not_write(tmp_path: Path) -> None:
+    merged = load_layers(layers(tmp_path, _role(level=1, limits={"pids": 8}))).policy.roles["dev"]
+    assert (merged.level, merged.write_roots, merged.protected) == (1, ["src"], ["src/.hooks"])
+    assert merged.limits == Limits(**{**LIMITS, "pids": 8})
+
+
+def test_an_unprotected_path_outside_every_write_root_is_no_widening(tmp_path: Path) -> None:
+    merged = load_layers(layers(tmp_path, _role(write_roots=["src/pkg"], protected=[]))).policy.roles["dev"]
+    assert merged.protected == []
+    with pytest.raises(PolicyError, match=r"protected: leaving .*src/\.hooks/x writable is wider than protecting"):
+        load_layers(layers(tmp_path, _role(write_roots=["src/.hooks/x"], protected=[])))
+
+
+def test_moving_the_workspace_cannot_move_the_roots_out(tmp_path: Path) -> None:
+    (tmp_path / "elsewhere").mkdir()
+    with pytest.raises(
+        PolicyError,
+        match=r"roles\.dev\.read_roots \(roots resolve .* makes .*elsewhere\): reading .*elsewhere is wider",
+    ):
+        load_layers(layers(tmp_path, {"workspace": "elsewhere"}))
+    # the --workspace the gateway runs with applies to every layer alike
+    assert load_layers(layers(tmp_path, {}), tmp_path / "elsewhere").policy.workspace == "ws"
+
+
+def test_a_symlinked_root_is_compared_where_it_leads(tmp_path: Path) -> None:
+    (tmp_path / "ws" / "src").mkdir(parents=True)
+    (tmp_path / "ws" / "src" / "out").symlink_to("/etc")
+    with pytest.raises(PolicyError, match="writing /etc is wider"):
+        load_layers(layers(tmp_path, _role(write_roots=["src/out"])))
+
+
+def test_sibling_includes_are_layered_in_order(tmp_path: Path) -> None:
+    layers(tmp_path, {})
+    (tmp_path / "open.yaml").write_text("version: 1\nsandbox: {network: true}\n")
+    (tmp_path / "closed.yaml").write_text("version: 1\nsandbox: {network: false}\n")
+    (tmp_path / "top.yaml").write_text("version: 1\ninclude: [open.yaml, closed.yaml]\n")
+    assert load_layers(tmp_path / "top.yaml").policy.sandbox.network is False
+    (tmp_path / "top.yaml").write_text("version: 1\ninclude: [closed.yaml, open.yaml]\n")
+    with pytest.raises(PolicyError, match=f"{tmp_path / 'open.yaml'}:2:20: sandbox.network"):
+        load_layers(tmp_path / "top.yaml")
+
+
+def test_limit_defaults_are_the_gateways(tmp_path: Path) -> None:
+    assert set(LIMIT_DEFAULTS) == set(Limits.model_fields)
+    gateway_defaults = {
+        "timeout_ms": 120_000,  # tools/run.py
+        "output_bytes": FileLimits.read_bytes,
+        "sessions": DEFAULT_SESSIONS,
+        "session_idle_seconds": DEFAULT_SESSION_IDLE_S,
+        "processes": DEFAULT_PROCESSES,
+        "cpu_seconds": DEFAULT_CPU_SECONDS,
+        "file_bytes": FileLimits.write_bytes,  # smaller than the sandbox's 1 GiB
+        "open_files": DEFAULT_OPEN_FILES,
+        "memory_bytes": DEFAULT_MEMORY_BYTES,
+        "pids": DEFAULT_PIDS,
+        "tmpfs_bytes": DEFAULT_TMPFS_BYTES,
+    }
+    assert gateway_defaults == LIMIT_DEFAULTS
+
+
+@pytest.mark.parametrize("path", sorted(Path("policies").glob("**/*.yaml")), ids=str)
+def test_shipped_policies_load_unchanged(path: Path, tmp_path: Path) -> None:
+    assert load_policy(path, tmp_path).policy.rules
+
+
+# --- through the real holder, gateway and sandbox ----------------------------------------------
+
+
+def _bump(path: Path, text: str, n: int) -> None:
+    path.write_text(text)
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + n * 1_000_000_000))
+
+
+def test_a_reload_cannot_give_sandboxed_code_the_network(tmp_path: Path) -> None:
+    """An upper layer over the ci-runner example, changed while the gateway runs, tries to reach
+    a port on the host's loopback (as the gateway's own HTTP port would be): the widening reload is
+    refused, recorded, and the sandbox stays without a network."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    reached: list[bytes] = []
+
+    def accept() -> None:
+        listener.settimeout(60)
+        try:
+            conn, _ = listener.accept()
+        except OSError:
+            return
+        reached.append(b"x")
+        conn.close()
+
+    threading.Thread(target=accept, daemon=True).start()
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    probe = (
+        f"import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), 5)\n    print('reached')\n"
+        "except OSError as e:\n    print('refused', e)\n"
+    )
+    (ws / "probe.py").write_text(probe)
+    (ws / "Makefile").write_text("probe:\n\t@/usr/bin/python3 probe.py\n")
+    hand_over(ws)
+    top = tmp_path / "policy" / "top.yaml"
+    top.parent.mkdir()
+    head = f"version: 1\ninclude: [{json.dumps(str(CI_RUNNER))}]\n"
+    _bump(top, head, 0)
+    events: list[tuple[str, dict[str, Any]]] = []
+    holder = PolicyHolder(top, ws, on_event=lambda k, d: events.append((k, d)), interval=0)
+    gw = Gateway(holder.current, AuditLog(tmp_path / "audit"))
+    try:
+        before = gw.handle(RunCall(principal="ci", command="make -s"))
+        assert before["status"] == "ok" and str(before["stdout"]).startswith("refused"), before
+        kept = holder.current().sha256
+
+        _bump(top, head + "sandbox: {network: true}\n", 1)
+        after = gw.handle(RunCall(principal="ci", command="make -s"))
+        assert after["status"] == "ok" and str(after["stdout"]).startswith("refused"), after
+        assert not reached
+        assert holder.current().sha256 == kept
+        assert holder.last_error is not None and "sandbox.network" in holder.last_error
+        assert [k for k, _ in events][-1] == "policy_rejected" and events[-1][1]["kept"] == kept
+    finally:
+        gw.close()
+        listener.close()
+
+
+def test_a_widening_layer_stops_the_gateway_from_starting(tmp_path: Path) -> None:
+    top = tmp_path / "top.yaml"
+    top.write_text(f"version: 1\ninclude: [{json.dumps(str(CI_RUNNER))}]\nsandbox: {{network: true}}\n")
+    with pytest.raises(PolicyError, match=r"sandbox\.network"):
+        PolicyHolder(top, tmp_path)
+
+
+def test_while_a_layer_is_refused_its_includes_are_still_watched(tmp_path: Path) -> None:
+    base, top = tmp_path / "base.yaml", tmp_path / "top.yaml"
+    _bump(base, "version: 1\nsandbox: {network: false}\n", 0)
+    _bump(top, "version: 1\ninclude: [base.yaml]\n", 0)
+    events: list[str] = []
+    holder = PolicyHolder(top, tmp_path, on_event=lambda k, d: events.append(k), interval=0)
+    _bump(top, "version: 1\ninclude: [base.yaml]\nsandbox: {network: true}\n", 1)
+    assert holder.current().policy.sandbox.network is False
+    assert holder.current().policy.sandbox.network is False  # refused once, not again and again
+    _bump(base, "version: 1\nsandbox: {network: true}\n", 1)  # the admin raises the ceiling
+    assert holder.current().policy.sandbox.network is True
+    assert events == ["policy_loaded", "policy_rejected", "policy_loaded"]
+
+
+def test_a_fragment_without_principals_bounds_only_what_it_writes(tmp_path: Path) -> None:
+    """Shared rules or roles grant nobody anything: their includer sets the rest."""
+    fragment = {"version": 1, "roles": {"dev": {"write_roots": ["src"]}}, "sandbox": {"require_landlock": True}}
+    full = {
+        "principals": {"agent": {"roles": ["dev"]}},
+        "roles": {"dev": {"level": 2, "read_roots": ["."]}},
+        "tools": {"run": {"allow_from": 1}},
+        "sandbox": {"network": True},
+        "second_opinion": {"unconfirmed": "allow"},
+    }
+    merged = load_layers(layers(tmp_path, full, fragment)).policy
+    assert (merged.tools[Tool.RUN].allow_from, merged.sandbox.network, merged.sandbox.require_landlock) == (
+        1,
+        True,
+        True,
+    )
+    assert merged.roles["dev"].write_roots == ["src"]
+    for wider, field in [
+        ({"sandbox": {"require_landlock": False}}, "sandbox.require_landlock"),
+        (_role(write_roots=["."]), "roles.dev.write_roots"),
+    ]:
+        with pytest.raises(PolicyError, match=field.replace(".", r"\.")):
+            load_layers(layers(tmp_path, _deep(full, wider), fragment))
+
+
+def _deep(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
