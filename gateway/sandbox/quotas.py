@@ -568,7 +568,17 @@ def _apply(version: int, where: str, served: tuple[str, ...], quotas: Quotas) ->
         put("pids.max", quotas.pids)
 
 
-_OWNED = re.compile(r"s-(\d+)-(\d+)-[0-9a-f]+")
+_OWNED = re.compile(r"s-(\d+)-(\d+)-(\d+)-[0-9a-f]+")
+"""s-<pid namespace>-<pid>-<start ticks>-<random>: a pid and its start time name a process only
+in the pid namespace that made them (a gateway in a container sees other numbers)."""
+
+
+def _pid_namespace() -> int:
+    """The inode of our pid namespace (0 when it cannot be read: then no group is judged)."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
 
 
 def _start_ticks(pid: int) -> int | None:
@@ -585,7 +595,20 @@ def owned_name(token: str) -> str:
     pid and start time, so a later gateway can tell the group of a gateway that is gone
     (`kill_abandoned`) from one of a gateway still running on this host."""
     pid = os.getpid()
-    return f"s-{pid}-{_start_ticks(pid) or 0}-{token}"
+    return f"s-{_pid_namespace()}-{pid}-{_start_ticks(pid) or 0}-{token}"
+
+
+def _owner_state(name: str) -> str:
+    """For a group named by `owned_name`: "gone" (its gateway process no longer runs), "live",
+    or "foreign" (made in another pid namespace: its owner cannot be judged from here, so it is
+    left alone). "other": not such a group."""
+    m = _OWNED.fullmatch(name)
+    if m is None:
+        return "other"  # (an older gateway's s-<pid>-<ticks>-<random> too: swept when empty and old)
+    ns = _pid_namespace()
+    if ns == 0 or int(m.group(1)) != ns:
+        return "foreign"
+    return "live" if _start_ticks(int(m.group(2))) == int(m.group(3)) else "gone"
 
 
 def kill_abandoned() -> int:
@@ -603,12 +626,8 @@ def kill_abandoned() -> int:
         except OSError:
             continue
         for entry in entries:
-            m = _OWNED.fullmatch(entry.name)
-            if m is None or not entry.is_dir(follow_symlinks=False):
-                continue
-            pid, ticks = int(m.group(1)), int(m.group(2))
-            if _start_ticks(pid) == ticks:
-                continue  # its gateway still runs
+            if _owner_state(entry.name) != "gone" or not entry.is_dir(follow_symlinks=False):
+                continue  # its gateway still runs, or it is not ours to judge
             names.setdefault(entry.name, []).append((entry.path, served))
     for name, groups in names.items():
         group = Cgroup(name, layout.version, tuple(groups))
@@ -636,6 +655,8 @@ def sweep(min_age: float = SWEEP_MIN_AGE) -> int:
             try:
                 if not entry.is_dir(follow_symlinks=False):
                     continue
+                if _owner_state(entry.name) in ("live", "foreign"):
+                    continue  # a running gateway's (maybe a spare made in advance): its own to remove
                 if now - entry.stat(follow_symlinks=False).st_mtime < min_age:
                     continue
                 os.rmdir(entry.path)

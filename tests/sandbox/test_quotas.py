@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,7 @@ from gateway.sandbox import quotas
 from gateway.sandbox.quotas import Cgroup, CgroupSupport, Quotas
 
 MiB = 1 << 20
+REPO = str(Path(__file__).resolve().parents[2])
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="creating cgroups needs root on this host")
 
 
@@ -383,3 +385,55 @@ def test_descendants_follow_the_parent_chain() -> None:
         child.wait()
         stranger.kill()
         stranger.wait()
+
+
+# --- groups that die with their gateway -----------------------------------------------------------
+def owned_group(name: str | None = None) -> Cgroup:
+    group = Cgroup.create(name or quotas.owned_name(secrets.token_hex(6)), q())
+    assert group is not None
+    return group
+
+
+@root_only
+def test_a_gateway_in_another_pid_namespace_leaves_a_live_gateways_groups_alone(support: CgroupSupport) -> None:
+    """Attack: a gateway started in a container (own pid namespace, same cgroup tree) judged the
+    groups of a gateway running on the host "abandoned" (their pid and start time mean nothing
+    there) and killed its sandboxes; empty spare groups made in advance were swept from under it."""
+    busy, spare = owned_group(), owned_group()
+    child = start_in(busy, "exec sleep 300")
+    try:
+        wait_for(lambda: child.pid in members(busy))
+        long_ago = time.time() - 3600
+        for d in dirs(spare):
+            os.utime(d, (long_ago, long_ago))
+        code = "from gateway.sandbox import quotas; print(quotas.kill_abandoned(), quotas.sweep())"
+        other = subprocess.run(
+            ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
+            capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": REPO},
+        )  # fmt: skip
+        assert other.returncode == 0, other.stderr
+        time.sleep(0.5)  # a kill, had there been one, has landed
+        assert child.poll() is None, "the other namespace's gateway killed a live sandbox"
+        assert all(os.path.isdir(d) for d in dirs(spare)), "a live gateway's spare group was swept"
+        assert quotas.kill_abandoned() == 0 and child.poll() is None  # ... nor does its own namespace
+    finally:
+        busy.kill()
+        child.wait(timeout=10)
+        busy.remove()
+        spare.remove()
+
+
+@root_only
+def test_the_groups_of_a_gateway_that_is_gone_are_killed(support: CgroupSupport) -> None:
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    group = owned_group(f"s-{ns}-{int(gone.stdout)}-1-{secrets.token_hex(6)}")
+    child = start_in(group, "exec sleep 300")
+    try:
+        wait_for(lambda: child.pid in members(group))
+        assert quotas.kill_abandoned() >= 1
+        child.wait(timeout=10)
+        assert not any(os.path.exists(d) for d in dirs(group))
+    finally:
+        group.kill()
+        group.remove()
