@@ -33,6 +33,7 @@ from gateway.executors import shell
 from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
+from gateway.sandbox import reaper
 from gateway.stages import pathjail, permissions
 
 
@@ -201,6 +202,7 @@ class Gateway:
             sandbox.quotas.kill_abandoned()
         with contextlib.suppress(Exception):  # cgroups left by sandboxes that ended while no gateway ran
             sandbox.quotas.sweep()
+        reaper.start()  # killed sandboxes' orphaned namespace inits come back to be reaped
         # "approve for this session": the digests of calls a supervisor approved for the rest of
         # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
         # narrowest rule covering that one call, void when the policy changes.

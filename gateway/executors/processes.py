@@ -43,7 +43,7 @@ from typing import Any
 
 from gateway.executors import proctree
 from gateway.log import log
-from gateway.sandbox import helper
+from gateway.sandbox import helper, reaper
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
@@ -560,6 +560,7 @@ class ProcessManager:
         while left and time.monotonic() < deadline:
             time.sleep(POLL_SECONDS)
             left = [t for t in left if not self._gone(t)]
+        reaper.poke()  # the orphaned namespace inits of what we started are ours to reap
         with self._lock:
             for rec, proc, _pid, _ticks in targets:
                 if rec.state == "running":

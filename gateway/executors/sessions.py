@@ -54,7 +54,7 @@ from gateway import sandbox
 from gateway.executors.proctree import children, comm, descendants
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
-from gateway.sandbox import identity
+from gateway.sandbox import identity, reaper
 
 # One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
 # (refused with control characters) nor a command (the analyser refuses them) holds GS, US or
@@ -270,6 +270,7 @@ class Session:
                 break
             except subprocess.TimeoutExpired:
                 continue
+        reaper.poke()  # bwrap's orphaned namespace init is the gateway's to reap
         for fd in {self.input_fd, self.control_fd}:
             with contextlib.suppress(OSError):
                 os.close(fd)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
-from gateway.sandbox import identity
+from gateway.sandbox import identity, reaper
 
 SHELL = ["bash", "--noprofile", "--norc", "-c"]
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
@@ -226,3 +226,4 @@ def _kill(proc: subprocess.Popen[bytes]) -> None:
             break
         except subprocess.TimeoutExpired:
             continue
+    reaper.poke()  # bwrap's orphaned namespace init is the gateway's to reap

@@ -12,6 +12,7 @@ A sandbox is a value first and a launch second:
     identity.py     the unprivileged uid sandboxed code runs as (never host root)
     nested.py       quarantines nested repositories (sub/.git) the moment they appear
     quotas.py       memory and process caps by cgroup (v1 or v2), rlimits otherwise
+    reaper.py       the gateway as subreaper: reaps killed sandboxes' orphaned namespace inits
     landlock.py     the kernel's Landlock ABI
     doctor.py       `gateway doctor`: what this host enforces
 

@@ -325,7 +325,9 @@ static int run_outer(int argc, char **argv) {
         } else if (strcmp(opt, "--parent") == 0) {
             need_values(argc, argv, i, 1);
             parent = number(opt, argv[++i]);
-            if (parent <= 1 || parent > INT_MAX) {
+            /* 1 is allowed: a gateway that is its container's init (when it dies, the kernel
+             * kills every process of its pid namespace, so there is nothing to outlive it). */
+            if (parent < 1 || parent > INT_MAX) {
                 fail_errno(EINVAL, "--parent %llu: out of range", parent);
             }
             have_parent = 1;

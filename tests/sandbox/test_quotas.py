@@ -415,7 +415,8 @@ def test_a_gateway_in_another_pid_namespace_leaves_a_live_gateways_groups_alone(
         time.sleep(0.5)  # a kill, had there been one, has landed
         assert child.poll() is None, "the other namespace's gateway killed a live sandbox"
         assert all(os.path.isdir(d) for d in dirs(spare)), "a live gateway's spare group was swept"
-        assert quotas.kill_abandoned() == 0 and child.poll() is None  # ... nor does its own namespace
+        quotas.kill_abandoned()  # (other, dead gateways' groups may be killed: not this live one's)
+        assert child.poll() is None
     finally:
         busy.kill()
         child.wait(timeout=10)

@@ -1,0 +1,95 @@
+"""The gateway reaps what its killed sandboxes leave: real pid namespaces, real bwrap, real kills."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from gateway.sandbox import reaper
+
+REPO = str(Path(__file__).resolve().parents[2])
+
+# A gateway that is PID 1 of its own pid namespace, as in a container: runs that time out (their
+# sandbox's group is SIGKILLed), then the zombies left in the namespace.
+AS_INIT = """
+import json, os, sys, time
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from test_gateway import PERMISSIVE
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
+ws = Path(sys.argv[1])
+hand_over(ws)
+policy = compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="t")
+gw = Gateway(policy, AuditLog(Path(sys.argv[2])))
+statuses = [gw.handle(RunCall(principal="agent", command="sleep 60", timeout_ms=200))["status"] for _ in range(6)]
+statuses.append(gw.handle(RunCall(principal="agent", command="echo done"))["status"])
+
+
+def zombies():
+    found = []
+    for p in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = open(f"/proc/{p}/stat").read()
+        except OSError:
+            continue
+        if raw[raw.rindex(")") + 2] == "Z":
+            found.append(raw[: raw.rindex(")") + 1])
+    return found
+
+
+deadline = time.monotonic() + 20  # the reaper looks every 2 s at most
+while zombies() and time.monotonic() < deadline:
+    time.sleep(0.1)
+print(json.dumps({"pid": os.getpid(), "statuses": statuses, "zombies": zombies()}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_gateway_that_is_its_containers_init_runs_sandboxes_and_leaves_no_zombies(tmp_path: Path) -> None:
+    """Attack (on an operator): in a container whose init is the gateway, every run that timed
+    out left a zombie bwrap (its pid namespace's init, orphaned to PID 1, never reaped) until the
+    container's pid limit ran out. Before that, the helper refused `--parent 1`: a gateway that is
+    PID 1 could not run anything at all."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    got = subprocess.run(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", AS_INIT, str(ws), str(tmp_path / "audit"),
+         str(Path(REPO) / "tests")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert out["pid"] == 1
+    assert out["statuses"] == ["timeout"] * 6 + ["ok"], out
+    assert out["zombies"] == [], out
+
+
+def test_the_reaper_never_takes_the_exit_status_of_the_gateways_own_children() -> None:
+    reaper.start()
+    child = subprocess.Popen([sys.executable, "-c", "raise SystemExit(7)"])
+    deadline = time.monotonic() + 10
+    while not _is_zombie(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    reaper.poke()
+    assert reaper.reap_now() == 0  # a child in our own pid namespace: its Popen's to wait for
+    assert child.wait(timeout=10) == 7
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return raw[raw.rindex(")") + 2] == "Z"
