@@ -130,6 +130,8 @@ class GatewayServer:
         self._flights: dict[int, _Flight] = {}
         self._by_call: dict[str, _Flight] = {}
         self.accepting = True
+        self._answering = 0  # tool handlers that have not yet returned their reply to the SDK
+        self._drained: dict[str, int] | None = None
         self.mcp: MCPServer[Any] = MCPServer(
             name,
             instructions=INSTRUCTIONS,
@@ -259,6 +261,19 @@ class GatewayServer:
         spec: Spec,
         client: ElicitationResult[ClientApproval] | None = None,
         user: ElicitationResult[UserAnswer] | None = None,
+    ) -> CallToolResult:
+        self._answering += 1  # (the event loop's thread only)
+        try:
+            return await self._answer(ctx, spec, client, user)
+        finally:
+            self._answering -= 1
+
+    async def _answer(
+        self,
+        ctx: Context,
+        spec: Spec,
+        client: ElicitationResult[ClientApproval] | None,
+        user: ElicitationResult[UserAnswer] | None,
     ) -> CallToolResult:
         principal = self.caller()
         if principal is None:
@@ -416,8 +431,34 @@ class GatewayServer:
         with self._lock:
             return len(self._flights)
 
+    async def drain(self, grace_s: float) -> dict[str, int]:
+        """Shutdown while the transport still runs: stop taking calls, give running ones
+        `grace_s`, cancel (kill) what is left, and let every reply (a cancelled call's too) be
+        handed to the client before the transport goes. `cancelled` counts only the calls that
+        were still running when the grace ran out."""
+        self.accepting = False
+        deadline = time.monotonic() + grace_s
+        while self.in_flight() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        with self._lock:
+            left = list(self._flights.values())
+        for f in left:
+            f.ticket.cancel.set()
+        end = time.monotonic() + 10.0
+        while self.in_flight() and time.monotonic() < end:
+            await asyncio.sleep(0.05)
+        end = time.monotonic() + 2.0
+        while self._answering and time.monotonic() < end:
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(0.1)  # the SDK's writer sends what the handlers returned
+        self._drained = {"cancelled": len(left), "unfinished": self.in_flight()}
+        return self._drained
+
     def shutdown(self, grace_s: float) -> dict[str, int]:
-        """Stop taking calls; give running ones `grace_s`, then cancel (kill) what is left."""
+        """Stop taking calls; give running ones `grace_s`, then cancel (kill) what is left. After
+        `drain`, only what is still running then (nothing, normally) is waited for again."""
+        if self._drained is not None:
+            grace_s = 0.0
         self.accepting = False
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
@@ -429,6 +470,8 @@ class GatewayServer:
         end = time.monotonic() + 10.0
         while self.in_flight() and time.monotonic() < end:
             time.sleep(0.05)
+        if self._drained is not None:
+            return {"cancelled": self._drained["cancelled"] + len(left), "unfinished": self.in_flight()}
         return {"cancelled": len(left), "unfinished": self.in_flight()}
 
 

@@ -25,6 +25,7 @@ from mcp.server.auth.provider import AccessToken, TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
+from sse_starlette.sse import AppStatus
 
 from gateway.audit import AuditLog, AuditUnavailable
 from gateway.log import log
@@ -93,7 +94,7 @@ def serve_stdio(server: GatewayServer, grace_s: float = 10.0) -> int:
     if not _record(server.gw.audit, "server_started", principal=server.principal, data={"transport": "stdio"}):
         return 2
     loop = asyncio.new_event_loop()
-    how = loop.run_until_complete(_stdio(server))
+    how = loop.run_until_complete(_stdio(server, grace_s))
     finish(server, grace_s, how)
     if how != "end of input":
         # a signal: the SDK's reader thread may sit in a blocking read of stdin, which nothing
@@ -105,7 +106,7 @@ def serve_stdio(server: GatewayServer, grace_s: float = 10.0) -> int:
     return 0
 
 
-async def _stdio(server: GatewayServer) -> str:
+async def _stdio(server: GatewayServer, grace_s: float) -> str:
     loop = asyncio.get_running_loop()
     task = asyncio.create_task(server.mcp.run_stdio_async())
     stopped = asyncio.Event()
@@ -121,7 +122,10 @@ async def _stdio(server: GatewayServer) -> str:
     signalled = asyncio.create_task(stopped.wait())
     await asyncio.wait([task, signalled], return_when=asyncio.FIRST_COMPLETED)
     if not task.done():
-        # cancelling cannot interrupt the SDK's blocking read of stdin, so do not wait for it
+        # a signal: running calls get the grace, and their replies are written, while the SDK
+        # still serves; then it goes (cancelling cannot interrupt its blocking read of stdin, so
+        # do not wait for it)
+        await server.drain(grace_s)
         task.cancel()
     signalled.cancel()
     return why[0]
@@ -148,9 +152,17 @@ def http_app(
 
 
 class _Uvicorn(uvicorn.Server):
-    """uvicorn, telling the gateway to stop taking calls as soon as a signal arrives."""
+    """uvicorn, telling the gateway to stop taking calls as soon as a signal arrives, and giving
+    running calls the grace (their replies sent) before it closes connections."""
 
     gateway_server: GatewayServer | None = None
+    grace_s: float = 10.0
+
+    async def shutdown(self, sockets: Any = None) -> None:
+        if self.gateway_server is not None:
+            await self.gateway_server.drain(self.grace_s)
+        AppStatus.should_exit = True  # now the SDK's open SSE streams may end
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         if self.gateway_server is not None:
@@ -213,8 +225,12 @@ def serve_http(
         timeout_graceful_shutdown=int(max(1, grace_s)),
         lifespan="on",
     )
+    # sse-starlette ends every SSE stream the moment a signal arrives, which would drop the reply
+    # of a call finishing within the grace: the streams end after `drain` instead
+    AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
     runner = _Uvicorn(config)
     runner.gateway_server = server
+    runner.grace_s = grace_s
     original = runner.startup
 
     async def startup(sockets: Any = None) -> None:

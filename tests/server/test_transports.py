@@ -118,6 +118,83 @@ def test_sigterm_records_the_stop_and_leaves_durable_processes(tmp_path: Path, p
                     os.killpg(pid, signal.SIGKILL)
 
 
+class StdioByHand:
+    """A stdio gateway driven line by line: a client that stays connected while it is stopped."""
+
+    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, *extra: str) -> None:
+        argv = [GATEWAY, *stdio_params(tmp_path, policy_file, ws).args, *extra]
+        self.audit = tmp_path / "audit"
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                     env=env_without_state(tmp_path))  # fmt: skip
+        self.send({"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {"protocolVersion": "2025-06-18",
+                   "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}})  # fmt: skip
+        self.reply()
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, msg: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def reply(self) -> dict[str, Any]:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the server closed its output without a reply"
+        got: dict[str, Any] = json.loads(line)
+        return got
+
+    def call(self, id_: int, command: str) -> None:
+        self.send({"jsonrpc": "2.0", "id": id_, "method": "tools/call", "params": {"name": "run",
+                   "arguments": {"command": command, "timeout_ms": 120000}}})  # fmt: skip
+
+    def wait_until_running(self, command: str) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            if any(r.get("arguments", {}).get("command") == command
+                   for r in audit_records(self.audit) if r["event"] == "decision"):  # fmt: skip
+                time.sleep(0.3)  # its sandbox starts
+                return
+            time.sleep(0.05)
+        raise AssertionError(f"{command!r} never decided")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+
+
+def test_sigterm_gives_a_running_call_its_grace_and_its_reply(tmp_path: Path, policy_file: Path, ws: Path) -> None:
+    """Before: the stdio task was cancelled at the signal, so a call that finished within the
+    grace ran to its end but its reply was never written."""
+    server = StdioByHand(tmp_path, policy_file, ws, "--grace", "20")
+    try:
+        server.call(1, "sleep 2; echo finished")
+        server.wait_until_running("sleep 2; echo finished")
+        server.proc.send_signal(signal.SIGTERM)
+        answer = server.reply()
+        assert answer["id"] == 1 and answer["result"]["structuredContent"]["stdout"] == "finished\n"
+        assert server.proc.wait(60) == 0
+        stopped = audit_records(server.audit)[-1]
+        assert stopped["event"] == "server_stopped" and stopped["data"]["cancelled"] == 0, stopped
+    finally:
+        server.close()
+
+
+def test_sigterm_cancels_what_outlives_the_grace_and_counts_it(tmp_path: Path, policy_file: Path, ws: Path) -> None:
+    server = StdioByHand(tmp_path, policy_file, ws, "--grace", "1")
+    try:
+        server.call(1, "sleep 100")
+        server.wait_until_running("sleep 100")
+        server.proc.send_signal(signal.SIGTERM)
+        answer = server.reply()  # the cancelled call is answered too
+        assert answer["id"] == 1 and answer["result"]["isError"], answer
+        assert server.proc.wait(60) == 0
+        stopped = audit_records(server.audit)[-1]
+        assert stopped["event"] == "server_stopped" and stopped["data"]["cancelled"] == 1, stopped
+    finally:
+        server.close()
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 async def call_http(url: str, token: str, era: str, *calls: tuple[str, dict[str, Any]]) -> list[CallToolResult]:
     async with (
@@ -125,6 +202,35 @@ async def call_http(url: str, token: str, era: str, *calls: tuple[str, dict[str,
         Client(streamable_http_client(url, http_client=h), mode=era) as c,
     ):
         return [await c.call_tool(name, args) for name, args in calls]
+
+
+@pytest.mark.parametrize(("grace", "command", "cancelled"), [("20", "sleep 2; echo finished", 0), ("1", "sleep 100", 1)])
+def test_http_sigterm_gives_calls_their_grace_and_counts_what_it_cancels(
+    tmp_path: Path, policy_file: Path, ws: Path, grace: str, command: str, cancelled: int
+) -> None:
+    server = HttpGateway(tmp_path, policy_file, ws, extra=("--grace", grace))
+    token = server.token("agent")
+    got: list[Any] = []
+
+    def client() -> None:
+        try:
+            got.append(asyncio.run(call_http(server.url, token, "legacy", ("run", {"command": command}))))
+        except BaseException as exc:  # noqa: BLE001 (what the client saw, asserted below)
+            got.append(exc)
+
+    caller = threading.Thread(target=client)
+    caller.start()
+    try:
+        StdioByHand.wait_until_running(server, command)  # type: ignore[arg-type]
+        assert server.stop() == 0
+        caller.join(60)
+    finally:
+        server.stop(signal.SIGKILL)
+    stopped = audit_records(server.audit)[-1]
+    assert stopped["event"] == "server_stopped" and stopped["data"]["cancelled"] == cancelled, stopped
+    if cancelled == 0:
+        assert isinstance(got[0], list) and envelope(got[0][0])["stdout"] == "finished\n", got
+    assert verify(server.audit).ok
 
 
 def test_http_allows_denies_and_refuses_wrong_tokens(http_gateway: HttpGateway, era: str) -> None:
