@@ -66,7 +66,7 @@ from gateway.calls import FilesCall
 from gateway.policy.compile import Grant
 from gateway.regex import safe_regex
 from gateway.sandbox.identity import sandbox_identity
-from gateway.stages.pathjail import PathRefused, check_path, inside
+from gateway.stages.pathjail import PathRefused, check_path, inside, settled_realpath
 
 
 @dataclass(frozen=True)
@@ -137,7 +137,7 @@ def _absolute(path: str | None, workspace: Path) -> str:
 def _resolve(path: str) -> str:
     if "\0" in path:  # realpath cannot take it; execute refuses it (INVALID_INPUT)
         return os.path.normpath(path)
-    return os.path.realpath(path)
+    return settled_realpath(path)
 
 
 def _location(path: str) -> str:
@@ -145,7 +145,7 @@ def _location(path: str) -> str:
     head, name = os.path.split(path)
     if name in ("", ".", "..") or "\0" in path:
         return _resolve(path)
-    return os.path.join(os.path.realpath(head), name)
+    return os.path.join(settled_realpath(head), name)
 
 
 def _checked_input(path: str) -> str:
@@ -302,7 +302,7 @@ class _Ctx:
 
     def target(self) -> str:
         """The call's path made absolute and resolved, as the jail checked it."""
-        return os.path.realpath(_checked_input(_absolute(self.call.path, Path(self.workspace))))
+        return settled_realpath(_checked_input(_absolute(self.call.path, Path(self.workspace))))
 
     def check(self, path: str, access: str) -> None:
         check_path(path, access, self.grant)
@@ -684,7 +684,7 @@ def _stat(ctx: _Ctx) -> dict[str, Any]:
         if stat.S_ISLNK(st.st_mode):
             result["target"] = os.readlink(name, dir_fd=dfd)
     if result["is_symlink"]:
-        result["target_type"] = _target_type(os.path.realpath(given), ctx.grant)
+        result["target_type"] = _target_type(settled_realpath(given), ctx.grant)
     return result
 
 
@@ -1049,7 +1049,7 @@ def _write_output(ctx: _Ctx) -> dict[str, Any]:
     limit = ctx.limits.write_bytes
     if len(data) > limit:
         raise _Fail("FILE_TOO_LARGE", f"content is {len(data)} bytes, over the {limit}-byte write limit")
-    out_real = os.path.realpath(ctx.outputs_dir)
+    out_real = settled_realpath(os.fspath(ctx.outputs_dir))
     ctx.check(out_real, "write")
     _make_dirs(out_real, ctx.grant, True, ctx.show(out_real))
     stem = f"{date.today().isoformat()}-{_slug(call.name)}"

@@ -48,6 +48,29 @@ _Refused = PathRefused
 
 _PROC = "/proc"
 MAX_LINKS = 40
+RACE_RETRIES = 8
+"""How often a resolution is tried again when the tree changes under it (a link that lstat saw
+is gone by readlink). A path that never holds still is refused: nothing is decided on it."""
+
+
+def _changing(path: str) -> PathRefused:
+    return _Refused(
+        "path_changed",
+        f"{path} kept changing while it was resolved (a concurrent rename or link swap): refused, "
+        "nothing was done; retry",
+        {"path": path},
+    )
+
+
+def settled_realpath(path: str) -> str:
+    """`os.path.realpath`, which raises when a link it saw is renamed away before it reads it:
+    tried again a few times, then PathRefused (`path_changed`)."""
+    for _ in range(RACE_RETRIES):
+        try:
+            return os.path.realpath(path)
+        except OSError:
+            continue
+    raise _changing(path)
 
 
 def real_path(path: str) -> str:
@@ -59,7 +82,7 @@ def real_path(path: str) -> str:
         return os.path.normpath(path)
     todo = [p for p in path.split("/") if p][::-1]
     cur = "/"
-    links = 0
+    links = races = 0
     while todo:
         name = todo.pop()
         if name == ".":
@@ -84,7 +107,15 @@ def real_path(path: str) -> str:
             links += 1
             if links > MAX_LINKS:
                 raise _Refused("symlink_loop", f"{path}: too many symbolic links", {"path": path})
-            target = os.readlink(nxt)
+            try:
+                target = os.readlink(nxt)
+            except OSError:  # renamed or replaced since the lstat: look at that name again
+                races += 1
+                if races > RACE_RETRIES:
+                    raise _changing(path) from None
+                links -= 1
+                todo.append(name)
+                continue
             if target.startswith("/"):
                 cur = "/"
             todo.extend([p for p in target.split("/") if p][::-1])

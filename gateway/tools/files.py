@@ -5,7 +5,6 @@ on the opened file, so a symlink swapped in after the decision is refused
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +14,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
-from gateway.stages.pathjail import PathRefused, check_path
+from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -25,7 +24,11 @@ OUTPUTS = "outputs"  # write_output's directory, inside the workspace
 
 def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tuple[str, str]]]:
     """The tool family's decision, then the jail for every path the call touches."""
-    paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
+    try:
+        paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
+    except PathRefused as exc:  # a path that would not hold still while it was resolved
+        given = call.path or OUTPUTS
+        return _refused(exc, given, "read"), [(given, "read")]
     decision = tool_decision(policy, call.principal, Tool.FILES)
     if decision.verdict is Verdict.DENY:
         return decision, paths
@@ -34,8 +37,7 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
         try:
             check_path(path, access, grant, f"files {call.action}")
         except PathRefused as exc:
-            reason = Reason("pathjail", exc.code, exc.message, None, {"path": path, "access": access})
-            return Decision(Verdict.DENY, None, (reason,)), paths
+            return _refused(exc, path, access), paths
     if decision.verdict is Verdict.ALLOW:
         checked = {"read": [p for p, a in paths if a == "read"], "write": [p for p, a in paths if a == "write"]}
         reason = Reason("pathjail", "paths_checked", f"{len(paths)} path(s) inside the roots", None, checked)
@@ -43,11 +45,19 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
     return decision, paths
 
 
+def _refused(exc: PathRefused, path: str, access: str) -> Decision:
+    reason = Reason("pathjail", exc.code, exc.message, None, {"path": path, "access": access})
+    return Decision(Verdict.DENY, None, (reason,))
+
+
 def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, str]]) -> Decision | None:
     """A denial when a path is inside the gateway's own records, or a search would walk into them."""
     private = gw.private_dirs()
-    for path, _ in paths:
-        real = Path(os.path.realpath(path))
+    for path, access in paths:
+        try:
+            real = Path(settled_realpath(path))
+        except PathRefused as exc:
+            return _refused(exc, path, access)
         inside = any(real == d or d in real.parents for d in private)
         walks_in = call.action in ("grep", "find") and any(real in d.parents for d in private)
         if inside or walks_in:

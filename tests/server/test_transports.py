@@ -204,7 +204,10 @@ async def call_http(url: str, token: str, era: str, *calls: tuple[str, dict[str,
         return [await c.call_tool(name, args) for name, args in calls]
 
 
-@pytest.mark.parametrize(("grace", "command", "cancelled"), [("20", "sleep 2; echo finished", 0), ("1", "sleep 100", 1)])
+GRACE_CASES = [("20", "sleep 2; echo finished", 0), ("1", "sleep 100", 1)]
+
+
+@pytest.mark.parametrize(("grace", "command", "cancelled"), GRACE_CASES)
 def test_http_sigterm_gives_calls_their_grace_and_counts_what_it_cancels(
     tmp_path: Path, policy_file: Path, ws: Path, grace: str, command: str, cancelled: int
 ) -> None:
@@ -215,7 +218,7 @@ def test_http_sigterm_gives_calls_their_grace_and_counts_what_it_cancels(
     def client() -> None:
         try:
             got.append(asyncio.run(call_http(server.url, token, "legacy", ("run", {"command": command}))))
-        except BaseException as exc:  # noqa: BLE001 (what the client saw, asserted below)
+        except BaseException as exc:  # what the client saw, asserted below
             got.append(exc)
 
     caller = threading.Thread(target=client)

@@ -4,6 +4,9 @@ records the paths and never the content."""
 from __future__ import annotations
 
 import base64
+import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+from gateway.stages.pathjail import PathRefused, real_path
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -123,3 +127,71 @@ def test_an_audit_log_inside_a_write_root_stops_the_files_tool_too(ws: Path, tmp
     assert out["error"]["code"] == "UNSAFE_SETUP"
     assert not (ws / "audit" / "forged.jsonl").exists()
     g.close()
+
+
+# --- a tree that changes while a call is decided ---------------------------------------------------
+class Flipper:
+    """Renames `d` between a directory, a plain file and a symlink out of the jail, as fast as it
+    can, from another thread: every lstat-then-readlink in a resolver races it."""
+
+    def __init__(self, ws: Path) -> None:
+        (ws / "d" / "sub").mkdir(parents=True)
+        for i in range(5):
+            (ws / "d" / "sub" / f"f{i}.txt").write_text("x\n")
+        (ws / "f").write_text("plain\n")
+        (ws / "l").symlink_to("/etc")
+        self.ws, self.stop = ws, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        w = self.ws
+        moves = [("d", "e"), ("f", "d"), ("d", "f"), ("l", "d"), ("d", "l"), ("e", "d")]
+        while not self.stop.is_set():
+            for a, b in moves:
+                with contextlib.suppress(OSError):
+                    os.rename(w / a, w / b)
+
+    def __enter__(self) -> Flipper:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+RACED_CALLS: list[dict[str, Any]] = [
+    {"action": "read", "path": "d/sub/f1.txt"},
+    {"action": "list", "path": "d/sub"},
+    {"action": "find", "path": "d", "pattern": "*.txt"},
+    {"action": "grep", "path": "d", "pattern": "x"},
+    {"action": "stat", "path": "d/sub/f2.txt"},
+    {"action": "write", "path": "d/sub/new.txt", "content": "y"},
+    {"action": "edit", "path": "d/sub/f3.txt", "old": "x", "new": "x"},
+    {"action": "delete", "path": "d/sub/new.txt"},
+]
+
+
+def test_a_concurrent_rename_gets_a_clear_answer_never_an_internal_error(gw: Gateway, ws: Path) -> None:
+    """Before: os.path.realpath raised when a link it had seen was renamed away before it read it
+    (about one call in seven here), and the call failed with INTERNAL_ERROR."""
+    seen: dict[str, int] = {}
+    with Flipper(ws):
+        for _ in range(150):
+            for c in RACED_CALLS:
+                out = files(gw, **c)
+                code = out["error"]["code"] if out["status"] != "ok" else "ok"
+                seen[code] = seen.get(code, 0) + 1
+                assert code != "INTERNAL_ERROR", out
+    assert seen.get("ok", 0) > 0 and not (ws.parent / "etc").exists()
+
+
+def test_the_commands_resolver_holds_under_a_concurrent_rename(ws: Path) -> None:
+    with Flipper(ws):
+        for _ in range(20000):
+            try:
+                real = real_path(os.fspath(ws / "d" / "sub" / "f1.txt"))
+            except PathRefused as exc:
+                assert exc.code == "path_changed"
+                continue
+            assert real.startswith(("/etc/", os.fspath(ws))), real
