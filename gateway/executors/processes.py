@@ -32,6 +32,7 @@ import re
 import secrets
 import shutil
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -50,6 +51,8 @@ KILL_WAIT_SECONDS = 5.0
 POLL_SECONDS = 0.02
 LIVE_STATES = ("running", "backoff")
 RECORD = "record.json"
+START_SETTLE_S = 30.0
+"""A folder without a record this old is an interrupted start (`rehydrate` removes it)."""
 LOG = "process.log"
 OLD_LOG = "process.log.1"
 _ID = re.compile(r"[0-9a-f]{16}")
@@ -771,6 +774,17 @@ class ProcessManager:
             for folder in folders:
                 if folder.name.startswith(".") or folder.name in self._records:
                     continue
+                interrupted = self._interrupted_start(folder)
+                if interrupted is None:
+                    continue  # no record yet, made moments ago: a start under way; the next load decides
+                if interrupted:
+                    shutil.rmtree(folder, ignore_errors=True)
+                    events.append(("process_start_interrupted", _stub(folder.name), {
+                        "path": str(folder),
+                        "reason": "a gateway stopped before this start's record was written; the command "
+                        "never ran (it waits for its record), so the folder was removed",
+                    }))  # fmt: skip
+                    continue
                 try:
                     if not folder.is_dir() or folder.is_symlink():
                         raise ValueError("not a directory")
@@ -778,25 +792,7 @@ class ProcessManager:
                     if rec.id != folder.name:
                         raise ValueError("the record's id is not its folder's name")
                 except (OSError, ValueError) as exc:  # json.JSONDecodeError is a ValueError
-                    stub = ProcessRecord(
-                        id=folder.name,
-                        principal="",
-                        name=None,
-                        command="",
-                        cwd="",
-                        env={},
-                        keep_alive=False,
-                        desired="stopped",
-                        pid=None,
-                        start_ticks=None,
-                        boot_id="",
-                        started_at=None,
-                        ended_at=None,
-                        exit_code=None,
-                        restarts=0,
-                        next_restart_at=None,
-                        state="lost",
-                    )
+                    stub = _stub(folder.name)
                     events.append(("process_record_corrupt", stub, {"path": str(folder), "error": str(exc)}))
                     continue
                 self._records[rec.id] = rec
@@ -820,6 +816,20 @@ class ProcessManager:
                     events.append(("process_exited", replace(rec), details))
         self._emit(events)
 
+    @staticmethod
+    def _interrupted_start(folder: Path) -> bool | None:
+        """True: a process folder with no record, settled for START_SETTLE_S: what a gateway
+        killed between making the folder and writing the record leaves. Its command was held
+        until the record existed, so it never ran. None: no record but younger (maybe a start
+        under way). False: anything else (a record, readable or not: loaded or reported)."""
+        try:
+            st = folder.lstat()
+            if not stat.S_ISDIR(st.st_mode) or (folder / RECORD).exists() or (folder / RECORD).is_symlink():
+                return False
+        except OSError:
+            return False
+        return True if time.time() - st.st_mtime >= START_SETTLE_S else None
+
     # --- views -------------------------------------------------------------------------------
 
     @staticmethod
@@ -841,3 +851,26 @@ class ProcessManager:
             "restarts": rec.restarts,
             "next_restart_at": rec.next_restart_at,
         }
+
+
+def _stub(process_id: str) -> ProcessRecord:
+    """A record for an event about a folder whose own record is missing or unreadable."""
+    return ProcessRecord(
+        id=process_id,
+        principal="",
+        name=None,
+        command="",
+        cwd="",
+        env={},
+        keep_alive=False,
+        desired="stopped",
+        pid=None,
+        start_ticks=None,
+        boot_id="",
+        started_at=None,
+        ended_at=None,
+        exit_code=None,
+        restarts=0,
+        next_restart_at=None,
+        state="lost",
+    )

@@ -412,11 +412,17 @@ def test_corrupt_record_is_skipped(h: Harness) -> None:
         folder = h.state_dir / name
         folder.mkdir()
         (folder / "record.json").write_text(text)
-    (h.state_dir / "aaaaaaaaaaaaaaaa").mkdir()  # no record at all
+    (h.state_dir / "aaaaaaaaaaaaaaaa").mkdir()  # no record yet: a start in progress, maybe
+    interrupted = h.state_dir / "bbbbbbbbbbbbbbbb"  # no record, long ago: a start a crash cut short
+    interrupted.mkdir()
+    (interrupted / "output.log").write_text("")
+    os.utime(interrupted, (time.time() - 3600, time.time() - 3600))
 
     b = h.manager()
     b.rehydrate()
     corrupt = sorted(e[1].id for e in h.named("process_record_corrupt"))
-    assert corrupt == ["0123456789abcdef", "aaaaaaaaaaaaaaaa", "fedcba9876543210"]
+    assert corrupt == ["0123456789abcdef", "fedcba9876543210"]
+    assert [e[1].id for e in h.named("process_start_interrupted")] == ["bbbbbbbbbbbbbbbb"]
+    assert not interrupted.exists() and (h.state_dir / "aaaaaaaaaaaaaaaa").is_dir()
     assert [p["id"] for p in b.list("alice")["processes"]] == [good["id"]]
     assert state(b, good["id"]) == "running"
