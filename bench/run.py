@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 import subprocess
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -63,6 +64,17 @@ def side_by_side(gw: Gateway, ws: Path, text: str) -> tuple[float, float]:
     return statistics.median(hand), statistics.median(full)
 
 
+def tail(gw: Gateway, n: int = 300) -> list[float]:
+    """`true` through the gateway as the MCP server calls it (with a cancel event), n times: ms."""
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        out = gw.handle(RunCall(principal="agent", command="true"), cancel=threading.Event())
+        times.append((time.perf_counter() - t0) * 1e3)
+        assert out["status"] == "ok", out
+    return sorted(times)
+
+
 def main() -> None:
     ws = Path(tempfile.mkdtemp())
     ws.chmod(0o755)
@@ -76,6 +88,13 @@ def main() -> None:
             f"{text:24} bare {bare:6.2f} ms | sandbox by hand {boxed:6.2f} ms | gateway {full:6.2f} ms "
             f"| gateway / sandbox {full / boxed:4.2f}x"
         )
+    times = tail(gw)
+    p50, p99 = times[len(times) // 2], times[int(len(times) * 0.99) - 1]
+    stalls = sum(1 for t in times if t > p50 + 80)
+    print(
+        f"`true` with a cancel event, {len(times)} calls: p50 {p50:.2f} ms, p99 {p99:.2f} ms, max {times[-1]:.2f} ms, "
+        f"p99/p50 {p99 / p50:.2f}x, calls over p50 + 80 ms: {stalls}"
+    )
     audit = AuditLog(Path(tempfile.mkdtemp()))
     t0 = time.perf_counter()
     n = 500

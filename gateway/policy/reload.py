@@ -24,14 +24,16 @@ from gateway.policy.selftest import load_checked
 Event = Callable[[str, dict[str, Any]], None]
 
 
-def _stamp(files: tuple[Path, ...]) -> tuple[tuple[str, int, int], ...]:
+def _stamp(files: tuple[Path, ...]) -> tuple[tuple[str, int, int, int, int, int], ...]:
+    """What says a file changed, without reading it: its identity, size and times (an editor's
+    save-by-rename gives a new inode; an in-place write moves mtime and ctime)."""
     out = []
     for f in files:
         try:
             st = f.stat()
-            out.append((str(f), st.st_mtime_ns, st.st_size))
+            out.append((str(f), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns))
         except OSError:
-            out.append((str(f), -1, -1))
+            out.append((str(f), -1, -1, -1, -1, -1))
     return tuple(out)
 
 
@@ -46,7 +48,8 @@ class PolicyHolder:
         self.last_error: str | None = None
         self._lock = threading.Lock()
         self._policy = load_checked(path, workspace)  # a first load that fails is fatal: raise
-        self._stamp = _stamp(self._files())
+        self._watched = self._files()
+        self._stamp = _stamp(self._watched)
         self._checked = time.monotonic()
         self.on_event("policy_loaded", {"path": str(path), "sha256": self._policy.sha256})
 
@@ -62,12 +65,15 @@ class PolicyHolder:
         return self._policy
 
     def reload_if_changed(self) -> bool:
-        """Load the policy again if a file changed. True when a new policy is in force."""
+        """Load the policy again if a file changed. True when a new policy is in force. A check
+        with nothing changed stats the files it watches and reads none of them; the list of
+        files (the includes) is read again only when one of them changed."""
         with self._lock:
             self._checked = time.monotonic()
-            stamp = _stamp(self._files())
-            if stamp == self._stamp:
+            if _stamp(self._watched) == self._stamp:
                 return False
+            self._watched = self._files()  # an include may have been added or dropped
+            stamp = _stamp(self._watched)
             try:
                 fresh = load_checked(self.path, self.workspace)
             except PolicyError as exc:
