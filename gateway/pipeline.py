@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import cancellation, sandbox
-from gateway.analysis import Analysis, Assignment, Command, Word, analyze
+from gateway.analysis import Analysis, Assignment, Command, OpinionStatus, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
@@ -34,7 +34,7 @@ from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.sandbox import reaper
-from gateway.stages import pathjail, permissions
+from gateway.stages import decision_cache, pathjail, permissions
 
 
 @dataclass(frozen=True)
@@ -50,6 +50,10 @@ class CheckResult:
         return out
 
 
+UNFINISHED = (OpinionStatus.TIMEOUT, OpinionStatus.FAILED)
+"""A second opinion that did not finish: the next decision asks again, so it is not kept."""
+
+
 def evaluate(
     policy: CompiledPolicy,
     command: str,
@@ -60,7 +64,31 @@ def evaluate(
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
     `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
-    session or processes: the principal must be allowed that tool family)."""
+    session or processes: the principal must be allowed that tool family). A decision made
+    before for the same inputs is served from the policy's cache when every path component it
+    resolved is still as it was (stages/decision_cache.py)."""
+    key = (principal, str(cwd) if cwd is not None else None, tuple(sorted((env or {}).items())), tool, command)
+    found = policy.decisions.get(key)
+    if isinstance(found, CheckResult):
+        return found
+    with decision_cache.observing() as seen:
+        result = _evaluate(policy, command, principal, cwd, env, tool)
+    failed = any(r.stage == "pipeline" for r in result.decision.reasons)
+    analysis = result.analysis
+    unfinished = analysis is not None and analysis.second_opinion.status in UNFINISHED
+    if not failed and not unfinished:
+        policy.decisions.put(key, result, seen)
+    return result
+
+
+def _evaluate(
+    policy: CompiledPolicy,
+    command: str,
+    principal: str,
+    cwd: Path | None,
+    env: dict[str, str] | None,
+    tool: Tool,
+) -> CheckResult:
     analysis: Analysis | None = None
     try:
         grant = policy.grant(principal)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import casbin
@@ -25,6 +25,7 @@ import casbin
 from gateway.policy.layers import load_layers, resolve_roots
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
+from gateway.stages.decision_cache import DecisionCache
 
 MODEL_PATH = Path(__file__).resolve().parent.parent.parent / "policies" / "model.conf"
 MAX_ROLE_DEPTH = 10  # casbin's role hierarchy limit; deeper chains would silently deny
@@ -103,6 +104,8 @@ class CompiledPolicy:
     by_program: dict[str, tuple[Rule, ...]]
     grants: dict[str, Grant]
     casbin: Casbin
+    # decisions made under this policy (pipeline.evaluate): a reloaded policy starts empty
+    decisions: DecisionCache = field(default_factory=DecisionCache, init=False, compare=False, repr=False)
 
     def grant(self, principal: str) -> Grant:
         found = self.grants.get(principal)

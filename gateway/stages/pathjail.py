@@ -27,6 +27,7 @@ from pathlib import Path
 from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
+from gateway.stages import decision_cache
 from gateway.stages.permissions import Match, option_values
 
 STAGE = "pathjail"
@@ -80,6 +81,7 @@ def real_path(path: str) -> str:
     whatever the gateway has open at N. Devices in ALWAYS are taken as they are written."""
     if os.path.normpath(path) in ALWAYS:
         return os.path.normpath(path)
+    obs = decision_cache.current()  # a decision being made records what it read
     todo = [p for p in path.split("/") if p][::-1]
     cur = "/"
     links = races = 0
@@ -101,6 +103,8 @@ def real_path(path: str) -> str:
         try:
             st = os.lstat(nxt)
         except OSError:
+            if obs is not None:
+                obs.component(nxt, decision_cache.MISSING)
             cur = nxt  # missing: the rest is taken literally, like realpath
             continue
         if stat.S_ISLNK(st.st_mode):
@@ -111,15 +115,21 @@ def real_path(path: str) -> str:
                 target = os.readlink(nxt)
             except OSError:  # renamed or replaced since the lstat: look at that name again
                 races += 1
+                if obs is not None:
+                    obs.unknowable()
                 if races > RACE_RETRIES:
                     raise _changing(path) from None
                 links -= 1
                 todo.append(name)
                 continue
+            if obs is not None:
+                obs.component(nxt, "link:" + target)
             if target.startswith("/"):
                 cur = "/"
             todo.extend([p for p in target.split("/") if p][::-1])
         else:
+            if obs is not None:
+                obs.component(nxt, decision_cache.PLAIN)
             cur = nxt
     return cur
 
@@ -221,6 +231,8 @@ def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: b
     out: list[str] = []
     for cwd in cwds:
         base = value if value.startswith("/") else str(cwd / value)
+        if Expansion.GLOB in kinds and (obs := decision_cache.current()) is not None:
+            obs.unknowable()  # a directory's listing: not kept (issue 13 bounds globs)
         candidates = (glob.glob(base) or [base]) if Expansion.GLOB in kinds else [base]
         out.extend(real_path(c) for c in candidates)
     return out
