@@ -42,6 +42,7 @@ _SEVERITY = [
     OpinionStatus.DISAGREED,
     OpinionStatus.FAILED,
     OpinionStatus.TIMEOUT,
+    OpinionStatus.TOO_LARGE,
     OpinionStatus.UNPARSED,
     OpinionStatus.PARTIAL,
     OpinionStatus.SKIPPED,

@@ -195,8 +195,8 @@ class Denial:
 class OpinionStatus(StrEnum):
     """How the second parser (bashlex) judged the text.
 
-    Only AGREED confirms the primary analysis. PARTIAL, UNPARSED, TIMEOUT and FAILED leave it
-    unconfirmed: the policy decides (default: ask). DISAGREED is a denial. SKIPPED: the primary
+    Only AGREED confirms the primary analysis. PARTIAL, UNPARSED, TIMEOUT, TOO_LARGE and FAILED
+    leave it unconfirmed: the policy decides (default: ask). DISAGREED is a denial. SKIPPED: the primary
     already denied, so a second opinion could not make the answer stricter.
     """
 
@@ -204,6 +204,7 @@ class OpinionStatus(StrEnum):
     PARTIAL = "partial"  # agreed where it could see; blind to the listed constructs
     UNPARSED = "unparsed"  # bashlex raised (a construct it does not implement)
     TIMEOUT = "timeout"  # bashlex ran out of CPU or wall time (it can loop forever)
+    TOO_LARGE = "too_large"  # longer than bashlex can parse within its CPU limit: not asked
     FAILED = "failed"  # the worker crashed or could not be started
     DISAGREED = "disagreed"
     SKIPPED = "skipped"

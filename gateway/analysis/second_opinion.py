@@ -14,6 +14,7 @@ than a disagreement.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import select
@@ -29,6 +30,12 @@ from gateway.analysis.primary import SyntacticCommand, Walk
 
 CPU_SECONDS = 0.5
 WALL_SECONDS = 5.0
+MAX_BASHLEX_BYTES = 16 * 1024
+"""bashlex costs 12-25 us of CPU per byte here (bench/analysis.py): above this size it would
+come near its CPU limit, and each time it hits it the worker restarts while other decisions
+wait. Longer texts are not sent (status `too_large`: unconfirmed, the policy decides)."""
+WORKERS = max(1, min(4, os.cpu_count() or 1))
+"""Workers in the pool: decisions in parallel threads do not queue behind one bashlex."""
 
 BLIND_QUOTES = "bashlex quote removal after a quoted part (\"a\"'b')"
 BLIND_ANSI_C = "ANSI-C quoting $'...'"
@@ -44,8 +51,25 @@ class Verdict:
     bashlex_view: list[list[str]] | None = None
 
 
+WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bashlex_worker.py")
+
+
+@functools.cache
+def _tables_dir() -> str | None:
+    """Where the worker keeps bashlex's parse tables: the gateway's private cache directory (the
+    sandbox helper's, checked the same way: ours, and nobody else can change it). None: the
+    worker builds them (slower start, same result)."""
+    from gateway.sandbox.helper import HelperUnavailable, private_cache_dir
+
+    try:
+        return private_cache_dir()
+    except HelperUnavailable:
+        return None
+
+
 class Worker:
-    """One bashlex worker process, used by one caller at a time."""
+    """One bashlex worker process, used by one caller at a time (`send` holds it until the
+    reply is read)."""
 
     def __init__(self, cpu_seconds: float = CPU_SECONDS, wall_seconds: float = WALL_SECONDS) -> None:
         self.cpu_seconds = cpu_seconds
@@ -55,13 +79,15 @@ class Worker:
         self._buffer = b""
 
     def _start(self) -> subprocess.Popen[bytes]:
+        tables = _tables_dir()
         proc = subprocess.Popen(
             [
                 sys.executable,
-                "-m",
-                "gateway.analysis.bashlex_worker",
+                "-I",  # the script alone: no gateway import, no environment, no user site
+                WORKER_SCRIPT,
                 "--cpu-seconds",
                 str(self.cpu_seconds),
+                *(["--tables", tables] if tables else []),
             ],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
@@ -88,10 +114,16 @@ class Worker:
         """bashlex's view of `text`: a reply of the worker protocol, never an exception."""
         return self.send(text).reply()
 
-    def send(self, text: str) -> Pending:
+    def send(self, text: str, held: bool = False) -> Pending:
         """Start bashlex on `text` and hold the worker until `reply()` is read, so the caller can
-        do other work (the primary walk) while bashlex parses."""
-        self._lock.acquire()
+        do other work (the primary walk) while bashlex parses. `held`: the caller already holds
+        the worker (`try_hold`)."""
+        if len(text.encode()) > MAX_BASHLEX_BYTES:
+            if held:
+                self._lock.release()
+            return Pending(None, too_large(text))
+        if not held:
+            self._lock.acquire()
         try:
             if self._proc is None or self._proc.poll() is not None:
                 self._kill()
@@ -104,6 +136,9 @@ class Worker:
             self._lock.release()
             return Pending(self, {"status": "failed", "error": f"{type(exc).__name__}: {exc}"})
         return Pending(self, None)
+
+    def try_hold(self) -> bool:
+        return self._lock.acquire(blocking=False)
 
     def _receive(self) -> dict[str, Any]:
         proc = self._proc
@@ -127,17 +162,26 @@ class Worker:
         return reply
 
 
+def too_large(text: str) -> dict[str, Any]:
+    size = len(text.encode())
+    return {
+        "status": "too_large",
+        "error": f"the text is {size} bytes; bashlex is asked about texts up to {MAX_BASHLEX_BYTES} bytes "
+        "(beyond that it would run into its CPU limit)",
+    }
+
+
 class Pending:
     """A request sent to a worker. `reply()` waits for the answer (once) and frees the worker;
     call it on every path, or the worker stays held."""
 
-    def __init__(self, worker: Worker, failure: dict[str, Any] | None) -> None:
+    def __init__(self, worker: Worker | None, failure: dict[str, Any] | None) -> None:
         self._worker = worker
         self._reply = failure
         self._open = failure is None
 
     def reply(self) -> dict[str, Any]:
-        if self._open:
+        if self._open and self._worker is not None:
             self._open = False
             try:
                 self._reply = self._worker._receive()
@@ -150,20 +194,46 @@ class Pending:
         return self._reply
 
 
-_default: Worker | None = None
+class Pool:
+    """Up to `size` workers, each started on first use: a request goes to an idle worker, or
+    waits for the next one in turn when all are busy."""
+
+    def __init__(self, size: int = WORKERS, cpu_seconds: float = CPU_SECONDS, wall_seconds: float = WALL_SECONDS):
+        self.workers = [Worker(cpu_seconds, wall_seconds) for _ in range(max(1, size))]
+        self._turn = 0
+        self._lock = threading.Lock()
+
+    def send(self, text: str) -> Pending:
+        for worker in self.workers:
+            if worker.try_hold():
+                return worker.send(text, held=True)
+        with self._lock:
+            worker = self.workers[self._turn % len(self.workers)]
+            self._turn += 1
+        return worker.send(text)
+
+    def parse(self, text: str) -> dict[str, Any]:
+        return self.send(text).reply()
+
+    def stop(self) -> None:
+        for worker in self.workers:
+            worker.stop()
+
+
+_default: Pool | None = None
 _default_lock = threading.Lock()
 
 
-def default_worker() -> Worker:
+def default_worker() -> Pool:
     global _default
     with _default_lock:
         if _default is None:
-            _default = Worker()
+            _default = Pool()
             atexit.register(_default.stop)
         return _default
 
 
-def judge(text: str, walk: Walk, worker: Worker | None = None, pending: Pending | None = None) -> Verdict:
+def judge(text: str, walk: Walk, worker: Worker | Pool | None = None, pending: Pending | None = None) -> Verdict:
     """Ask bashlex about `text` (or read the answer to a request already sent) and compare its
     view with the primary walk."""
     reply = pending.reply() if pending is not None else (worker or default_worker()).parse(text)
@@ -174,6 +244,8 @@ def judge(text: str, walk: Walk, worker: Worker | None = None, pending: Pending 
         return Verdict(SecondOpinion(OpinionStatus.UNPARSED, str(reply.get("error", ""))))
     if status == "timeout":
         return Verdict(SecondOpinion(OpinionStatus.TIMEOUT, str(reply.get("error", "bashlex ran out of CPU time"))))
+    if status == "too_large":
+        return Verdict(SecondOpinion(OpinionStatus.TOO_LARGE, str(reply.get("error", ""))))
     return Verdict(SecondOpinion(OpinionStatus.FAILED, str(reply.get("error", "no reply"))))
 
 

@@ -64,6 +64,13 @@ def cache_dir() -> str:
     return str(home / ".cache" / "agent-gateway")
 
 
+def private_cache_dir() -> str:
+    """The cache directory, created and checked private (see `_make_private_dir`), for other
+    files the gateway builds once and trusts later (bashlex's parse tables). Raises
+    HelperUnavailable when it cannot be made so."""
+    return _make_private_dir(cache_dir())
+
+
 def source_digest() -> str:
     """The first 16 hex digits of the source's sha256: part of the binary's name."""
     return hashlib.sha256(_source()).hexdigest()[:16]

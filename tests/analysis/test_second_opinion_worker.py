@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 from gateway.analysis import OpinionStatus, analyze, primary
-from gateway.analysis.second_opinion import Worker, judge
+from gateway.analysis.second_opinion import MAX_BASHLEX_BYTES, WORKER_SCRIPT, Pool, Worker, judge
 
 HANG = "echo 'pre${'post"  # bashlex loops forever on this
 
@@ -88,3 +92,65 @@ def test_concurrent_callers_get_consistent_answers() -> None:
         t.join(30)
     for i, text in enumerate(texts):
         assert results[text] == ["agreed", "ls", f"dir{i}"]
+
+
+# --- size bound, pool, kept tables ---------------------------------------------------------------
+def test_a_text_over_the_bound_is_not_sent_and_says_so() -> None:
+    """Before: texts near the 64 KiB cap ran bashlex into its CPU limit; each time the worker
+    restarted while every other decision waited."""
+    big = "echo " + "word " * (MAX_BASHLEX_BYTES // 5 + 10)
+    a = analyze(big, use_cache=False)
+    assert a.denial is None and a.second_opinion.status is OpinionStatus.TOO_LARGE
+    assert not a.second_opinion.confirmed and str(MAX_BASHLEX_BYTES) in a.second_opinion.detail
+    small = analyze("echo " + "word " * 100, use_cache=False)
+    assert small.second_opinion.status is OpinionStatus.AGREED
+
+
+def test_a_busy_worker_does_not_hold_up_the_next_decision() -> None:
+    """A request that keeps one worker busy (its reply not yet read) leaves the pool able to
+    answer another: before, one lock held every decision behind the slowest."""
+    pool = Pool(size=2)
+    try:
+        held = pool.send("echo " + "a " * 4000)  # holds a worker until its reply is read
+        answered: list[str] = []
+        t = threading.Thread(target=lambda: answered.append(pool.parse("ls")["status"]))
+        t.start()
+        t.join(60)
+        assert answered == ["ok"], "the second request waited for the first worker"
+        assert held.reply()["status"] == "ok"
+    finally:
+        pool.stop()
+
+
+def run_worker(tables: Path | None, texts: list[str]) -> list[dict[str, object]]:
+    argv = [sys.executable, "-I", WORKER_SCRIPT, *(["--tables", str(tables)] if tables else [])]
+    requests = "".join(json.dumps({"text": t}) + "\n" for t in texts)
+    out = subprocess.run(argv, input=requests, capture_output=True, text=True, timeout=120, check=True)
+    return [json.loads(line) for line in out.stdout.splitlines()]
+
+
+CORPUS = ["ls -la", "git commit -m 'x y' && echo $(date)", 'for f in *.py; do echo "$f"; done',
+          "a=1 b=2 env | sort > out.txt 2>&1", "cat <<EOF\nhi $USER\nEOF", "echo 'pre${'post'"]  # fmt: skip
+
+
+def test_kept_tables_parse_exactly_as_built_ones(tmp_path: Path) -> None:
+    tables = tmp_path / "tables"
+    tables.mkdir(mode=0o700)
+    built = run_worker(None, CORPUS[:-1])
+    first = run_worker(tables, CORPUS[:-1])  # builds, then keeps
+    (kept,) = list(tables.glob("bashlex-tables-*.json"))
+    stamp = kept.stat().st_mtime_ns
+    second = run_worker(tables, CORPUS[:-1])  # reads them
+    assert built == first == second
+    assert kept.stat().st_mtime_ns == stamp  # read, not rebuilt
+
+
+def test_a_damaged_table_file_is_rebuilt_not_trusted(tmp_path: Path) -> None:
+    tables = tmp_path / "tables"
+    tables.mkdir(mode=0o700)
+    built = run_worker(None, CORPUS[:-1])
+    run_worker(tables, ["ls"])
+    (kept,) = list(tables.glob("bashlex-tables-*.json"))
+    for damage in ('{"action": {"0": {"NEWLINE": "x"}}, "goto": {}}', "not json", '{"action": {}, "goto": {}}'):
+        kept.write_text(damage)
+        assert run_worker(tables, CORPUS[:-1]) == built

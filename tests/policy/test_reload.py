@@ -122,10 +122,12 @@ def test_a_change_in_an_include_added_later_is_seen(tmp_path: Path) -> None:
     path, extra = tmp_path / "p.yaml", tmp_path / "extra.yaml"
     write(path, POLICY.format(decision="allow"), 0)
     holder = PolicyHolder(path, tmp_path, interval=0)
-    write(extra, 'version: 1\nrules:\n  - {id: no-ls, decision: deny, justification: "x", programs: [ls], examples: {match: [ls]}}\n', 0)
+    rule = 'version: 1\nrules:\n  - {{id: r, decision: {}, justification: "x", programs: [ls], '
+    rule += "examples: {{match: [ls]}}}}\n"
+    write(extra, rule.format("deny"), 0)
     write(path, "include: [extra.yaml]\n" + POLICY.format(decision="allow"), 1)
     assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY, holder.last_error
-    write(extra, 'version: 1\nrules:\n  - {id: ask-ls, decision: ask, justification: "x", programs: [ls], examples: {match: [ls]}}\n', 2)
+    write(extra, rule.format("ask"), 2)
     assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.ASK
 
 
