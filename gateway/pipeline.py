@@ -68,7 +68,7 @@ def evaluate(
     before for the same inputs is served from the policy's cache when every path component it
     resolved is still as it was (stages/decision_cache.py)."""
     key = (principal, str(cwd) if cwd is not None else None, tuple(sorted((env or {}).items())), tool, command)
-    found = policy.decisions.get(key)
+    found = policy.decisions.get(key) if policy.casbin.enforcing else None
     if isinstance(found, CheckResult):
         return found
     with decision_cache.observing() as seen:

@@ -143,6 +143,12 @@ class Session:
         self.closed = False
         self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
         self._carry = b""
+        # Descriptors are closed exactly once, and never while another thread may use the number
+        # (a closed number is reused at once by the next open anywhere in the gateway: a second
+        # close, or a write after the close, would hit that file). The reader owns output_fd and
+        # closes it when it ends; the input side is used and closed under `_io`.
+        self._io = threading.Lock()
+        self._input_open = True
         self.reader = threading.Thread(target=self._read, name=f"session-{session_id}", daemon=True)
         self.reader.start()
 
@@ -162,6 +168,17 @@ class Session:
                     self.cond.notify_all()
                     break
                 self._scan(self._carry + chunk)
+        with self._io:  # the output side is ours alone; a PTY master is the input side too
+            if self.output_fd != self.input_fd or not self._input_open:
+                with contextlib.suppress(OSError):
+                    os.close(self.output_fd)
+            else:
+                self._input_open = False  # closed here for both: kill() must not close it again
+                with contextlib.suppress(OSError):
+                    os.close(self.output_fd)
+                if self.control_fd != self.output_fd:
+                    with contextlib.suppress(OSError):
+                        os.close(self.control_fd)
         # the output closed: the shell is gone (or going). Wait for bubblewrap now, so it is not
         # left a zombie, and let the manager drop the session at once, not at the next start.
         with contextlib.suppress(subprocess.TimeoutExpired):
@@ -228,7 +245,10 @@ class Session:
         with self.cond:
             self.outstanding += 1
             self.done_at = None
-        os.write(self.control_fd, record.encode() + b"\0")
+        with self._io:
+            if not self._input_open:
+                raise SessionError("SESSION_NOT_FOUND", "the session has ended")
+            os.write(self.control_fd, record.encode() + b"\0")
 
     def send_input(self, text: str, timeout_s: float = 5.0) -> int:
         """Write `text` to the program; the bytes written. A program that does not read its
@@ -238,9 +258,15 @@ class Session:
         deadline = time.monotonic() + timeout_s
         while sent < len(data):
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([], [self.input_fd], [], left)[1]:
+            with self._io:
+                if not self._input_open:
+                    break
+                # a short wait under the lock: kill() waits at most this long for it
+                ready = select.select([], [self.input_fd], [], min(left, 0.05))[1] if left > 0 else []
+                if ready:
+                    sent += os.write(self.input_fd, data[sent : sent + 512])  # a writable fd takes it whole
+            if left <= 0:
                 break
-            sent += os.write(self.input_fd, data[sent : sent + 512])  # small: a writable fd takes it whole
         return sent
 
     def take_output(self, finished_only: bool = False) -> tuple[str, int]:
@@ -248,7 +274,10 @@ class Session:
             return self.buffer.take(self.done_at if finished_only else None)
 
     def resize(self, rows: int, cols: int) -> None:
-        fcntl.ioctl(self.input_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+        with self._io:
+            if not self._input_open:
+                raise SessionError("SESSION_NOT_FOUND", "the session has ended")
+            fcntl.ioctl(self.input_fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
 
     def interrupt(self) -> int:
         """SIGINT to every descendant of the shell (not the shell: it runs the loop)."""
@@ -271,16 +300,18 @@ class Session:
             except subprocess.TimeoutExpired:
                 continue
         reaper.poke()  # bwrap's orphaned namespace init is the gateway's to reap
-        for fd in {self.input_fd, self.control_fd}:
-            with contextlib.suppress(OSError):
-                os.close(fd)
+        with self._io:
+            if self._input_open:
+                self._input_open = False
+                for fd in {self.input_fd, self.control_fd} - {self.output_fd}:  # the reader closes that one
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
         if self.launch is not None:  # its cgroup: whatever is left in it, and the group itself
             with contextlib.suppress(Exception):
                 self.launch.finished()
+        # the reader ends on end-of-file (or EIO: the terminal's other side is gone) and closes
+        # the output side itself; one blocked past this is left to do so when it ends
         self.reader.join(2.0)
-        if self.output_fd != self.input_fd or not self.reader.is_alive():
-            with contextlib.suppress(OSError):
-                os.close(self.output_fd)
 
     def describe(self) -> dict[str, Any]:
         now = time.monotonic()

@@ -54,6 +54,11 @@ class Casbin:
         if self._enforcer.enforce(*self._CANARY):
             raise PolicyError("casbin allows an unknown principal: the model is misloaded")
 
+    @property
+    def enforcing(self) -> bool:
+        """False once the enforcer has been disabled: nothing decided before may be served then."""
+        return self._enforcer.enabled is True
+
     def allows(self, principal: str, permission: str) -> bool:
         key = (principal, permission)
         with self._lock:

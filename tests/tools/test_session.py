@@ -3,6 +3,8 @@ audit files. The gate must hold inside a session: every command decided, input n
 
 from __future__ import annotations
 
+import os
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -391,3 +393,47 @@ def test_a_session_whose_shell_exits_is_forgotten_and_reaped_at_once(gw: Gateway
     assert session.proc.returncode is not None  # waited for: no zombie bwrap
     events = [r["event"] for _, _, r, _ in records(gw.audit.directory) if r]
     assert "session_ended" in events
+
+
+@pytest.mark.parametrize("pty", [True, False])
+def test_ending_sessions_never_closes_another_threads_descriptor(gw: Gateway, tmp_path: Path, pty: bool) -> None:
+    """Before: killing a PTY session closed the terminal's descriptor twice. A number closed is
+    handed out again by the next open anywhere in the gateway (an audit file, a sandbox's mount
+    source), and the second close took that one: an unrelated file closed under its user."""
+    probe = tmp_path / "probe"
+    probe.write_text("x")
+    expected = probe.stat().st_ino
+    stop = threading.Event()
+    broken: list[str] = []
+
+    def prober() -> None:  # what any other thread of the gateway does: open, use, close
+        while not stop.is_set():
+            fd = os.open(probe, os.O_RDONLY)
+            try:
+                time.sleep(0.0005)
+                if os.fstat(fd).st_ino != expected:
+                    broken.append("my descriptor now names another file")
+            except OSError as exc:
+                broken.append(f"my descriptor was closed under me: {exc}")
+                continue
+            try:
+                os.close(fd)
+            except OSError as exc:
+                broken.append(f"my descriptor was closed under me: {exc}")
+
+    t = threading.Thread(target=prober)
+    t.start()
+    try:
+        for i in range(12):
+            sid = start(gw, pty=pty)
+            if i % 2:  # half end by kill, half by the shell exiting (the reader ends first)
+                call(gw, "kill", session_id=sid)
+            else:
+                call(gw, "write", session_id=sid, input="exit\n")
+                deadline = time.monotonic() + 10
+                while call(gw, "list")["sessions"] and time.monotonic() < deadline:
+                    time.sleep(0.02)
+    finally:
+        stop.set()
+        t.join()
+    assert broken == []
