@@ -415,6 +415,10 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+CLOSE_AFTER = frozenset({400, 401, 403, 404, 405, 406, 413, 415, 421})
+"""Refusals after which the server closes the connection (`Connection: close`)."""
+
+
 def refusal_recorder(app: ASGIApp, refusals: RefusalLog) -> ASGIApp:
     """`app`, with its 401 and 403 answers reported to `refusals`."""
 
@@ -428,6 +432,11 @@ def refusal_recorder(app: ASGIApp, refusals: RefusalLog) -> ASGIApp:
                 auth = (_header(scope, b"authorization") or "").lower()
                 presented = "unknown bearer" if auth.startswith("bearer ") else "none"
                 refusals.refused(int(message["status"]), str(scope.get("path")), scope.get("client"), presented)
+            if message.get("type") == "http.response.start" and message.get("status") in CLOSE_AFTER:
+                # a refused request ends its connection: a client that announced a large body and
+                # sends it a byte at a time no longer holds a slot until the body deadline
+                headers = [h for h in message.get("headers", []) if h[0].lower() != b"connection"]
+                message = {**message, "headers": [*headers, (b"connection", b"close")]}
             await send(message)
 
         await app(scope, receive, watch)

@@ -302,3 +302,18 @@ def test_a_legacy_client_that_disconnects_mid_call_has_its_command_killed(small_
         results = [r for r in audit_records(small_server.audit) if r["event"] == "result"]
     assert results, "the call was not cancelled"
     assert results[0]["data"]["error"]["code"] == "CALL_CANCELLED"
+
+
+def test_a_refused_request_ends_its_connection_even_with_its_body_unsent(small_server: HttpGateway) -> None:
+    """Red team F2: a token-less POST announcing 100,000 bytes and sending one got its 401 at
+    once, but the connection then waited for the rest of the body, holding a slot until the body
+    deadline (30 s): enough of them fill the caps. A refusal now closes its connection."""
+    raw = (f"POST /mcp HTTP/1.1\r\nHost: 127.0.0.1:{small_server.port}\r\nContent-Type: application/json\r\n"
+           "Content-Length: 100000\r\n\r\nx").encode()  # fmt: skip
+    with socket.create_connection(("127.0.0.1", small_server.port), timeout=15) as s:
+        s.sendall(raw)
+        got = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):  # the old server keeps it open: recv times out at 15 s
+                got += chunk
+    assert got.startswith(b"HTTP/1.1 401") and b"connection: close" in got.lower()
