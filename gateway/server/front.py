@@ -153,16 +153,19 @@ class ConnectionGuard:
                 del self.by_peer[conn.peer]
 
     def _evict_from(self, conns: dict[GuardedH11, None]) -> bool:
-        """Close the oldest connection that is stalled or silent, else the oldest idle one."""
+        """Close the oldest connection that is stalled or silent, else the oldest idle one, else
+        the oldest that has sent nothing yet however young (a flood of fresh connections must not
+        fill the caps: a real client's request follows its connect within milliseconds)."""
         now = time.monotonic()
         victim = None
+        best = 3
         for candidate in conns:
             rank = candidate.eviction_rank(now)
             if rank == 0:
                 victim = candidate
                 break
-            if rank == 1 and victim is None:
-                victim = candidate
+            if rank is not None and rank < best:
+                victim, best = candidate, rank
         if victim is None:
             return False
         self.counts["evicted"] += 1
@@ -232,14 +235,15 @@ class GuardedH11(H11Protocol):
     # -- what the guard asks
     def eviction_rank(self, now: float) -> int | None:
         """0: stalled in its headers, or silent for a second since it connected; 1: idle between
-        requests (a client's kept-alive connection); None: in a request, or too new to judge."""
+        requests (a client's kept-alive connection); 2: connected moments ago and silent so far;
+        None: in a request."""
         if self._dropped or self.conn.their_state is not h11.IDLE:
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None
         if self.heard or (self.cycle is None and now - self.opened >= SILENT_GRACE_S):
             return 0
-        return 1 if self.cycle is not None else None
+        return 1 if self.cycle is not None else 2
 
     def drop(self) -> None:
         self._dropped = True

@@ -317,3 +317,43 @@ def test_a_refused_request_ends_its_connection_even_with_its_body_unsent(small_s
             while chunk := s.recv(65536):  # the old server keeps it open: recv times out at 15 s
                 got += chunk
     assert got.startswith(b"HTTP/1.1 401") and b"connection: close" in got.lower()
+
+
+def test_a_flood_of_fresh_silent_connections_does_not_lock_a_client_out(
+    tmp_path: Path, policy_file: Path, ws: Path
+) -> None:
+    """Red team F3: connections younger than a second could not be evicted, so a flood that
+    keeps replacing its connections with fresh ones filled the caps and a client was refused."""
+    caps = ("--max-connections", "48", "--max-connections-per-peer", "48")
+    server = HttpGateway(tmp_path, policy_file, ws, extra=caps)
+    stop = threading.Event()
+
+    def flood() -> None:
+        held: list[tuple[float, socket.socket]] = []
+        while not stop.is_set():
+            now = time.monotonic()
+            while held and now - held[0][0] > 0.5:  # only ever young ones
+                held.pop(0)[1].close()
+            while len(held) < 80:
+                s = socket.socket()
+                s.setblocking(False)
+                with contextlib.suppress(OSError):
+                    s.connect_ex(("127.0.0.1", server.port))
+                held.append((time.monotonic(), s))
+            time.sleep(0.02)
+        for _, s in held:
+            s.close()
+
+    try:
+        token = server.token("agent")
+        flooder = threading.Thread(target=flood)
+        flooder.start()
+        try:
+            time.sleep(1.0)  # the caps are full of fresh silent connections
+            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}, 30))
+        finally:
+            stop.set()
+            flooder.join()
+        assert envelope(result)["stdout"] == "through\n"
+    finally:
+        server.stop()
