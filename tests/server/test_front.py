@@ -357,3 +357,22 @@ def test_a_flood_of_fresh_silent_connections_does_not_lock_a_client_out(
         assert envelope(result)["stdout"] == "through\n"
     finally:
         server.stop()
+
+
+def test_pipelined_refusals_to_a_client_that_never_reads_end_after_the_first(small_server: HttpGateway) -> None:
+    """Red team F1, token-less form: thousands of pipelined GETs from a client with a tiny
+    receive window that never reads kept the server writing 401s until its buffer filled, and
+    the connection then held its slot with no deadline. The first refusal now closes it."""
+    one = f"GET /mcp HTTP/1.1\r\nHost: 127.0.0.1:{small_server.port}\r\nAccept: text/event-stream\r\n\r\n".encode()
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+        s.settimeout(15)
+        s.connect(("127.0.0.1", small_server.port))
+        with contextlib.suppress(OSError):  # the server may close before all is sent
+            s.sendall(one * 2000)
+        time.sleep(1)
+        got = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := s.recv(65536):  # old server: answers keep coming, no end in 15 s
+                got += chunk
+    assert got.count(b"HTTP/1.1 401") == 1
