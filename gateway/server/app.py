@@ -440,10 +440,7 @@ class GatewayServer:
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        with self._lock:
-            left = list(self._flights.values())
-        for f in left:
-            f.ticket.cancel.set()
+        cancelled = self._cancel_running()
         end = time.monotonic() + 10.0
         while self.in_flight() and time.monotonic() < end:
             await asyncio.sleep(0.05)
@@ -451,7 +448,7 @@ class GatewayServer:
         while self._answering and time.monotonic() < end:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)  # the SDK's writer sends what the handlers returned
-        self._drained = {"cancelled": len(left), "unfinished": self.in_flight()}
+        self._drained = {"cancelled": cancelled, "unfinished": self.in_flight()}
         return self._drained
 
     def shutdown(self, grace_s: float) -> dict[str, int]:
@@ -463,16 +460,19 @@ class GatewayServer:
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             time.sleep(0.05)
+        cancelled = self._cancel_running() + (self._drained or {}).get("cancelled", 0)
+        end = time.monotonic() + 10.0
+        while self.in_flight() and time.monotonic() < end:
+            time.sleep(0.05)
+        return {"cancelled": cancelled, "unfinished": self.in_flight()}
+
+    def _cancel_running(self) -> int:
+        """Cancel (kill) every call still running; how many there were."""
         with self._lock:
             left = list(self._flights.values())
         for f in left:
             f.ticket.cancel.set()
-        end = time.monotonic() + 10.0
-        while self.in_flight() and time.monotonic() < end:
-            time.sleep(0.05)
-        if self._drained is not None:
-            return {"cancelled": self._drained["cancelled"] + len(left), "unfinished": self.in_flight()}
-        return {"cancelled": len(left), "unfinished": self.in_flight()}
+        return len(left)
 
 
 def _smuggled(args: dict[str, Any]) -> list[str]:
