@@ -288,6 +288,19 @@ class Gateway:
         path = Path(cwd) if cwd else policy.workspace
         return path if path.is_absolute() else policy.workspace / path
 
+    def decide_command(
+        self, principal: str, tool: str, command: str, cwd: Path, env: dict[str, str],
+        policy: CompiledPolicy, shell: str = "bash",
+    ) -> CheckResult:  # fmt: skip
+        """The decision on `command` run through `tool` (nothing recorded yet: `check_command`)."""
+        family = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}[tool]
+        if shell not in policy.policy.shells:
+            reason = Reason(
+                "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
+            )
+            return CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
+        return evaluate(policy, command, principal, cwd, env, family)
+
     def check_command(
         self,
         call_id: str,
@@ -300,18 +313,13 @@ class Gateway:
         policy: CompiledPolicy | None = None,
         shell: str = "bash",
         unattended: bool = False,
+        decided: CheckResult | None = None,
     ) -> Gated | dict[str, Any]:
-        """Decide `command` (as run through `tool`), audit the decision, ask if the policy asks.
-        Returns `Gated` to go ahead, or the envelope that ends the call."""
+        """Decide `command` (as run through `tool`; or take `decided`, from `decide_command` with
+        the same arguments), audit the decision, ask if the policy asks. Returns `Gated` to go
+        ahead, or the envelope that ends the call."""
         policy = policy or self.policy
-        family = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}[tool]
-        if shell not in policy.policy.shells:
-            reason = Reason(
-                "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
-            )
-            result = CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
-        else:
-            result = evaluate(policy, command, principal, cwd, env, family)
+        result = decided or self.decide_command(principal, tool, command, cwd, env, policy, shell)
         commands = (
             [
                 {"argv": c.to_json()["argv"], "redirects": c.to_json().get("redirects", [])}

@@ -14,7 +14,7 @@ import pytest
 
 from gateway.approval import Approval, ApprovalRequest, CallbackApprover
 from gateway.approval_queue import QueueApprover, QueueError
-from gateway.audit import AuditLog, records, verify
+from gateway.audit import AuditLog, AuditUnavailable, records, verify
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
@@ -227,6 +227,66 @@ def test_a_full_audit_disk_denies_and_runs_nothing(policy: CompiledPolicy, tmp_p
     out = Gateway(policy, log).handle(RunCall(principal="agent", command="echo x > ran.txt"))
     assert out["error"]["code"] == "AUDIT_UNAVAILABLE"  # type: ignore[index]
     assert not (ws / "ran.txt").exists()
+
+
+class _SlowDecisions(AuditLog):
+    """A real audit log whose decision records take `delay` seconds to become durable (or then
+    fail): the sandbox is built meanwhile, and must not run the command before the record is."""
+
+    def __init__(self, directory: Path, delay: float, fail: bool = False) -> None:
+        super().__init__(directory)
+        self.delay, self.fail = delay, fail
+        self.durable_at: list[float] = []
+
+    def append(self, event: str, **fields: object) -> dict[str, object]:
+        if event != "decision":
+            return super().append(event, **fields)
+        time.sleep(self.delay)
+        if self.fail:
+            raise AuditUnavailable("the disk went away")
+        made = super().append(event, **fields)
+        self.durable_at.append(time.time())
+        return made
+
+
+def _running(token: str) -> list[str]:
+    """Processes whose command line holds `token` (the call's text is in bwrap's argv)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if token.encode() in cmdline and pid != str(os.getpid()):
+            found.append(pid)
+    return found
+
+
+def test_a_command_never_runs_before_its_decision_record_is_durable(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    # the sandbox is built while the decision record is fsynced (the held launch): the command
+    # itself must start only once the record is on disk, however slow the disk is
+    log = _SlowDecisions(tmp_path / "audit", delay=0.5)
+    out = Gateway(policy, log).handle(
+        RunCall(principal="agent", command="python3 -c 'import time; print(repr(time.time()))'")
+    )
+    assert out["status"] == "ok", out
+    ran_at = float(out["stdout"])  # type: ignore[arg-type]
+    assert log.durable_at and ran_at >= log.durable_at[0], (ran_at, log.durable_at)
+    assert events(tmp_path) == ["decision", "result"]
+
+
+def test_a_decision_that_cannot_be_recorded_never_runs_its_built_sandbox(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    token = f"never-ran-{os.getpid()}"
+    log = _SlowDecisions(tmp_path / "audit", delay=0.5, fail=True)
+    out = Gateway(policy, log).handle(RunCall(principal="agent", command=f"echo x > {token}.txt"))
+    assert out["error"]["code"] == "AUDIT_UNAVAILABLE", out  # type: ignore[index]
+    time.sleep(0.5)
+    assert not (ws / f"{token}.txt").exists()
+    assert _running(token) == []  # the held sandbox was taken down, not left waiting
 
 
 def test_eight_threads_keep_the_chain(policy: CompiledPolicy, tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,16 +94,24 @@ def run(
     capture: bool = True,
     cancel: threading.Event | None = None,
     git_write: bool = False,
+    release: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Run `text`. Returns the result fields of the `run` tool (docs/tools.md). Raises
     sandbox.SandboxUnavailable when it cannot run sandboxed (the caller refuses). `posix` runs
     bash in POSIX mode (the `sh` shell); without `capture` the output goes to /dev/null. Setting
     `cancel` (the caller went away, the server shuts down) kills the command: CALL_CANCELLED.
-    `git_write` (the call is git and nothing else: sandbox/git.py) leaves .git writable."""
+    `git_write` (the call is git and nothing else: sandbox/git.py) leaves .git writable.
+
+    `release`: the sandbox is built while `release()` runs (the caller writes the decision
+    record there), and the command starts only once it returns; if it raises, the command never
+    runs, the sandbox is taken down and the exception propagates. Never called when the
+    executor returns or raises before the sandbox exists."""
     if not cwd.is_dir():
         return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
     argv = [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text]
-    plan, launch = sandbox.start(profile, argv, cwd, scrubbed_env(env or {}), git_write=git_write)
+    plan, launch = sandbox.start(
+        profile, argv, cwd, scrubbed_env(env or {}), git_write=git_write, hold=release is not None
+    )
     started = time.monotonic()
     pipes = [sandbox_pipe(), sandbox_pipe()] if capture else []
     try:
@@ -128,6 +137,17 @@ def run(
     for name, (r, w) in zip(("stdout", "stderr"), pipes, strict=False):
         os.close(w)
         readers[name] = os.fdopen(r, "rb", buffering=0)
+    if release is not None:
+        try:
+            release()
+        except BaseException:  # not released: the held command never runs
+            launch.withhold()
+            _kill(proc)
+            for reader in readers.values():
+                reader.close()
+            launch.finished()
+            raise
+        launch.go()
     streams = {
         "stdout": _Stream(output_bytes, bytearray(), bytearray()),
         "stderr": _Stream(output_bytes, bytearray(), bytearray()),

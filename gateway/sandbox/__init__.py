@@ -69,16 +69,17 @@ def plan_for(
 
 
 def start(
-    profile: Profile, argv: list[str], cwd: Path, env: dict[str, str], **options: Any
+    profile: Profile, argv: list[str], cwd: Path, env: dict[str, str], *, hold: bool = False, **options: Any
 ) -> tuple[SandboxPlan, Launch]:
     """Plan (`plan_for`, with the same options) and prepare one sandbox. Raises
-    SandboxUnavailable (callers refuse to run)."""
+    SandboxUnavailable (callers refuse to run). `hold`: the command runs only after
+    `Launch.go()` (launch.py)."""
     plan = plan_for(profile, argv, cwd, env, **options)
     try:  # nested repositories the command makes are quarantined as they appear (nested.py)
         nested.guard(plan.uid).watch(profile.write_roots, profile.report or _unreported)
     except nested.GuardUnavailable as exc:
         raise SandboxUnavailable(str(exc)) from exc
-    return plan, prepare(plan, check())
+    return plan, prepare(plan, check(), hold=hold)
 
 
 def _unreported(event: str, data: dict[str, object]) -> None:

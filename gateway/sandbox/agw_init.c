@@ -9,10 +9,14 @@
  *
  *   agw-init inner [--verify-ro-root] [--expect PATH DEV INO ro|rw]...
  *                  [--landlock required|optional|off] [--allow PATH ACCESS]... [--no-tcp]
- *                  [--scope] [--rlimit NAME=VALUE]... [--keep-fd N]... -- program args...
+ *                  [--scope] [--rlimit NAME=VALUE]... [--keep-fd N]... [--hold FD]
+ *                  -- program args...
  *       Inside the sandbox, after bwrap built the mounts: prove the mounts are the ones the
- *       gateway asked for, set resource limits, restrict the process with Landlock, close every
- *       inherited descriptor, exec the command.
+ *       gateway asked for, set resource limits, restrict the process with Landlock, (with
+ *       --hold) wait for the gateway's go as in hold mode, close every inherited descriptor,
+ *       exec the command. The gateway builds the sandbox while it makes the call's decision
+ *       record durable, and says go only once it is: the sandbox's setup overlaps the fsync,
+ *       and still no command runs that the audit log does not name.
  *
  *   agw-init hold FD -- program args...
  *       Wait until the byte "g" arrives on descriptor FD, close it, exec the program. The
@@ -640,6 +644,24 @@ static void close_inherited(const int *keep, size_t nkeep) {
     closedir(dir);
 }
 
+/* Wait for the byte "g" on `fd` (the gateway's go) and close it; end-of-file or any other
+ * byte means the gateway is gone or refused: fail, so the command never runs. */
+static void wait_for_go(int fd, const char *mode) {
+    char go = 0;
+    ssize_t r;
+
+    do {
+        r = read(fd, &go, 1);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        fail_errno(errno, "%s: read descriptor %d", mode, fd);
+    }
+    if (r == 0 || go != 'g') {
+        fail_because("the gateway is gone or refused the start", "%s", mode);
+    }
+    close(fd);
+}
+
 static int run_inner(int argc, char **argv) {
     struct expectation *expects = allocate((size_t)argc, sizeof *expects);
     struct allowance *allows = allocate((size_t)argc, sizeof *allows);
@@ -647,7 +669,7 @@ static int run_inner(int argc, char **argv) {
     int *keep = allocate((size_t)argc, sizeof *keep);
     size_t nexpects = 0, nallows = 0, nlimits = 0, nkeep = 0;
     enum landlock_mode mode = LANDLOCK_UNSET;
-    int ro_root = 0, no_tcp = 0, scope = 0;
+    int ro_root = 0, no_tcp = 0, scope = 0, hold = -1;
     int i = 2;
 
     for (; i < argc; i++) {
@@ -702,6 +724,13 @@ static int run_inner(int argc, char **argv) {
                 fail_errno(EINVAL, "--keep-fd %llu: out of range", fd);
             }
             keep[nkeep++] = (int)fd;
+        } else if (strcmp(opt, "--hold") == 0) {
+            need_values(argc, argv, i, 1);
+            unsigned long long fd = number(opt, argv[++i]);
+            if (fd < 3 || fd > INT_MAX) {
+                fail_errno(EINVAL, "--hold %llu: out of range", fd);
+            }
+            hold = (int)fd;
         } else {
             fail_errno(EINVAL, "inner: unknown option %s", opt);
         }
@@ -731,6 +760,9 @@ static int run_inner(int argc, char **argv) {
         }
     }
     apply_landlock(mode, allows, nallows, no_tcp, scope);
+    if (hold >= 0) {
+        wait_for_go(hold, "inner --hold");
+    }
     close_inherited(keep, nkeep);
 
     char **program = argv + i + 1;
@@ -743,8 +775,6 @@ static int run_inner(int argc, char **argv) {
 
 static int run_hold(int argc, char **argv) {
     unsigned long long fd;
-    char go = 0;
-    ssize_t r;
 
     if (argc < 5 || strcmp(argv[3], "--") != 0) {
         fail_errno(EINVAL, "usage: agw-init hold FD -- program [args]");
@@ -753,16 +783,7 @@ static int run_hold(int argc, char **argv) {
     if (fd > INT_MAX) {
         fail_errno(EINVAL, "hold %llu: out of range", fd);
     }
-    do {
-        r = read((int)fd, &go, 1);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0) {
-        fail_errno(errno, "hold: read descriptor %llu", fd);
-    }
-    if (r == 0 || go != 'g') {
-        fail_because("the gateway is gone or refused the start", "hold");
-    }
-    close((int)fd);
+    wait_for_go((int)fd, "hold");
     execvp(argv[4], argv + 4);
     fail_errno(errno, "exec %s", argv[4]);
 }

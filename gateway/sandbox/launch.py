@@ -14,7 +14,10 @@ that `/` is read-only and that every bound object is the one opened here, applie
 rlimits, closes every descriptor but 0-2 (and the ones the caller keeps), and runs the command.
 
 `prepare()` returns a `Launch`: pass `argv` and `pass_fds` to Popen, then call `started()`
-(closes our copies of the descriptors) and, when the sandbox has ended, `finished()`.
+(closes our copies of the descriptors) and, when the sandbox has ended, `finished()`. A launch
+prepared with `hold=True` builds the whole sandbox but runs the command only after `go()`
+(`withhold()`, or the gateway's death, ends it unrun): the caller makes the decision record
+durable while bwrap builds the mounts, and says go once it is.
 """
 
 from __future__ import annotations
@@ -63,6 +66,26 @@ class Launch:
     fallback: str
     """How quotas are held: "cgroup v1", "cgroup v2" or "rlimits" (audited)."""
     _fds: list[int] = field(default_factory=list)
+    _hold: int | None = None
+    """The write end of the hold pipe (`hold=True`): one byte "g" lets the command run."""
+
+    def go(self) -> None:
+        """Let a held command run (the sandbox's inner helper waits for this byte)."""
+        fd, self._hold = self._hold, None
+        if fd is None:
+            raise ValueError("this launch is not held, or was already released or withheld")
+        try:
+            os.write(fd, b"g")
+        except BrokenPipeError:
+            pass  # the sandbox ended before its go (a setup check failed): its status and stderr say why
+        finally:
+            os.close(fd)
+
+    def withhold(self) -> None:
+        """The command must never run: the inner helper reads end-of-file and exits (status 125)."""
+        fd, self._hold = self._hold, None
+        if fd is not None:
+            os.close(fd)
 
     def started(self) -> None:
         """Popen has forked: close our copies of the descriptors."""
@@ -74,6 +97,7 @@ class Launch:
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed."""
         self.started()
+        self.withhold()
         if self.cgroup is None:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
@@ -145,19 +169,27 @@ class _Cleaner:
 _CLEANER = _Cleaner()
 
 
-def prepare(plan: SandboxPlan, bwrap: str) -> Launch:
-    """Open everything the plan binds and build the launch argv. Raises SandboxUnavailable."""
+def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
+    """Open everything the plan binds and build the launch argv. Raises SandboxUnavailable.
+    `hold`: the command waits, inside its finished sandbox, for `Launch.go()`."""
     fds: list[int] = []
+    held: list[int] = []
     try:
-        return _prepare(plan, bwrap, fds)
+        if hold:  # both ends close-on-exec: only this launch's child gets the read end (pass_fds)
+            r, w = os.pipe()
+            fds.append(r)
+            held.append(w)
+        launch = _prepare(plan, bwrap, fds, fds[0] if hold else None)
+        launch._hold = held[0] if held else None
+        return launch
     except BaseException:
-        for fd in fds:
+        for fd in (*fds, *held):
             with contextlib.suppress(OSError):
                 os.close(fd)
         raise
 
 
-def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
+def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None) -> Launch:
     args: list[str] = []
     expects: list[str] = []
     roots: dict[str, Opened] = {}
@@ -252,6 +284,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int]) -> Launch:
               "--rlimit", f"nofile={q.open_files}"]  # fmt: skip
     for fd in plan.keep_fds:
         inner += ["--keep-fd", str(fd)]
+    if hold_fd is not None:
+        inner += ["--hold", str(hold_fd)]
     cgroup, how = _cgroup(plan)
     if cgroup is None and q.memory_bytes:
         inner += ["--rlimit", f"as={q.memory_bytes}"]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import time
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -9,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 from gateway import sandbox
 from gateway.calls import RunCall
 from gateway.cancellation import current_cancel
+from gateway.decision import Verdict
 from gateway.pipeline import Gated, limits
 from gateway.policy.schema import Tool
 
@@ -24,9 +27,17 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     cwd = gw.resolve_cwd(policy, call.cwd)
     arguments = call.model_dump(exclude={"tool", "principal"})
-    gated = gw.check_command(call_id, call.principal, "run", call.command, cwd, call.env, arguments, policy, call.shell)
-    if not isinstance(gated, Gated):
-        return gated
+    decided = gw.decide_command(call.principal, "run", call.command, cwd, call.env, policy, call.shell)
+    record = functools.partial(
+        gw.check_command, call_id, call.principal, "run", call.command, cwd, call.env, arguments, policy, call.shell,
+        decided=decided,
+    )  # fmt: skip
+    gated: list[Gated] = []
+    if decided.decision.verdict is not Verdict.ALLOW or call.background_after_ms is not None:
+        first = record()  # a denial, a question to a supervisor, a hand-over: recorded first
+        if not isinstance(first, Gated):
+            return first
+        gated.append(first)
     env = {**gw.env.effective(policy, call.principal), **call.env}
     lim = limits(policy, call.principal)
     cap = lim.get("timeout_ms") or 120_000
@@ -36,12 +47,21 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
 
         if policy.tool_decision(call.principal, Tool.PROCESSES).value != "allow":
             why = f"background_after_ms hands the command to the process tool, which {call.principal} may not use"
-            return gw.record_result(gated, {"status": "denied", "error": {"code": "POLICY_DENIED", "message": why}})
+            return gw.record_result(gated[0], {"status": "denied", "error": {"code": "POLICY_DENIED", "message": why}})
         if call.shell != "bash" or not call.capture_output:
             why = "background_after_ms runs with bash and captures output to the process log"
-            return gw.record_result(gated, {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
+            return gw.record_result(gated[0], {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
 
-        return process.run_in_background(gw, call, gated, cwd, env, call.background_after_ms)
+        return process.run_in_background(gw, call, gated[0], cwd, env, call.background_after_ms)
+
+    def release() -> None:
+        """An allowed call's decision is recorded while its sandbox is built (the command is held
+        until this returns): the fsync overlaps bwrap's setup, and nothing runs unrecorded."""
+        made = record()
+        if not isinstance(made, Gated):
+            raise _NotRecorded(made)
+        gated.append(made)
+
     started_at, t0 = now_iso(), time.monotonic()
     try:
         outcome = gw.executor(
@@ -51,15 +71,36 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             env=env,
             timeout_ms=timeout,
             output_bytes=lim.get("output_bytes") or (1 << 20),
-            git_write=gated.git_write,
+            git_write=sandbox.git.is_git_write(decided.analysis.commands if decided.analysis else ()),
             **({"posix": True} if call.shell == "sh" else {}),
             **({} if call.capture_output else {"capture": False}),
             **({"cancel": cancel} if (cancel := current_cancel()) is not None else {}),
+            **({} if gated else {"release": release}),
         )
+    except _NotRecorded as refused:
+        return refused.envelope
     except sandbox.SandboxUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
+    except Exception:
+        if not gated:  # the decision goes on record before the error does
+            with contextlib.suppress(Exception):
+                record()
+        raise
+    if not gated:  # it ended before its sandbox existed (a bad cwd, a sandbox that cannot start)
+        made = record()
+        if not isinstance(made, Gated):
+            return made
+        gated.append(made)
     outcome = shape(outcome, call, started_at, t0, str(cwd))
-    return gw.record_result(gated, outcome)
+    return gw.record_result(gated[0], outcome)
+
+
+class _NotRecorded(Exception):
+    """The decision could not be recorded (or the setup is unsafe): the held command never ran."""
+
+    def __init__(self, envelope: dict[str, Any]) -> None:
+        super().__init__(envelope.get("error", {}).get("message", "not recorded"))
+        self.envelope = envelope
 
 
 def shape(outcome: dict[str, Any], call: RunCall, started_at: str, t0: float, cwd: str) -> dict[str, Any]:
