@@ -42,6 +42,8 @@ _IN_TEXT = [
     re.compile(r"(?i)(--?[\w-]*(?:password|passwd|token|secret|api[-_]?key)[\w-]*[= ]+)([^\s;&|'\"]+)"),
     re.compile(r"(?i)(\b(?:bearer|basic)\s+)([A-Za-z0-9._~+/=-]{8,})"),  # not "token": prose uses it
 ]
+# a word every pattern above needs (same flags): text without one skips them all
+_IN_TEXT_HINT = re.compile(r"(?i)token|key|secret|passw|credential|auth|bearer|basic")
 
 
 class AuditUnavailable(Exception):
@@ -74,8 +76,9 @@ def redact(value: Any, patterns: re.Pattern[str] = SECRET_NAME) -> Any:
         m = _ASSIGNMENT.match(value)
         if m and patterns.search(m.group(1)):
             return f"{m.group(1)}={REDACTED}"
-        for pattern in _IN_TEXT:
-            value = pattern.sub(lambda mm: mm.group(1) + REDACTED, value)
+        if _IN_TEXT_HINT.search(value):
+            for pattern in _IN_TEXT:
+                value = pattern.sub(lambda mm: mm.group(1) + REDACTED, value)
     return value
 
 

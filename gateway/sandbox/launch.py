@@ -30,6 +30,7 @@ import queue
 import secrets
 import subprocess
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -102,6 +103,7 @@ class Launch:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
         group, self.cgroup = self.cgroup, None
+        _CLEANER.touch()
         _CLEANER.put(group)  # emptied and removed off the caller's path (gateway.sandbox.quotas.sweep
         return out  # removes what a gateway that stopped first left behind)
 
@@ -123,20 +125,33 @@ class Launch:
 class _Cleaner:
     """One thread, off every caller's path, that kills what is left in ended sandboxes' cgroups
     and removes them (the PID namespace has already taken every process with bwrap: this is the
-    belt to those braces), and makes the next call's cgroup ready in advance."""
+    belt to those braces), and makes the next call's cgroup ready in advance.
+
+    Its work waits for a quiet moment: QUIET_S after the last sandbox was prepared or finished
+    (a call's own Python work then is over and its command is running), never longer than
+    MAX_WAIT_S. Work done at once would compete for the interpreter with the very call that
+    queued it (its launch, or its result record)."""
+
+    QUIET_S = 0.002
+    MAX_WAIT_S = 0.1
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue[quotas.Cgroup | quotas.Quotas] = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[tuple[float, quotas.Cgroup | quotas.Quotas]] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._ready: dict[quotas.Quotas, list[quotas.Cgroup]] = {}
+        self._last = 0.0
+
+    def touch(self) -> None:
+        """A sandbox was prepared or has finished: the caller is busy for a moment."""
+        self._last = time.monotonic()
 
     def put(self, job: quotas.Cgroup | quotas.Quotas) -> None:
         with self._lock:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, name="sandbox-cgroups", daemon=True)
                 self._thread.start()
-        self._queue.put(job)
+        self._queue.put((time.monotonic(), job))
 
     def take(self, q: quotas.Quotas) -> quotas.Cgroup | None:
         """A fresh, empty cgroup with these limits made in advance (None: make one now); another
@@ -149,9 +164,18 @@ class _Cleaner:
             return None  # swept meanwhile (quotas.sweep removes empty groups that wait long)
         return group
 
+    def _quiet(self, queued: float) -> None:
+        while True:
+            now = time.monotonic()
+            left = min(self.QUIET_S - (now - self._last), self.MAX_WAIT_S - (now - queued))
+            if left <= 0:
+                return
+            time.sleep(left)
+
     def _loop(self) -> None:
         while True:
-            job = self._queue.get()
+            queued, job = self._queue.get()
+            self._quiet(queued)
             with contextlib.suppress(Exception):
                 if isinstance(job, quotas.Quotas):
                     with self._lock:
@@ -179,6 +203,7 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
             r, w = os.pipe()
             fds.append(r)
             held.append(w)
+        _CLEANER.touch()
         launch = _prepare(plan, bwrap, fds, fds[0] if hold else None)
         launch._hold = held[0] if held else None
         return launch
