@@ -193,6 +193,10 @@ class Walker:
         self.out = Walk()
         self.continuations: list[tuple[Node, Context]] = []
         self.dropped_dash: dict[int, tuple[int, int]] = {}  # command node id -> byte span of `-`
+        # words tree-sitter hung on a redirect after its target (`sort < f -u`): in bash they are
+        # the command's arguments, after its own (command node id -> word nodes, in order)
+        self.trailing_words: dict[int, list[Node]] = {}
+        self._extra_targets: list[Node] | None = None
         self.repaired: list[tuple[int, int]] = []
 
     # -- positions --------------------------------------------------------------------------
@@ -334,15 +338,24 @@ class Walker:
         outer_continuations, self.continuations = self.continuations, []
         self.same_line(self.line_parts(node, body))
         self.no_touching(node.children)
+        trailing: list[Node] = []
         for child in node.children:
             if child.type in _REDIRECT:
-                own.extend(self.redirect(child, ctx, blind))
+                # only a simple command takes the words after a target as arguments (after a
+                # compound command bash refuses them); anything else keeps the refusal
+                self._extra_targets = trailing if body is not None and body.type == "command" else None
+                try:
+                    own.extend(self.redirect(child, ctx, blind))
+                finally:
+                    self._extra_targets = None
             elif child.is_named and child != body and child.type != "comment":
                 raise Unmodelled(
                     "unsupported_construct",
                     f"unexpected '{child.type}' in a redirected statement at {self.where(child)}",
                     self.src(child)[:80],
                 )
+        if trailing and body is not None:
+            self.trailing_words[body.id] = trailing
         all_redirects = redirects + tuple(own)
         continuations, self.continuations = self.continuations, outer_continuations
         if body is not None and body.type == "command":
@@ -376,6 +389,8 @@ class Walker:
             return
         before = len(self.out.commands)
         self.statement(body, ctx, all_redirects, blind)
+        if self.trailing_words.pop(body.id, None):  # never silently dropped
+            raise Unmodelled("unsupported_redirect", f"words after a redirect target at {self.where(node)}")
         if len(self.out.commands) == before and own:
             self.emit(Command(argv=(), redirects=all_redirects, context=ctx))
 
@@ -545,6 +560,7 @@ class Walker:
                     f"unexpected '{child.type}' in a command at {self.where(child)}",
                     self.src(child)[:80],
                 )
+        word_nodes += self.trailing_words.pop(node.id, [])
         self.simple(word_nodes, node, ctx, tuple(assigns), redirects + tuple(own), blind)
 
     def simple(
@@ -727,6 +743,12 @@ class Walker:
             if destinations:
                 raise Unmodelled("unsupported_construct", f"unexpected target after '{op}' at {self.where(node)}")
             return [Redirect(mode, None, fd)]
+        if len(destinations) > 1 and self._extra_targets is not None:
+            # `sort < notes.txt -u`: bash takes one word as the target and the rest as the
+            # command's arguments; tree-sitter hangs them all on the redirect. (A `{fd}` among
+            # them, glued to the next redirect, is still refused where the words are read.)
+            self._extra_targets.extend(destinations[1:])
+            destinations = destinations[:1]
         if len(destinations) != 1:
             # e.g. `{fd}>file`, which tree-sitter glues onto the previous redirect
             raise Unmodelled(

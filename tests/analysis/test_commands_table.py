@@ -103,6 +103,17 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("cat <<< $(date)", [["date"], ["cat"]]),
     ("ls > $(mktemp)", [["mktemp"], ["ls"]]),
     ("{ ls; } > out", [["ls"]]),
+    # words after a redirect target are the command's arguments, after its own (bash's reading;
+    # tree-sitter hangs them on the redirect)
+    ("sort < notes.txt -u", [["sort", "-u"]]),
+    ("sort -r < notes.txt -u x", [["sort", "-r", "-u", "x"]]),
+    ("cat < a b > c d", [["cat", "b", "d"]]),
+    ("echo x 2>&1 y", [["echo", "x", "y"]]),
+    ("sort < f -u 2> e -r", [["sort", "-u", "-r"]]),
+    ("x=1 sort < f -u", [["sort", "-u"]]),
+    ("sort < f $(zork)", [["zork"], ["sort", "$(zork)"]]),
+    ("ls > a {fd}> b", Deny("unsupported_redirect")),
+    ("a | sort < f -u", Deny("unsupported_redirect")),  # tree-sitter hangs it on the pipeline
     # --- here-documents of every quoting style ------------------------------------------------
     ("cat <<EOF\nhello\nEOF", [["cat"]]),
     ("cat <<EOF\na $HOME $(date)\nEOF", [["date"], ["cat"]]),
