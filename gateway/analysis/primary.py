@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import tree_sitter_bash
 from tree_sitter import Language, Node, Parser
 
+from gateway.analysis import braces
 from gateway.analysis import words as lex
 from gateway.analysis.model import (
     Assignment,
@@ -146,6 +147,8 @@ _EXPRESSION = frozenset(
     }
 )
 _REDIRECT = frozenset({"file_redirect", "heredoc_redirect", "herestring_redirect"})
+MAX_EXPANDED_ARGV = 4096
+"""The most arguments brace expansion may give one command (braces.MAX_WORDS bounds each word)."""
 _FILE_REDIRECT_MODES = {
     "<": RedirectMode.READ,
     ">": RedirectMode.WRITE,
@@ -561,7 +564,7 @@ class Walker:
                     self.src(child)[:80],
                 )
         word_nodes += self.trailing_words.pop(node.id, [])
-        self.simple(word_nodes, node, ctx, tuple(assigns), redirects + tuple(own), blind)
+        self.simple(word_nodes, node, ctx, tuple(assigns), redirects + tuple(own), blind, expand_braces=True)
 
     def simple(
         self,
@@ -572,9 +575,12 @@ class Walker:
         redirects: tuple[Redirect, ...],
         blind: str,
         flags: tuple[Flag, ...] = (),
+        expand_braces: bool = False,
     ) -> None:
         """Emit one simple command from its word nodes. Adjacent nodes (no blank between them)
-        are one shell word, whatever tree-sitter made of them (e.g. `$` + `"..."`)."""
+        are one shell word, whatever tree-sitter made of them (e.g. `$` + `"..."`).
+        `expand_braces`: a plain command's arguments are brace-expanded as bash does (braces.py;
+        the second opinion still compares the words as written)."""
         dash = self.dropped_dash.get(node.id)
         groups: list[list[Node]] = []
         for w in word_nodes:
@@ -601,7 +607,35 @@ class Walker:
             argv.append(Word("-", (), "-"))
             spans.append((self.char(dash[0]), self.char(dash[1])))
         self.out.syntactic.append(SyntacticCommand(tuple(spans), tuple(argv), blind))
+        if expand_braces:
+            argv = self.brace_expanded(argv, node)
         self.emit(Command(argv=tuple(argv), assignments=assigns, redirects=redirects, context=ctx, flags=flags))
+
+    def brace_expanded(self, argv: list[Word], node: Node) -> list[Word]:
+        """Each argument that is a plain brace expansion (`out/{a,b}`, `f{1..3}`) as the literal
+        words bash makes of it; the command name is left as written (a brace there is refused
+        as a dynamic command name)."""
+        out = argv[:1]
+        for w in argv[1:]:
+            if w.expansions != (Expansion.BRACE,):
+                out.append(w)
+                continue
+            try:
+                out.extend(Word(v, (), w.raw) for v in braces.expand(w.raw))
+            except braces.NotPlain:
+                out.append(w)  # braces bash keeps as text, or quoting: known only at run time
+            except braces.TooLarge as exc:
+                raise Unmodelled(
+                    "brace_too_large",
+                    f"brace expansion {w.raw[:60]!r} at {self.where(node)} {exc}: list the words, or use a loop",
+                    w.raw[:80],
+                ) from None
+            if len(out) > MAX_EXPANDED_ARGV:
+                raise Unmodelled(
+                    "brace_too_large",
+                    f"brace expansions at {self.where(node)} make more than {MAX_EXPANDED_ARGV} arguments",
+                )
+        return out
 
     def _st_declaration_command(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str

@@ -229,6 +229,12 @@ JAIL = [
     "cat $(echo /etc/passwd)",
     "wc -l /proc/self/environ",
     "cp -r . /tmp/exfil",
+    # brace expansion is expanded now: each word is jailed
+    "cp src/app.py{,/../../../../etc/x}",
+    "rm -rf {src,/}",
+    "cat {src/app.py,/etc/shadow}",
+    "touch {a,../../../../tmp/x}",
+    "cat < notes.txt /etc/passwd",
 ]
 CHAINING = [
     "ls; curl x",
@@ -320,6 +326,9 @@ POLICY_ROUND = [
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 
 HONEST = [
+    "mkdir -p out/{arm64,x86_64}",
+    "cp src/app.py{,.bak}",
+    "sort < notes.txt -u",
     "ls",
     "ls -la",
     "ls -la src",

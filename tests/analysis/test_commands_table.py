@@ -113,6 +113,14 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("x=1 sort < f -u", [["sort", "-u"]]),
     ("sort < f $(zork)", [["zork"], ["sort", "$(zork)"]]),
     ("ls > a {fd}> b", Deny("unsupported_redirect")),
+    # --- brace expansion: plain words are expanded now, each word checked ----------------------
+    ("mkdir -p out/{arm64,x86_64}", [["mkdir", "-p", "out/arm64", "out/x86_64"]]),
+    ("cp conf{,.bak}", [["cp", "conf", "conf.bak"]]),
+    ("touch f{1..3}", [["touch", "f1", "f2", "f3"]]),
+    ('echo "a"{b,c}', [["echo", "a{b,c}"]]),  # quoted: known only at run time, as before
+    ("echo {a..Z}", [["echo", "{a..Z}"]]),  # a range across cases: not modelled, left as written
+    ("r{m,x} -rf x", Deny("dynamic_command_name")),
+    ("echo {1..100000}", Deny("brace_too_large")),
     ("a | sort < f -u", Deny("unsupported_redirect")),  # tree-sitter hangs it on the pipeline
     # --- here-documents of every quoting style ------------------------------------------------
     ("cat <<EOF\nhello\nEOF", [["cat"]]),
@@ -195,7 +203,7 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("echo ${IFS}", [["echo", "${IFS}"]]),
     ("echo pre${IFS}post", [["echo", "pre${IFS}post"]]),
     # --- expansions that leave the value unknown ------------------------------------------------
-    ("echo {a,b}c {1..5}", [["echo", "{a,b}c", "{1..5}"]]),
+    ("echo {a,b}c {1..5}", [["echo", "ac", "bc", "1", "2", "3", "4", "5"]]),  # expanded now (braces.py)
     ("echo \\{a,b\\} '{a,b}' {abc} x{}y", [["echo", "{a,b}", "{a,b}", "{abc}", "x{}y"]]),
     ("echo ~ ~/x a~b", [["echo", "~", "~/x", "a~b"]]),
     ("ls *.py 'a*' \"b?\" \\[c\\]", [["ls", "*.py", "a*", "b?", "[c]"]]),
