@@ -493,16 +493,23 @@ class Gateway:
     def unsafe_setup(self, policy: CompiledPolicy, principal: str) -> str:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy,
         the approvals queue or the gateway's state if one lies inside its write roots."""
-        roots = policy.grant(principal).write_roots
-        sensitive = [("the audit log", self.audit.directory)]
-        sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
-        sensitive += [("the approvals queue or the gateway's state", p) for p in self.hidden]
-        for what, path in sensitive:
-            real = Path(os.path.realpath(path))
-            for root in roots:
-                if real == root or root in real.parents:
-                    return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
-        return ""
+        return unsafe_setup(policy, principal, self.audit.directory, self.hidden)
+
+
+def unsafe_setup(policy: CompiledPolicy, principal: str, audit_dir: Path, hidden: tuple[Path, ...]) -> str:
+    """Why a gateway with this audit log and these private directories (`hidden`: the approvals
+    queue, its state, ...) must not decide for `principal`: one of them, or the policy, lies
+    inside the principal's write roots, so the agent could rewrite it. Empty when none does."""
+    roots = policy.grant(principal).write_roots
+    sensitive = [("the audit log", audit_dir)]
+    sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
+    sensitive += [("the approvals queue or the gateway's state", p) for p in hidden]
+    for what, path in sensitive:
+        real = Path(os.path.realpath(path))
+        for root in roots:
+            if real == root or root in real.parents:
+                return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
+    return ""
 
 
 _UNRECORDED = frozenset({"stdout", "stderr", "output", "content", "image", "json", "entries", "matches", "value"})
