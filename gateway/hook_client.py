@@ -208,7 +208,7 @@ def start(sock_path: str, options: dict[str, str], config: list[str]) -> None:
                 pass
             finally:
                 s.close()
-            if child.poll() is not None:
+            if child.poll() not in (None, 0):  # 0: another daemon holds the socket's lock, and comes up
                 raise Refused(f"the gateway did not start: {_tail(base + '.log')}")
             time.sleep(0.02)
         raise Refused(f"the gateway did not start within {START_TIMEOUT_S:.0f} s (log: {base}.log)")

@@ -5,7 +5,7 @@ the parser warm, and answers one hook call per connection (protocol: gateway/hoo
 
 Who may ask:
 - the socket lives in a directory of the daemon's user with mode 0700 (checked at start: a
-  directory anyone else can enter is refused), and is made with mode 0600;
+  directory anyone else can enter is refused), and is made owner-only (umask 077);
 - every connection's peer credentials (SO_PEERCRED) are checked: the daemon's own uid, or one
   given with `--allow-uid`; any other is closed unanswered (its client then denies).
 
@@ -63,11 +63,9 @@ def peer_uid(conn: socket.socket) -> int:
 
 
 class Daemon:
-    def __init__(
-        self, sock_path: Path, service: HookService, allowed_uids: frozenset[int], idle_exit_s: float = 0.0
-    ) -> None:
+    def __init__(self, sock_path: Path, allowed_uids: frozenset[int], idle_exit_s: float = 0.0) -> None:
         self.sock_path = sock_path
-        self.service = service
+        self.service: HookService | None = None
         self.allowed = allowed_uids | {os.geteuid()}
         self.idle_exit_s = idle_exit_s
         self.last_activity = time.monotonic()
@@ -77,8 +75,8 @@ class Daemon:
         self._listener: socket.socket | None = None
         self._inode = 0
 
-    def bind(self) -> bool:
-        """Take the life lock and the socket. False when another daemon holds them."""
+    def lock(self) -> bool:
+        """Take the life lock of this socket. False when another daemon holds it."""
         check_private_dir(self.sock_path.parent)
         base = str(self.sock_path)[: -len(".sock")] if self.sock_path.suffix == ".sock" else str(self.sock_path)
         fd = os.open(base + ".pid", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
@@ -90,6 +88,11 @@ class Daemon:
         self._lock_fd = fd
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
+        return True
+
+    def bind(self) -> None:
+        """Listen on the socket (under the life lock: a stale one is removed first)."""
+        assert self._lock_fd >= 0
         with contextlib.suppress(FileNotFoundError):  # a socket left by a daemon that died
             if stat.S_ISSOCK(os.lstat(self.sock_path).st_mode):
                 os.unlink(self.sock_path)
@@ -102,7 +105,6 @@ class Daemon:
         listener.listen(128)
         self._inode = os.lstat(self.sock_path).st_ino
         self._listener = listener
-        return True
 
     def serve(self) -> None:
         assert self._listener is not None
@@ -132,7 +134,7 @@ class Daemon:
         if self._listener is not None:
             self._listener.close()
         with contextlib.suppress(OSError):  # only our own socket: a newer daemon's stays
-            if os.lstat(self.sock_path).st_ino == self._inode:
+            if self._inode and os.lstat(self.sock_path).st_ino == self._inode:
                 os.unlink(self.sock_path)
         if self._lock_fd >= 0:
             os.close(self._lock_fd)
@@ -153,6 +155,8 @@ class Daemon:
                 agent = parts[1].decode("ascii", "replace") if len(parts) == 2 and parts[0] == b"AGW1" else ""
                 if not nl or agent not in AGENTS:
                     return  # not a hook client: nothing to answer in
+                if self.service is None:
+                    return
                 reply = self.service.handle(agent, raw)
                 conn.sendall(b"%d %d\n" % (reply.exit, len(reply.stdout)) + reply.stdout + reply.stderr)
         except OSError:
@@ -183,8 +187,11 @@ def main(args: argparse.Namespace) -> int:
     from gateway.policy.selftest import load_checked
 
     sock_path = Path(os.path.abspath(args.socket))
+    daemon = Daemon(sock_path, frozenset(args.allow_uid or ()), args.idle_exit)
     try:
-        check_private_dir(sock_path.parent)
+        if not daemon.lock():  # first, before any work: a second daemon leaves at once
+            print(f"gateway daemon: another daemon serves {sock_path}", file=sys.stderr)
+            return 0
         policy_file = Path(args.policy)
         workspace = Path(args.workspace) if args.workspace else None
         first = load_checked(policy_file, workspace)
@@ -208,22 +215,16 @@ def main(args: argparse.Namespace) -> int:
         unsafe = unsafe_setup(policy, principal, Path(args.audit_dir), private)
         if unsafe:
             raise PolicyError(unsafe)
+        daemon.service = HookService(holder.current, audit, principal, private)
+        with contextlib.suppress(Exception):  # start the parser's workers now, not on the first call
+            from gateway.pipeline import evaluate
+
+            evaluate(policy, "true", principal)
+        daemon.bind()
     except (PolicyError, AuditUnavailable, DaemonError, OSError) as exc:
         print(f"gateway daemon: {exc}", file=sys.stderr)
+        daemon.close()
         return EXIT_USAGE
-    service = HookService(holder.current, audit, principal, private)
-    daemon = Daemon(sock_path, service, frozenset(args.allow_uid or ()), args.idle_exit)
-    try:
-        if not daemon.bind():
-            print(f"gateway daemon: another daemon serves {sock_path}", file=sys.stderr)
-            return 0
-    except (DaemonError, OSError) as exc:
-        print(f"gateway daemon: {exc}", file=sys.stderr)
-        return EXIT_USAGE
-    with contextlib.suppress(Exception):  # start the parser's workers now, not on the first call
-        from gateway.pipeline import evaluate
-
-        evaluate(policy, "true", principal)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, lambda *_: daemon.stop())
     print(f"gateway daemon: serving {sock_path} (policy {policy_file}, principal {principal})", file=sys.stderr)

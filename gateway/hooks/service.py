@@ -26,6 +26,7 @@ from gateway.hooks.formats import Answer, HookCall, HookInputError, Paths
 from gateway.pipeline import evaluate, new_call_id, unsafe_setup
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
+from gateway.stages.pathjail import PathRefused, settled_realpath
 from gateway.tools.files import decide_paths, private_refusal
 
 ADVICE = {
@@ -71,8 +72,12 @@ class HookService:
             return Decision(Verdict.DENY, None, (Reason("setup", "unsafe_setup", unsafe),)), {}
         request = call.request
         if isinstance(request, Paths):
-            paths = list(request.paths)
             who = f"{call.tool} ({request.action})"
+            try:  # the jail checks real paths: a symlink is decided by where it leads
+                paths = [(settled_realpath(p), access) for p, access in request.paths]
+            except PathRefused as exc:
+                reason = Reason("pathjail", exc.code, exc.message, None, exc.details)
+                return Decision(Verdict.DENY, None, (reason,)), {}
             decision = decide_paths(policy, self.principal, who, paths)
             walks = request.action in ("grep", "find", "list")
             if decision.verdict is not Verdict.DENY:
