@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 # Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
 # for the MCP server, the sandbox or the audit verbs (docs/performance.md, "Hooks").
 if TYPE_CHECKING:
-    from gateway.pipeline import CheckResult
+    from gateway.decide import CheckResult
     from gateway.policy.compile import CompiledPolicy
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
@@ -84,7 +84,7 @@ def _explain(result: CheckResult) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
-    from gateway.pipeline import evaluate
+    from gateway.decide import evaluate
     from gateway.policy.loader import PolicyError
 
     try:
@@ -104,8 +104,8 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: str | None) -> int:
+    from gateway.decide import evaluate
     from gateway.decision import Verdict
-    from gateway.pipeline import evaluate
     from gateway.policy.loader import PolicyError
 
     worst = Verdict.ALLOW

@@ -217,7 +217,7 @@ def main(args: argparse.Namespace) -> int:
             raise PolicyError(unsafe)
         daemon.service = HookService(holder.current, audit, principal, private)
         with contextlib.suppress(Exception):  # start the parser's workers now, not on the first call
-            from gateway.pipeline import evaluate
+            from gateway.decide import evaluate
 
             evaluate(policy, "true", principal)
         daemon.bind()

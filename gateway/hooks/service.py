@@ -20,10 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from gateway.audit import AuditLog, AuditUnavailable
+from gateway.decide import evaluate
 from gateway.decision import Decision, Reason, Verdict
 from gateway.hooks import formats
 from gateway.hooks.formats import Answer, HookCall, HookInputError, Paths
-from gateway.pipeline import evaluate, new_call_id, unsafe_setup
+from gateway.pipeline import new_call_id, unsafe_setup
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages.pathjail import PathRefused, settled_realpath
