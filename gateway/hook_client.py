@@ -32,8 +32,8 @@ AGENTS = ("claude-code", "codex", "gemini")
 MAX_INPUT = 32 << 20
 """The largest hook input forwarded (a Write of a big file carries its content): larger is denied."""
 MAX_ANSWER = 1 << 20
-ANSWER_TIMEOUT_S = 60.0
-START_TIMEOUT_S = 30.0
+ANSWER_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 20.0
 OPTIONS = ("policy", "workspace", "audit-dir", "audit-keys", "principal", "state-dir", "python")
 
 

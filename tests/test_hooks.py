@@ -413,3 +413,28 @@ def test_the_full_cli_hook_verb_is_the_same_client(gw: Setup) -> None:
         capture_output=True, text=True, timeout=120, cwd=gw.workspace,
     )  # fmt: skip
     assert claude_answer(proc)[0] == "allow"
+
+
+def test_the_gateways_own_records_are_never_named(tmp_path: Path) -> None:
+    """No sandbox hides the audit log from a hooked agent: a policy whose read roots reach it
+    still gets a denial for a command or a file tool naming it."""
+    setup = _setup(tmp_path)
+    wide = tmp_path / "wide.yaml"
+    text = POLICY.read_text().replace('read_roots: ["."]', 'read_roots: [".", ".."]')
+    wide.write_text(text.replace('tests: "default.tests.jsonl"', ""))
+    setup.options[setup.options.index("--policy") + 1] = str(wide)
+    try:
+        ok = setup.hook("claude-code", claude("Bash", {"command": "cat ../ws/src/main.py"}, setup.workspace))
+        assert claude_answer(ok)[0] == "allow"
+        log = next(setup.audit.glob("*.jsonl"))
+        for tool, tool_input in (
+            ("Bash", {"command": f"cat {log}"}),
+            ("Bash", {"command": "ls", "description": "x"}),
+            ("Read", {"file_path": str(log)}),
+            ("Grep", {"pattern": "secret", "path": str(tmp_path)}),
+        ):
+            cwd = setup.audit if tool_input.get("command") == "ls" else setup.workspace
+            verdict, reason = claude_answer(setup.hook("claude-code", claude(tool, tool_input, cwd)))
+            assert verdict == "deny" and "gateway's own records" in reason, (tool, tool_input, reason)
+    finally:
+        setup.stop()
