@@ -16,7 +16,7 @@ The gateway a hook talks to is named by its configuration: `--policy` (default
 `--principal`, each resolved against the hook's working directory. Its socket is
 `STATE/hooks/<digest of the configuration>.sock`, STATE being `--state-dir`, or
 `$XDG_STATE_HOME/agent-gateway`, or `~/.local/state/agent-gateway`. When no gateway answers
-there, the client starts one (`PYTHON -m gateway daemon`, PYTHON being `--python`, `$AGW_PYTHON`
+there, the client starts one (`PYTHON -I -m gateway daemon`, in `/`, PYTHON being `--python`, `$AGW_PYTHON`
 or this interpreter), holding a lock so two hooks never start two; `--no-start` turns that off.
 
 Protocol (one request per connection): the client sends `AGW1 AGENT\\n` and the raw hook input,
@@ -199,7 +199,10 @@ def start(sock_path: str, options: dict[str, str], config: list[str]) -> None:
         log = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
             child = subprocess.Popen(
-                [python, "-m", "gateway", "daemon", "--socket", sock_path, *config],
+                # -I and cwd "/": the hook runs in the agent's project, where the agent writes;
+                # `python -m gateway` there would run a ./gateway/__main__.py the agent planted
+                [python, "-I", "-m", "gateway", "daemon", "--socket", sock_path, *config],
+                cwd="/",
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,

@@ -438,3 +438,16 @@ def test_the_gateways_own_records_are_never_named(tmp_path: Path) -> None:
             assert verdict == "deny" and "gateway's own records" in reason, (tool, tool_input, reason)
     finally:
         setup.stop()
+
+
+def test_the_daemon_never_runs_a_gateway_package_planted_in_the_project(fresh: Setup) -> None:
+    """The hook runs in the agent's project, which the agent writes: a `gateway/` package there
+    must not be what starts as the daemon (it would answer allow to everything, ungated)."""
+    marker = fresh.base / "planted-code-ran"
+    planted = fresh.workspace / "gateway"
+    planted.mkdir()
+    (planted / "__init__.py").write_text("")
+    (planted / "__main__.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    verdict, _ = claude_answer(fresh.hook("claude-code", claude("Bash", {"command": "git status"}, fresh.workspace)))
+    assert not marker.exists()
+    assert verdict == "allow"
