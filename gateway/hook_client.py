@@ -182,23 +182,10 @@ def start(sock_path: str, options: dict[str, str], config: list[str]) -> None:
     import subprocess
     import time
 
-    base = sock_path[: -len(".sock")]
-    lock = os.open(base + ".start.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-    try:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        try:  # another hook may have started it while this one waited for the lock
-            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
-            try:
-                s.connect(sock_path)
-                return
-            finally:
-                s.close()
-        except OSError:
-            pass
-        python = options.get("python") or os.environ.get("AGW_PYTHON") or sys.executable
+    def spawn() -> subprocess.Popen[bytes]:
         log = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            child = subprocess.Popen(
+            return subprocess.Popen(
                 # -I and cwd "/": the hook runs in the agent's project, where the agent writes;
                 # `python -m gateway` there would run a ./gateway/__main__.py the agent planted
                 [python, "-I", "-m", "gateway", "daemon", "--socket", sock_path, *config],
@@ -213,7 +200,24 @@ def start(sock_path: str, options: dict[str, str], config: list[str]) -> None:
             raise Refused(f"could not start the gateway ({python}): {exc.strerror}") from None
         finally:
             os.close(log)
+
+    base = sock_path[: -len(".sock")]
+    lock = os.open(base + ".start.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:  # another hook may have started it while this one waited for the lock
+            s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
+            try:
+                s.connect(sock_path)
+                return
+            finally:
+                s.close()
+        except OSError:
+            pass
+        python = options.get("python") or os.environ.get("AGW_PYTHON") or sys.executable
         deadline = time.monotonic() + START_TIMEOUT_S
+        child = spawn()
+        respawns = 0
         while time.monotonic() < deadline:
             s = _socket.socket(_socket.AF_UNIX, _socket.SOCK_STREAM)
             try:
@@ -223,7 +227,12 @@ def start(sock_path: str, options: dict[str, str], config: list[str]) -> None:
                 pass
             finally:
                 s.close()
-            if child.poll() not in (None, 0):  # 0: another daemon holds the socket's lock, and comes up
+            code = child.poll()
+            if code == 0 and respawns < 5:  # it found the lock held: a daemon still leaving (idle), or coming up
+                respawns += 1
+                time.sleep(0.05)
+                child = spawn()
+            elif code is not None:
                 raise Refused(f"the gateway did not start: {_tail(base + '.log')}")
             time.sleep(0.02)
         raise Refused(f"the gateway did not start within {START_TIMEOUT_S:.0f} s (log: {base}.log)")

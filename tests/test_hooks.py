@@ -451,3 +451,17 @@ def test_the_daemon_never_runs_a_gateway_package_planted_in_the_project(fresh: S
     verdict, _ = claude_answer(fresh.hook("claude-code", claude("Bash", {"command": "git status"}, fresh.workspace)))
     assert not marker.exists()
     assert verdict == "allow"
+
+
+def test_a_killed_daemon_is_replaced_by_the_next_hook(fresh: Setup) -> None:
+    payload = claude("Bash", {"command": "git status"}, fresh.workspace)
+    assert claude_answer(fresh.hook("claude-code", payload))[0] == "allow"
+    (first,) = fresh.daemon_pids()
+    os.kill(first, signal.SIGKILL)  # its socket file stays behind, nobody listening
+    for _ in range(500):
+        if first not in fresh.daemon_pids():
+            break
+        time.sleep(0.01)
+    assert fresh.sock().exists()
+    assert claude_answer(fresh.hook("claude-code", payload))[0] == "allow"
+    assert len(fresh.daemon_pids()) == 1 and first not in fresh.daemon_pids()
