@@ -38,6 +38,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/analysis.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/hooks.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -1,6 +1,20 @@
-"""agent-gateway: a policy-enforcing gateway between untrusted LLM agents and a machine."""
+"""agent-gateway: a policy-enforcing gateway between untrusted LLM agents and a machine.
 
-from gateway.analysis import Analysis, Command, analyze
+The analyser's names are imported on first use (PEP 562), so `import gateway.X` costs only X:
+the hook client and the CLI's start-up do not pay for the parser unless they use it."""
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gateway.analysis import Analysis, Command, analyze
 
 __all__ = ["Analysis", "Command", "analyze"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        import gateway.analysis
+
+        return getattr(gateway.analysis, name)
+    raise AttributeError(f"module 'gateway' has no attribute {name!r}")

@@ -6,34 +6,25 @@ Exit codes (DESIGN.md section 5): 0 allow / success, 1 deny, 2 usage or config e
 from __future__ import annotations
 
 import argparse
-import getpass
 import json
 import os
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from gateway import approval_queue
-from gateway.analysis import analyze
-from gateway.approval import Approver, DenyAll, TerminalApprover, visible
-from gateway.audit import AuditUnavailable, open_signed
-from gateway.audit import commands as audit_verbs
-from gateway.audit import records as audit_records
-from gateway.calls import RunCall
-from gateway.decision import Verdict
-from gateway.pipeline import CheckResult, Gateway, evaluate
-from gateway.policy.compile import CompiledPolicy, load_policy
-from gateway.policy.loader import PolicyError
-from gateway.policy.reload import PolicyHolder
-from gateway.policy.schema import Policy
-from gateway.policy.selftest import check_examples, example_cases, load_checked, test_cases
-from gateway.server.limits import FrontLimits
+# Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
+# for the MCP server, the sandbox or the audit verbs (docs/performance.md, "Hooks").
+if TYPE_CHECKING:
+    from gateway.decide import CheckResult
+    from gateway.policy.compile import CompiledPolicy
 
 EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    from gateway.analysis import analyze
+
     text = " ".join(args.command) if args.command else sys.stdin.read()
     result = analyze(text, second_opinion_enabled=not args.no_second_opinion)
     if args.json:
@@ -57,7 +48,7 @@ DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
 DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
 DEFAULT_PROCESS_DIR = str(STATE_HOME)
 DEFAULT_AUDIT_KEYS = str(STATE_HOME / "audit-keys")
-_EXIT_FOR = {Verdict.ALLOW: EXIT_OK, Verdict.DENY: EXIT_DENY, Verdict.ASK: EXIT_ASK}
+_EXIT_FOR = {"allow": EXIT_OK, "deny": EXIT_DENY, "ask": EXIT_ASK}
 
 
 def _fatal(message: str) -> int:
@@ -67,10 +58,14 @@ def _fatal(message: str) -> int:
 
 
 def _policy(args: argparse.Namespace) -> CompiledPolicy:
+    from gateway.policy.selftest import load_checked
+
     return load_checked(Path(args.policy), Path(args.workspace) if args.workspace else None)
 
 
 def _principal(args: argparse.Namespace, policy: CompiledPolicy) -> str:
+    from gateway.policy.loader import PolicyError
+
     if args.principal:
         return str(args.principal)
     if len(policy.grants) == 1:
@@ -89,6 +84,9 @@ def _explain(result: CheckResult) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    from gateway.decide import evaluate
+    from gateway.policy.loader import PolicyError
+
     try:
         policy = _policy(args)
         default_principal = _principal(args, policy) if not args.batch else args.principal
@@ -102,10 +100,14 @@ def _cmd_check(args: argparse.Namespace) -> int:
     cwd = Path(args.cwd).resolve() if args.cwd else None
     result = evaluate(policy, text, default_principal, cwd)
     print(json.dumps(result.to_json(), ensure_ascii=False) if args.json else _explain(result))
-    return _EXIT_FOR[result.decision.verdict]
+    return _EXIT_FOR[result.decision.verdict.label]
 
 
 def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: str | None) -> int:
+    from gateway.decide import evaluate
+    from gateway.decision import Verdict
+    from gateway.policy.loader import PolicyError
+
     worst = Verdict.ALLOW
     try:
         source = sys.stdin if args.batch == "-" else open(args.batch, encoding="utf-8")  # noqa: SIM115
@@ -126,10 +128,15 @@ def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: st
             out = {"command": command, **result.to_json()}
             print(json.dumps(out, ensure_ascii=False))
             worst = max(worst, result.decision.verdict)
-    return _EXIT_FOR[worst]
+    return _EXIT_FOR[worst.label]
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    from gateway.policy.compile import load_policy
+    from gateway.policy.loader import PolicyError
+    from gateway.policy.schema import Policy
+    from gateway.policy.selftest import check_examples, example_cases, test_cases
+
     if args.action == "schema":
         print(json.dumps(Policy.model_json_schema(), indent=2))
         return EXIT_OK
@@ -158,6 +165,14 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    from gateway import approval_queue
+    from gateway.approval import Approver, DenyAll, TerminalApprover
+    from gateway.audit import AuditUnavailable, open_signed
+    from gateway.calls import RunCall
+    from gateway.pipeline import Gateway
+    from gateway.policy.loader import PolicyError
+    from gateway.policy.reload import PolicyHolder
+
     text = " ".join(args.command)
     if not text:
         return _fatal("run needs a command: gateway run -- 'make test'")
@@ -201,10 +216,15 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _supervisor(args: argparse.Namespace) -> str:
+    import getpass
+
     return str(args.by or os.environ.get("SUDO_USER") or getpass.getuser())
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
+    from gateway import approval_queue
+    from gateway.approval import visible
+
     state = Path(args.state_dir)
     if args.action == "list":
         rows = approval_queue.pending(state)
@@ -241,6 +261,9 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
+    from gateway.audit import commands as audit_verbs
+    from gateway.audit import records as audit_records
+
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
@@ -285,6 +308,8 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
 
 def _follow(directory: Path, shown: list[dict[str, Any]], as_json: bool) -> int:
     """`audit tail -f`: print the last records, then new ones as they are written (Ctrl-C ends)."""
+    from gateway.audit import records as audit_records
+
     for r in shown:
         _print_record(r, as_json)
     last = shown[-1]["seq"] if shown else 0
@@ -306,6 +331,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    from gateway.policy.loader import PolicyError
     from gateway.server import tokens
 
     path = Path(args.tokens)
@@ -335,6 +361,8 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from gateway.policy.compile import load_policy
+    from gateway.policy.loader import PolicyError
     from gateway.sandbox import doctor
 
     policy = None
@@ -348,7 +376,15 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
     return EXIT_OK if report.ok else EXIT_DENY
 
 
+def _cmd_daemon(args: argparse.Namespace) -> int:
+    from gateway.hooks import daemon
+
+    return daemon.main(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from gateway.server.limits import FrontLimits
+
     ap = argparse.ArgumentParser(prog="gateway", description="agent-gateway: a policy gate for LLM agents")
     sub = ap.add_subparsers(dest="verb", required=True)
     an = sub.add_parser("analyze", help="show every command a shell text would run (runs nothing)")
@@ -471,10 +507,22 @@ def build_parser() -> argparse.ArgumentParser:
     dr.add_argument("--policy", help="also check what this policy requires of the host")
     dr.add_argument("--workspace", help=argparse.SUPPRESS)
     dr.set_defaults(func=_cmd_doctor)
+    dm = sub.add_parser("daemon", parents=[common], help="the resident gateway agents' hooks ask (docs/hooks.md)")
+    dm.add_argument("--socket", required=True, help="the Unix socket to listen on, in a directory of mode 0700")
+    dm.add_argument("--allow-uid", type=int, action="append", help="another uid that may ask (default: only this one)")
+    dm.add_argument("--idle-exit", type=float, default=3600.0,
+                    help="seconds without a call before the daemon exits (0: never; default: %(default)s)")  # fmt: skip
+    dm.set_defaults(func=_cmd_daemon)
+    sub.add_parser("hook", help="an agent's pre-tool-use hook: gateway hook claude-code|codex|gemini (docs/hooks.md)")
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
+    args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:1] == ["hook"]:  # the per-call path: the thin client, nothing else imported
+        from gateway import hook_client
+
+        return hook_client.main(args_list[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra and getattr(args, "verb", None) == "policy" and args.path is None and len(extra) == 1:

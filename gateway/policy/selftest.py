@@ -65,7 +65,7 @@ def load_checked(path: Path, workspace: Path | None = None) -> CompiledPolicy:
 def test_cases(policy: CompiledPolicy, principal: str) -> list[Case]:
     """The policy's `tests:` file: one {"command", "principal"?, "cwd"?, "decision", "rule"?}
     per line, each evaluated through the decision pipeline."""
-    from gateway.pipeline import evaluate
+    from gateway.decide import evaluate
 
     if policy.tests is None:
         return []

@@ -29,20 +29,27 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
     except PathRefused as exc:  # a path that would not hold still while it was resolved
         given = call.path or OUTPUTS
         return _refused(exc, given, "read"), [(given, "read")]
-    decision = tool_decision(policy, call.principal, Tool.FILES)
+    return decide_paths(policy, call.principal, f"files {call.action}", paths), paths
+
+
+def decide_paths(policy: CompiledPolicy, principal: str, who: str, paths: list[tuple[str, str]]) -> Decision:
+    """May `principal` use the files tool family, and read or write each real, absolute path
+    (`paths`: (path, "read" | "write") each). `who` names the action in the reasons. The agents'
+    file-tool hooks (gateway/hooks/) are decided here too."""
+    decision = tool_decision(policy, principal, Tool.FILES)
     if decision.verdict is Verdict.DENY:
-        return decision, paths
-    grant = policy.grant(call.principal)
+        return decision
+    grant = policy.grant(principal)
     for path, access in paths:
         try:
-            check_path(path, access, grant, f"files {call.action}")
+            check_path(path, access, grant, who)
         except PathRefused as exc:
-            return _refused(exc, path, access), paths
+            return _refused(exc, path, access)
     if decision.verdict is Verdict.ALLOW:
         checked = {"read": [p for p, a in paths if a == "read"], "write": [p for p, a in paths if a == "write"]}
         reason = Reason("pathjail", "paths_checked", f"{len(paths)} path(s) inside the roots", None, checked)
         decision = Decision(Verdict.ALLOW, None, (reason,))
-    return decision, paths
+    return decision
 
 
 def _refused(exc: PathRefused, path: str, access: str) -> Decision:
@@ -52,17 +59,22 @@ def _refused(exc: PathRefused, path: str, access: str) -> Decision:
 
 def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, str]]) -> Decision | None:
     """A denial when a path is inside the gateway's own records, or a search would walk into them."""
-    private = gw.private_dirs()
+    return private_refusal(gw.private_dirs(), f"files {call.action}", call.action in ("grep", "find"), paths)
+
+
+def private_refusal(private: tuple[Path, ...], who: str, walks: bool, paths: list[tuple[str, str]]) -> Decision | None:
+    """A denial when a path lies inside one of the `private` directories (the gateway's records),
+    or, for a tool that `walks` a tree (grep, find), holds one."""
     for path, access in paths:
         try:
             real = Path(settled_realpath(path))
         except PathRefused as exc:
             return _refused(exc, path, access)
         inside = any(real == d or d in real.parents for d in private)
-        walks_in = call.action in ("grep", "find") and any(real in d.parents for d in private)
+        walks_in = walks and any(real in d.parents for d in private)
         if inside or walks_in:
             what = "lies inside" if inside else "holds"
-            message = f"files {call.action}: {path} {what} the gateway's own records (audit log, state): refused"
+            message = f"{who}: {path} {what} the gateway's own records (audit log, state): refused"
             reason = Reason("pathjail", "gateway_private", message, None, {"path": path})
             return Decision(Verdict.DENY, None, (reason,))
     return None

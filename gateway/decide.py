@@ -1,0 +1,152 @@
+"""The decision stages. `evaluate()` is pure: it runs the decision stages and nothing else (no
+prompts, no processes; the only I/O is reading the filesystem to resolve paths). `gateway check`
+is exactly this. Execution, approval and audit come with the pipeline issue.
+
+Stages, in order, each able only to make the verdict stricter:
+
+    parse        the analyser: every command, or a denial        (gateway.analysis)
+    tool         may this principal use the tool family at all    (casbin)
+    permissions  the rule deciding each command                   (stages/permissions.py)
+    second       an unconfirmed second opinion: the policy decides (default ask)
+    pathjail     every path inside the principal's roots          (stages/pathjail.py)
+
+Any exception inside a stage is a denial with code `internal_error`: fail closed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from gateway.analysis import Analysis, Assignment, OpinionStatus, Word, analyze
+from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
+from gateway.decision import Decision, Reason, Verdict
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.schema import Tool
+from gateway.stages import decision_cache, pathjail, permissions
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    decision: Decision
+    analysis: Analysis | None
+
+    def to_json(self) -> dict[str, Any]:
+        out = self.decision.to_json()
+        out["commands"] = [c.to_json() for c in self.analysis.commands] if self.analysis else []
+        if self.analysis is not None:
+            out["second_opinion"] = self.analysis.second_opinion.to_json()
+        return out
+
+
+UNFINISHED = (OpinionStatus.TIMEOUT, OpinionStatus.FAILED)
+"""A second opinion that did not finish: the next decision asks again, so it is not kept."""
+
+
+def evaluate(
+    policy: CompiledPolicy,
+    command: str,
+    principal: str,
+    cwd: Path | None = None,
+    env: dict[str, str] | None = None,
+    tool: Tool = Tool.RUN,
+) -> CheckResult:
+    """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
+    `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
+    session or processes: the principal must be allowed that tool family). A decision made
+    before for the same inputs is served from the policy's cache when every path component it
+    resolved is still as it was (stages/decision_cache.py)."""
+    key = (principal, str(cwd) if cwd is not None else None, tuple(sorted((env or {}).items())), tool, command)
+    found = policy.decisions.get(key) if policy.casbin.enforcing else None
+    if isinstance(found, CheckResult):
+        return found
+    with decision_cache.observing() as seen:
+        result = _evaluate(policy, command, principal, cwd, env, tool)
+    failed = any(r.stage == "pipeline" for r in result.decision.reasons)
+    analysis = result.analysis
+    unfinished = analysis is not None and analysis.second_opinion.status in UNFINISHED
+    if not failed and not unfinished:
+        policy.decisions.put(key, result, seen)
+    return result
+
+
+def _evaluate(
+    policy: CompiledPolicy,
+    command: str,
+    principal: str,
+    cwd: Path | None,
+    env: dict[str, str] | None,
+    tool: Tool,
+) -> CheckResult:
+    analysis: Analysis | None = None
+    try:
+        grant = policy.grant(principal)
+        analysis = analyze(command)
+        if analysis.denial is not None:
+            d = analysis.denial
+            return CheckResult(
+                Decision(Verdict.DENY, None, (Reason("parse", d.code, d.message, None, d.details),)), analysis
+            )
+        decisions: list[Decision] = []
+        family = tool_decision(policy, principal, tool)
+        if family.verdict is not Verdict.ALLOW:  # an allow names no rule: the command's rule decides
+            decisions.append(family)
+        all_matches: list[list[permissions.Match]] = []
+        extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items())
+        for name in env or {}:
+            if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES) or not name.isidentifier():
+                reason = Reason("parse", "protected_variable", f"env: setting {name} is refused")
+                return CheckResult(Decision(Verdict.DENY, None, (reason,)), analysis)
+        for cmd in analysis.commands:
+            if extra and cmd.argv:
+                cmd = replace(cmd, assignments=cmd.assignments + extra)
+            decision, matches = permissions.decide_command(policy, principal, cmd)
+            decisions.append(decision)
+            all_matches.append(matches)
+        opinion = analysis.second_opinion
+        if not opinion.confirmed:
+            verdict = Verdict.parse(policy.policy.second_opinion.unconfirmed.value)
+            what = ", ".join(opinion.blind_spots) or opinion.detail or opinion.status.value
+            decisions.append(
+                Decision(
+                    verdict,
+                    None,
+                    (
+                        Reason(
+                            "second_opinion",
+                            f"unconfirmed_{opinion.status.value}",
+                            f"the second parser could not confirm the analysis ({what})",
+                        ),
+                    ),
+                )
+            )
+        decisions.append(pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches))
+        return CheckResult(_strictest(decisions), analysis)
+    except Exception as exc:  # fail closed: a broken stage is a denial, never an allow
+        reason = Reason("pipeline", "internal_error", f"{type(exc).__name__}: {exc}")
+        return CheckResult(Decision(Verdict.DENY, None, (reason,)), analysis)
+
+
+def tool_decision(policy: CompiledPolicy, principal: str, tool: Tool) -> Decision:
+    """May `principal` use the tool family at all (casbin, by level)."""
+    verdict = Verdict.parse(policy.tool_decision(principal, tool).value)
+    if verdict is Verdict.ALLOW:
+        return Decision(Verdict.ALLOW, None, ())
+    level = policy.grant(principal).level
+    if verdict is Verdict.ASK:
+        message = f"the {tool.value} tool asks a supervisor for {principal} (level {level}; the policy's tools section)"
+    else:
+        message = f"{principal} (level {level}) may not use the {tool.value} tool (the policy's tools section)"
+    return Decision(verdict, None, (Reason("tool", f"tool_{verdict.label}", message),))
+
+
+def _strictest(decisions: list[Decision]) -> Decision:
+    """The strictest verdict; its rule decides. An allow keeps only the rules' reasons."""
+    merged = Decision.merge(decisions)
+    if merged.verdict is Verdict.ALLOW:
+        return merged
+    # the rule of a denial is the rule that denied, not an allowing rule of another command
+    rule = next((d.rule for d in decisions if d.verdict is merged.verdict and d.rule), None)
+    reasons = tuple(r for d in decisions if d.verdict is merged.verdict for r in d.reasons)
+    return Decision(merged.verdict, rule, reasons)

@@ -1,0 +1,15 @@
+"""The `gateway` command's entry point. `gateway hook AGENT ...`, which an agent runs for every
+tool call, goes straight to the thin client (gateway/hook_client.py) without importing the CLI
+(argparse, json, the command table); everything else is `gateway.cli.main`."""
+
+import sys
+
+
+def main() -> int:
+    if sys.argv[1:2] == ["hook"]:
+        from gateway import hook_client
+
+        return hook_client.main(sys.argv[2:])
+    from gateway.cli import main as cli_main
+
+    return cli_main()
