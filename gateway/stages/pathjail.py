@@ -9,9 +9,16 @@ protected path; a read inside a read or write root.
 
 `cd DIR` moves the cwd of the commands after it. Subshells and `||` make where it ends up
 uncertain, so a relative path after a `cd` is checked against every directory the text may be
-in: the original cwd and each `cd` target. A glob is expanded now and each match checked (an
-unmatched glob is the literal word, as in bash); any other value known only at run time is
-refused unless the deciding rule sets `accept_unknown_paths` (never for redirect targets).
+in: the original cwd and each `cd` target. A glob is expanded now, within a budget (globs.py),
+and each match checked (an unmatched glob is the literal word, as in bash); any other value
+known only at run time is refused unless the deciding rule sets `accept_unknown_paths` (never
+for redirect targets).
+
+Globs in any word, not only in path arguments: each directory a glob lists is a read, jailed
+like any other; a match that would reach the program as an option (a file named
+`--compress-program=bash` matched by `sort *`) is refused unless `--` comes first; and a glob
+that could match such a name is refused after a command of the same text that writes, since
+what it matches then is only known at run time (write `./*`, or put `--` first).
 
 This check is advisory: a path can change between check and use. The sandbox, which binds only
 the write roots writable, is the barrier that holds.
@@ -19,7 +26,6 @@ the write roots writable, is the barrier that holds.
 
 from __future__ import annotations
 
-import glob
 import os
 import stat
 from pathlib import Path
@@ -27,7 +33,7 @@ from pathlib import Path
 from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
-from gateway.stages import decision_cache
+from gateway.stages import decision_cache, globs
 from gateway.stages.permissions import Match, option_values
 
 STAGE = "pathjail"
@@ -139,35 +145,114 @@ def inside(path: str, root: Path) -> bool:
     return path == r or os.path.commonpath([path, r]) == r
 
 
+MAX_RECORDED_PATHS = 100
+"""How many jailed paths of each kind the decision record lists (it always gives the counts)."""
+
+
 def check(
     policy: CompiledPolicy, grant: Grant, cwd: Path, commands: tuple[Command, ...], matches: list[list[Match]]
 ) -> Decision:
     checked: dict[str, list[str]] = {"read": [], "write": []}
+    budget = globs.Budget()
     try:
         cwds = [Path(real_path(str(cwd)))]
         _check_path(str(cwds[0]), "read", grant, "cwd")
+        wrote = False  # an earlier command of the text writes: globs after it see files made since
         for cmd, found in zip(commands, matches, strict=True):
             unknown_ok = any(m.rule.accept_unknown_paths for m in found)
             reads, writes, redirected = _paths_of(cmd, found)
             who = cmd.program if cmd.argv else "redirect"
+            for listed in _glob_reads(policy, cmd, cwds, unknown_ok, wrote, budget):
+                real = real_path(listed)  # `..` and links resolved, as for every path
+                _check_path(real, "read", grant, f"{who} (a glob lists it)")
+                checked["read"].append(real)
             for access, words in (("read", reads), ("write", writes)):
                 for word in words:
-                    for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected):
+                    for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected, budget):
                         _check_path(p, access, grant, who)
                         checked[access].append(p)
+            wrote = wrote or bool(writes)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
                 for target in cwds:  # a shell session keeps its cwd: a cd out of the jail is refused
                     _check_path(str(target), "read", grant, cmd.program)
     except _Refused as r:
         return Decision(Verdict.DENY, None, (Reason(STAGE, r.code, r.message, None, r.details),))
+    except globs.TooCostly as exc:
+        message = f"{exc}: name the files, or narrow the pattern (the work a glob costs is bounded)"
+        return Decision(Verdict.DENY, None, (Reason(STAGE, "glob_too_costly", message, None, {}),))
     if not checked["read"] and not checked["write"]:
         return Decision(Verdict.ALLOW, None, ())
     n = len(checked["read"]) + len(checked["write"])
-    # the jailed paths, for the decision record
+    # the jailed paths, for the decision record: counts, and the first of each kind
+    details: dict[str, object] = {k: v[:MAX_RECORDED_PATHS] for k, v in checked.items()}
+    if any(len(v) > MAX_RECORDED_PATHS for v in checked.values()):
+        details["counts"] = {k: len(v) for k, v in checked.items()}
     return Decision(
-        Verdict.ALLOW, None, (Reason(STAGE, "paths_checked", f"{n} path(s) inside the roots", None, checked),)
+        Verdict.ALLOW, None, (Reason(STAGE, "paths_checked", f"{n} path(s) inside the roots", None, details),)
     )
+
+
+def _glob_reads(
+    policy: CompiledPolicy, cmd: Command, cwds: list[Path], unknown_ok: bool, wrote: bool, budget: globs.Budget
+) -> list[str]:
+    """The directories the globs of `cmd` list (each a read), after refusing a match that would
+    be an option. Every argument and redirect target with a glob counts, whatever the rule."""
+    out: list[str] = []
+    words = [(k, w) for k, w in enumerate(cmd.argv) if k > 0 and Expansion.GLOB in w.expansions]
+    words += [(-1, r.target) for r in cmd.redirects if r.target is not None and Expansion.GLOB in r.target.expansions]
+    for k, word in words:
+        value, kinds = _tilde(policy, word)
+        options_end = any(w.value == "--" and w.literal for w in cmd.argv[1:k]) if k > 0 else True
+        if kinds - {Expansion.GLOB}:
+            if unknown_ok:
+                continue  # the rule accepts values known only at run time: the sandbox holds
+            raise _Refused(
+                "unknown_path",
+                f"the glob {word.raw or value!r} lists a directory only known at run time, so it cannot be checked",
+                {"path": word.raw or value},
+            )
+        if (
+            not options_end
+            and wrote
+            and not value.startswith(("/", "."))
+            and value[:1] != "~"
+            and globs.has_magic(value[:1])
+        ):
+            raise _Refused(
+                "glob_after_write",
+                f"{cmd.program}: the glob {value!r} is expanded after an earlier command of this text writes, "
+                "so it may match a file named like an option: write './' before it, or put '--' first",
+                {"glob": value},
+            )
+        if (obs := decision_cache.current()) is not None:
+            obs.unknowable()  # a directory's listing: not kept
+        for cwd in cwds:
+            expanded = globs.expand(value, str(cwd), budget)
+            out.extend(expanded.listed)
+            if options_end or not expanded.paths or expanded.words == [value]:
+                continue
+            option = next((w for w in expanded.words if w.startswith("-")), None)
+            if option is not None:
+                raise _Refused(
+                    "glob_matches_option",
+                    f"{cmd.program}: the glob {value!r} matches {option!r}, which {cmd.program} would read as an "
+                    "option: write './' before the glob, or put '--' first",
+                    {"glob": value, "match": option},
+                )
+    return out
+
+
+def _tilde(policy: CompiledPolicy, word: Word) -> tuple[str, set[Expansion]]:
+    """`word`'s value with a leading `~` made the policy's home, and its remaining expansions."""
+    value = word.value
+    kinds = set(word.expansions)
+    if Expansion.TILDE in kinds and (value == "~" or value.startswith("~/")):
+        if policy.home is None:
+            raise _Refused("tilde_without_home", f"'{value}': the policy sets no home for ~", {"path": value})
+        value = str(policy.home) + value[1:]
+        kinds.discard(Expansion.TILDE)
+    return value, kinds
 
 
 def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word], list[Word]]:
@@ -212,14 +297,10 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
     return reads, writes, redirected
 
 
-def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool) -> list[str]:
-    value = word.value
-    kinds = set(word.expansions)
-    if Expansion.TILDE in kinds and (value == "~" or value.startswith("~/")):
-        if policy.home is None:
-            raise _Refused("tilde_without_home", f"'{value}': the policy sets no home for ~", {"path": value})
-        value = str(policy.home) + value[1:]
-        kinds.discard(Expansion.TILDE)
+def _resolve(
+    policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool, budget: globs.Budget | None = None
+) -> list[str]:
+    value, kinds = _tilde(policy, word)
     if kinds - {Expansion.GLOB}:
         if unknown_ok:
             return []  # the rule accepts values known only at run time: the sandbox holds
@@ -230,10 +311,12 @@ def _resolve(policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: b
         )
     out: list[str] = []
     for cwd in cwds:
-        base = value if value.startswith("/") else str(cwd / value)
-        if Expansion.GLOB in kinds and (obs := decision_cache.current()) is not None:
-            obs.unknowable()  # a directory's listing: not kept (issue 13 bounds globs)
-        candidates = (glob.glob(base) or [base]) if Expansion.GLOB in kinds else [base]
+        if Expansion.GLOB in kinds:
+            if (obs := decision_cache.current()) is not None:
+                obs.unknowable()  # a directory's listing: not kept
+            candidates = globs.expand(value, str(cwd), budget or globs.Budget()).paths
+        else:
+            candidates = [value if value.startswith("/") else str(cwd / value)]
         out.extend(real_path(c) for c in candidates)
     return out
 
