@@ -9,7 +9,6 @@ match is a denial that names the near misses, so the agent learns what to change
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from functools import lru_cache
 
@@ -17,6 +16,7 @@ from gateway.analysis import Command, Expansion, Flag
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision
+from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 
 STAGE = "permissions"
 _JAIL_EXPANDS = frozenset({Expansion.GLOB, Expansion.TILDE})
@@ -96,17 +96,43 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                 return None, f"setting {a.name} is not allowed"
     if rule.first_arg is not None and positional:
         first = argv[positional[0]].value
-        if not any(p.fullmatch(first) for p in _patterns(tuple(rule.first_arg))):
-            return None, f"first argument {first!r} is not one of the allowed ones" if strict else ""
+        found = _any_match(_patterns(tuple(rule.first_arg)), first, strict)
+        if found is not True:
+            return None, (found or f"first argument {_short(first)} is not one of the allowed ones") if strict else ""
     if rule.args is not None:
         patterns = _patterns(tuple(rule.args))
         for k in positional:
             value = argv[k].value
-            if not any(p.fullmatch(value) for p in patterns):
+            found = _any_match(patterns, value, strict)
+            if found is not True:
                 if strict:
-                    return None, f"argument {value!r} matches none of the allowed patterns"
+                    return None, found or f"argument {_short(value)} matches none of the allowed patterns"
                 return None, ""
     return Match(rule, positional), ""
+
+
+def _any_match(patterns: tuple[PolicyPattern, ...], value: str, strict: bool) -> bool | str:
+    """True when a pattern matches `value`; otherwise False, or why no pattern could decide. A
+    pattern that needs backtracking does not decide an argument longer than
+    MAX_BACKTRACKING_INPUT: an allow or ask rule then does not match (`strict`), a deny rule
+    does (fail closed)."""
+    undecided = ""
+    for p in patterns:
+        result = p.fullmatch(value)
+        if result:
+            return True
+        if result is None:
+            if not strict:
+                return True
+            undecided = (
+                f"argument of {len(value)} characters is too long to check against the pattern {p.pattern!r}, "
+                f"which needs backtracking (at most {MAX_BACKTRACKING_INPUT}): shorten it, or write it to a file"
+            )
+    return undecided or False
+
+
+def _short(value: str) -> str:
+    return repr(value) if len(value) <= 200 else f"{value[:200]!r}... ({len(value)} characters)"
 
 
 def _split(cmd: Command, start: int) -> tuple[list[str], tuple[int, ...]]:
@@ -142,8 +168,8 @@ def _name_matches(name: str, allowed: str) -> bool:
 
 
 @lru_cache(maxsize=1024)
-def _patterns(args: tuple[str, ...]) -> tuple[re.Pattern[str], ...]:
-    return tuple(re.compile(p) for p in args)
+def _patterns(args: tuple[str, ...]) -> tuple[PolicyPattern, ...]:
+    return tuple(PolicyPattern(p) for p in args)
 
 
 def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
