@@ -249,6 +249,9 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
     details: dict[str, object] = {"path": path, "access": access}
     if path == _PROC or path.startswith(_PROC + "/"):
         raise _Refused("proc_path", f"{who}: {path} is inside /proc, which the jail never allows", details)
+    for p in grant.private:
+        if inside(path, p):
+            raise _Refused("gateway_private", f"{who}: {path} lies inside the gateway's own records ({p})", details)
     if access == "write":
         if not any(inside(path, r) for r in grant.write_roots):
             details["roots"] = [str(r) for r in grant.write_roots]
