@@ -7,7 +7,7 @@ between the decision and the use (a symlink swapped in):
 - every open is `O_NOFOLLOW` on the last component, and the opened descriptor's real location
   (`/proc/self/fd/N`) must pass `pathjail.check_path` again; a swap shows up as `ELOOP`
   (SYMLINK_REFUSED) or as a location outside the roots (PATH_OUTSIDE_JAIL).
-- reads resolve the path (`os.path.realpath`, the value the jail checked) and open the result.
+- reads resolve the path (`settled_realpath`, the value the jail checked) and open the result.
 - writes never write through a symlink: the parent directory is opened (`O_DIRECTORY |
   O_NOFOLLOW`) and re-checked for write, the new content goes to a temporary file created in it
   (`O_EXCL | O_NOFOLLOW`, `dir_fd=`), is fsynced and renamed over the name (`os.replace` with
@@ -948,8 +948,8 @@ def _grep_entry(ctx: _Ctx, walk: _Walk, entry: _Entry, search: Callable[[int, st
             with _open(entry.name, _READ, "read", ctx.grant, dir_fd=entry.dir_fd) as (fd, _):
                 return search(fd, shown)
         if stat.S_ISLNK(mode):
-            real = os.path.realpath(entry.path)
             try:
+                real = settled_realpath(entry.path)
                 check_path(real, "read", ctx.grant)
             except PathRefused:
                 walk.skip(shown, "symlink_outside_roots")
