@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from gateway.calls import FilesCall
+from gateway.cancellation import cancelled
 from gateway.policy.compile import Grant
 from gateway.regex import safe_regex
 from gateway.sandbox.identity import sandbox_identity
@@ -840,8 +841,11 @@ class _Entry:
 
 def _walk(walk: _Walk, fd: int, dpath: str, rel: str = "", depth: int = 0) -> Generator[_Entry, None, None]:
     """Every entry under a directory, depth first, by name; `.git` is skipped, symlinks are
-    entries but never descended into, and each directory's real location is re-checked."""
+    entries but never descended into, and each directory's real location is re-checked. Ends
+    with CALL_CANCELLED once the call is cancelled (the client left, the server stops)."""
     for name, st in _scan(fd):
+        if cancelled():
+            raise _Fail("CALL_CANCELLED", "the call was cancelled (client gone or shutdown): the search stopped")
         if name == ".git":
             continue
         entry = _Entry(fd, dpath, name, f"{rel}/{name}" if rel else name, st)
