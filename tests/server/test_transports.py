@@ -236,6 +236,57 @@ def test_sigterm_ends_a_wait_far_past_the_grace(
                     os.killpg(pid, signal.SIGKILL)
 
 
+class StdioOnATerminal(StdioByHand):
+    """A stdio gateway whose supervisor is its controlling terminal (`--approver tty`), a pty
+    nobody answers."""
+
+    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, *extra: str) -> None:
+        self.master, slave = os.openpty()
+        name = os.ttyname(slave)
+        os.close(slave)
+        real_popen = subprocess.Popen
+
+        def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+            # a session of its own, whose first terminal opened becomes its controlling one
+            return real_popen(argv, start_new_session=True, preexec_fn=lambda: os.close(os.open(name, os.O_RDWR)), **kw)
+
+        subprocess.Popen = popen  # type: ignore[assignment,misc]
+        try:
+            super().__init__(tmp_path, policy_file, ws, "--approver", "tty", *extra)
+        finally:
+            subprocess.Popen = real_popen  # type: ignore[misc]
+
+    def close(self) -> None:
+        super().close()
+        os.close(self.master)
+
+
+def test_sigterm_ends_approvals_waiting_at_the_terminal(tmp_path: Path, policy_file: Path, ws: Path) -> None:
+    """Attack (red team, issue 12): with `--approver tty`, a call waiting for the supervisor (and
+    the next one, queued for the terminal without any deadline) ignored the cancel: on SIGTERM
+    with a 1 s grace their replies were lost, `unfinished` was 2, and exit took 20 s more. Now
+    both stop waiting at the cancel (CALL_CANCELLED) and nothing they asked for runs."""
+    server = StdioOnATerminal(tmp_path, policy_file, ws, "--grace", "1", "--pending-after", "600",
+                              "--approval-timeout", "600")  # fmt: skip
+    try:
+        for id_, name in ((1, "DEPLOY1"), (2, "DEPLOY2")):
+            server.send({"jsonrpc": "2.0", "id": id_, "method": "tools/call",
+                         "params": {"name": "run", "arguments": {"command": f"touch {name}"}}})  # fmt: skip
+        for name in ("DEPLOY1", "DEPLOY2"):
+            server.wait_until_running(f"touch {name}")
+        server.proc.send_signal(signal.SIGTERM)
+        answers = [server.reply(), server.reply()]
+        assert sorted(a["id"] for a in answers) == [1, 2], answers
+        assert all(a["result"]["structuredContent"]["error"]["code"] == "CALL_CANCELLED" for a in answers), answers
+        assert server.proc.wait(60) == 0
+        stopped = audit_records(server.audit)[-1]
+        assert stopped["event"] == "server_stopped", stopped
+        assert stopped["data"]["cancelled"] == 2 and stopped["data"]["unfinished"] == 0, stopped
+        assert not (ws / "DEPLOY1").exists() and not (ws / "DEPLOY2").exists()
+    finally:
+        server.close()
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 async def call_http(url: str, token: str, era: str, *calls: tuple[str, dict[str, Any]]) -> list[CallToolResult]:
     async with (
