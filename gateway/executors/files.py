@@ -797,6 +797,8 @@ def _tree(fd: int, dpath: str, grant: Grant, remove: bool, depth: int) -> int:
     follows a symlink: directories are opened O_NOFOLLOW by name in their verified parent."""
     count = 0
     for name, st in _scan(fd):
+        if cancelled():  # the client left, the server stops: a tree half checked or half gone
+            raise _Fail("CALL_CANCELLED", "the call was cancelled (client gone or shutdown): the delete stopped")
         check_path(os.path.join(dpath, name), "write", grant)
         if stat.S_ISDIR(st.st_mode):
             if depth >= MAX_DEPTH:

@@ -210,11 +210,12 @@ def test_a_long_chain_of_links_is_an_answer_never_an_internal_error_nor_unbounde
     assert settled_realpath(os.fspath(long / "l0")) == os.fspath(long / f"l{MAX_LINKS}")  # followed no further
 
 
-def test_a_cancelled_grep_or_find_stops_walking(gw: Gateway, ws: Path) -> None:
-    """Attack (red team, issue 12): grep and find walked on after their call was cancelled (the
-    client left, or SIGTERM's grace ran out): a grep over /usr under a read root of / ran 65 s
-    with the cancel set at 1 s, so shutdown waited past its grace, lost the reply and counted the
-    call unfinished. Now the walk looks at the cancel between entries."""
+def test_a_cancelled_grep_find_or_delete_stops_walking(gw: Gateway, ws: Path) -> None:
+    """Attack (red team, issue 12): grep, find and a recursive delete walked on after their call
+    was cancelled (the client left, or SIGTERM's grace ran out): a grep over /usr under a read
+    root of / ran 65 s with the cancel set at 1 s, so shutdown waited past its grace, lost the
+    reply and counted the call unfinished. Now each walk looks at the cancel between entries
+    (a cancelled delete stops in its checking pass: nothing is gone)."""
     for i in range(50):
         (ws / "tree" / f"d{i}").mkdir(parents=True)
         (ws / "tree" / f"d{i}" / "f.txt").write_text("needle\n")
@@ -223,11 +224,12 @@ def test_a_cancelled_grep_or_find_stops_walking(gw: Gateway, ws: Path) -> None:
     searches = [
         {"action": "grep", "path": "tree", "pattern": "needle"},
         {"action": "find", "path": "tree", "pattern": "**/f.txt"},
+        {"action": "delete", "path": "tree", "recursive": True},
     ]
     for c in searches:
         out = gw.handle(FilesCall(principal="agent", **c), cancel=cancel)  # type: ignore[arg-type]
         assert out["status"] == "error" and out["error"]["code"] == "CALL_CANCELLED", out
-    assert len(files(gw, "grep", path="tree", pattern="needle")["matches"]) == 50  # uncancelled: all of it
+    assert len(files(gw, "grep", path="tree", pattern="needle")["matches"]) == 50  # uncancelled: all of it, all there
 
 
 def test_the_commands_resolver_holds_under_a_concurrent_rename(ws: Path) -> None:
