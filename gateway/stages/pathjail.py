@@ -70,7 +70,7 @@ def settled_realpath(path: str) -> str:
     of CPU). Resolved here like the kernel does: a component renamed mid-way is looked at again
     (then PathRefused `path_changed`); past MAX_LINKS links the rest is left unresolved, as
     realpath leaves a loop (opening it then fails with ELOOP)."""
-    return _resolve_links(os.path.join(os.getcwd(), path), for_command=False)
+    return _resolve_links(path if path.startswith("/") else os.path.abspath(path), for_command=False)
 
 
 def real_path(path: str) -> str:
