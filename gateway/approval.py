@@ -19,10 +19,13 @@ import json
 import select
 import sys
 import termios
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TextIO
+
+from gateway.cancellation import cancelled
 
 
 @dataclass(frozen=True)
@@ -136,6 +139,24 @@ def visible(text: str) -> str:
     return "".join(out)
 
 
+CANCEL_POLL_S = 0.1
+"""How often a wait for a human looks at the call's cancel event."""
+
+
+def _answered(stream: TextIO, timeout: float) -> bool:
+    """Wait until `stream` has input: False at the timeout, or as soon as the call is cancelled
+    (the client left, the server stops: nobody waits for the answer any more)."""
+    deadline = time.monotonic() + timeout
+    while not cancelled():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        ready, _, _ = select.select([stream], [], [], min(left, CANCEL_POLL_S))
+        if ready:
+            return True
+    return False
+
+
 class TerminalApprover:
     """Asks at a terminal: approve once (y), approve this exact call for the session (s), deny
     (n). Anything else, or no answer in time, denies."""
@@ -160,8 +181,7 @@ class TerminalApprover:
             f"(denied in {int(timeout)} s) "
         )
         w.flush()
-        ready, _, _ = select.select([self.stdin], [], [], timeout)
-        if not ready:
+        if not _answered(self.stdin, timeout):
             return None
         answer = self.stdin.readline().strip().lower()
         if answer == "s":
@@ -184,8 +204,7 @@ class TerminalApprover:
                 quiet = termios.tcgetattr(fd)
                 quiet[3] &= ~termios.ECHO
                 termios.tcsetattr(fd, termios.TCSANOW, quiet)
-            ready, _, _ = select.select([self.stdin], [], [], timeout)
-            if not ready:
+            if not _answered(self.stdin, timeout):
                 return None
             line = self.stdin.readline()
         finally:

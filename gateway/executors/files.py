@@ -7,7 +7,7 @@ between the decision and the use (a symlink swapped in):
 - every open is `O_NOFOLLOW` on the last component, and the opened descriptor's real location
   (`/proc/self/fd/N`) must pass `pathjail.check_path` again; a swap shows up as `ELOOP`
   (SYMLINK_REFUSED) or as a location outside the roots (PATH_OUTSIDE_JAIL).
-- reads resolve the path (`os.path.realpath`, the value the jail checked) and open the result.
+- reads resolve the path (`settled_realpath`, the value the jail checked) and open the result.
 - writes never write through a symlink: the parent directory is opened (`O_DIRECTORY |
   O_NOFOLLOW`) and re-checked for write, the new content goes to a temporary file created in it
   (`O_EXCL | O_NOFOLLOW`, `dir_fd=`), is fsynced and renamed over the name (`os.replace` with
@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import IO, Any, NoReturn
 
 from gateway.calls import FilesCall
+from gateway.cancellation import cancelled
 from gateway.policy.compile import Grant
 from gateway.regex import safe_regex
 from gateway.sandbox.identity import sandbox_identity
@@ -796,6 +797,8 @@ def _tree(fd: int, dpath: str, grant: Grant, remove: bool, depth: int) -> int:
     follows a symlink: directories are opened O_NOFOLLOW by name in their verified parent."""
     count = 0
     for name, st in _scan(fd):
+        if cancelled():  # the client left, the server stops: a tree half checked or half gone
+            raise _Fail("CALL_CANCELLED", "the call was cancelled (client gone or shutdown): the delete stopped")
         check_path(os.path.join(dpath, name), "write", grant)
         if stat.S_ISDIR(st.st_mode):
             if depth >= MAX_DEPTH:
@@ -840,8 +843,11 @@ class _Entry:
 
 def _walk(walk: _Walk, fd: int, dpath: str, rel: str = "", depth: int = 0) -> Generator[_Entry, None, None]:
     """Every entry under a directory, depth first, by name; `.git` is skipped, symlinks are
-    entries but never descended into, and each directory's real location is re-checked."""
+    entries but never descended into, and each directory's real location is re-checked. Ends
+    with CALL_CANCELLED once the call is cancelled (the client left, the server stops)."""
     for name, st in _scan(fd):
+        if cancelled():
+            raise _Fail("CALL_CANCELLED", "the call was cancelled (client gone or shutdown): the search stopped")
         if name == ".git":
             continue
         entry = _Entry(fd, dpath, name, f"{rel}/{name}" if rel else name, st)
@@ -948,8 +954,8 @@ def _grep_entry(ctx: _Ctx, walk: _Walk, entry: _Entry, search: Callable[[int, st
             with _open(entry.name, _READ, "read", ctx.grant, dir_fd=entry.dir_fd) as (fd, _):
                 return search(fd, shown)
         if stat.S_ISLNK(mode):
-            real = os.path.realpath(entry.path)
             try:
+                real = settled_realpath(entry.path)
                 check_path(real, "read", ctx.grant)
             except PathRefused:
                 walk.skip(shown, "symlink_outside_roots")

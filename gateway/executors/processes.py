@@ -605,11 +605,16 @@ class ProcessManager:
             return proc.poll() is not None
         return not _same_process(pid, ticks)
 
-    def wait_for(self, principal: str, process_id: str, timeout_s: float) -> bool:
+    def wait_for(
+        self, principal: str, process_id: str, timeout_s: float, cancel: threading.Event | None = None
+    ) -> bool:
         """True when the process is no longer running within `timeout_s` (it exited, or is
-        waiting to restart). Raises KeyError for an unknown id."""
+        waiting to restart); the wait also ends once `cancel` is set (the process runs on).
+        Raises KeyError for an unknown id."""
         deadline = time.monotonic() + timeout_s
         while True:
+            if cancel is not None and cancel.is_set():
+                deadline = time.monotonic()  # look once more, below, and answer
             with self._lock:
                 rec = self._find(principal, process_id)
                 if rec is None:

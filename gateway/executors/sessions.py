@@ -56,6 +56,9 @@ from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
 from gateway.sandbox import identity, reaper
 
+CANCEL_POLL_S = 0.1
+"""How often a wait for a session's command looks at the call's cancel event."""
+
 # One record per command: GS CWD US TEXT NUL. Only the gateway writes records, and neither a cwd
 # (refused with control characters) nor a command (the analyser refuses them) holds GS, US or
 # NUL. Code running inside `eval` can read the loop's saved control descriptor; if it swallows
@@ -227,14 +230,16 @@ class Session:
             return os.readlink(f"/proc/{self.shell_pid}/cwd")
         return None
 
-    def wait_idle(self, timeout_s: float) -> bool:
+    def wait_idle(self, timeout_s: float, cancel: threading.Event | None = None) -> bool:
+        """Wait until the commands sent have finished (True), at most `timeout_s`, and no longer
+        once `cancel` is set (the caller went away, the server stops): the command runs on."""
         deadline = time.monotonic() + timeout_s
         with self.cond:
             while self.outstanding and not self.closed:
                 left = deadline - time.monotonic()
-                if left <= 0:
+                if left <= 0 or (cancel is not None and cancel.is_set()):
                     return False
-                self.cond.wait(left)
+                self.cond.wait(left if cancel is None else min(left, CANCEL_POLL_S))
             return not self.outstanding
 
     # --- input -------------------------------------------------------------------------

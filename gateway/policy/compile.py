@@ -94,6 +94,9 @@ class Grant:
     read_roots: tuple[Path, ...]
     write_roots: tuple[Path, ...]
     protected: tuple[Path, ...]
+    private: tuple[Path, ...] = ()
+    """The gateway's own records (audit log, keys, tokens, state): never read or written, whatever
+    the roots say. Set by the gateway on the grant it hands an executor that opens files itself."""
 
 
 @dataclass(frozen=True)

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from gateway.approval import Answer, Approval, ApprovalRequest, Approver, Question
+from gateway.approval import CANCEL_POLL_S, Answer, Approval, ApprovalRequest, Approver, Question
+from gateway.cancellation import cancelled
 from gateway.policy.compile import CompiledPolicy
 
 NO_CHANNEL = Answer(None, "nobody", "no-channel", "your MCP client does not support elicitation (forms)")
@@ -109,8 +111,16 @@ class McpApprover:
             ticket.on_pending(request, timeout)
         if self._serial is None:
             return self.supervisor.decide(request, timeout)
-        with self._serial:  # one terminal: one question at a time
-            return self.supervisor.decide(request, timeout)
+        # one terminal: one question at a time; the turn is waited for within the same timeout,
+        # and no longer than the call lives
+        deadline = time.monotonic() + timeout
+        while not self._serial.acquire(timeout=min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic()))):
+            if cancelled() or time.monotonic() >= deadline:
+                return None
+        try:
+            return self.supervisor.decide(request, max(0.0, deadline - time.monotonic()))
+        finally:
+            self._serial.release()
 
     def _holds(self, att: Attestation, request: ApprovalRequest) -> bool:
         asked = (att.principal, att.tool, att.command, _real(att.cwd), att.env, att.policy_sha256)

@@ -70,14 +70,13 @@ def _changing(path: str) -> PathRefused:
 
 
 def settled_realpath(path: str) -> str:
-    """`os.path.realpath`, which raises when a link it saw is renamed away before it reads it:
-    tried again a few times, then PathRefused (`path_changed`)."""
-    for _ in range(RACE_RETRIES):
-        try:
-            return os.path.realpath(path)
-        except OSError:
-            continue
-    raise _changing(path)
+    """`os.path.realpath` without its two faults: it raises when a link it saw is renamed away
+    before it reads it, and it follows any number of links, recursing once per link (a chain of
+    a few thousand raised RecursionError; long link texts made each call cost the agent's choice
+    of CPU). Resolved here like the kernel does: a component renamed mid-way is looked at again
+    (then PathRefused `path_changed`); past MAX_LINKS links the rest is left unresolved, as
+    realpath leaves a loop (opening it then fails with ELOOP)."""
+    return _resolve_links(path if path.startswith("/") else os.path.abspath(path), for_command=False)
 
 
 def real_path(path: str) -> str:
@@ -87,7 +86,15 @@ def real_path(path: str) -> str:
     whatever the gateway has open at N. Devices in ALWAYS are taken as they are written."""
     if os.path.normpath(path) in ALWAYS:
         return os.path.normpath(path)
-    obs = decision_cache.current()  # a decision being made records what it read
+    return _resolve_links(path, for_command=True)
+
+
+def _resolve_links(path: str, for_command: bool) -> str:
+    """The real path of the absolute `path`: at most MAX_LINKS links, a component that changes
+    under it tried again at most RACE_RETRIES times; a missing component and what follows are
+    taken literally. `for_command` (real_path): refuse to go through /proc, and refuse a path of
+    too many links; else such a path is returned with its rest unresolved."""
+    obs = decision_cache.current() if for_command else None  # a decision being made records what it read
     todo = [p for p in path.split("/") if p][::-1]
     cur = "/"
     links = races = 0
@@ -99,7 +106,7 @@ def real_path(path: str) -> str:
             cur = os.path.dirname(cur)
             continue
         nxt = os.path.join(cur, name)
-        if nxt == _PROC or nxt.startswith(_PROC + "/"):
+        if for_command and (nxt == _PROC or nxt.startswith(_PROC + "/")):
             raise _Refused(
                 "proc_path",
                 f"{path} is, or leads into, /proc: resolved by the gateway it would name the gateway's "
@@ -116,7 +123,9 @@ def real_path(path: str) -> str:
         if stat.S_ISLNK(st.st_mode):
             links += 1
             if links > MAX_LINKS:
-                raise _Refused("symlink_loop", f"{path}: too many symbolic links", {"path": path})
+                if for_command:
+                    raise _Refused("symlink_loop", f"{path}: too many symbolic links", {"path": path})
+                return os.path.join(nxt, *reversed(todo))  # as realpath leaves a loop: opening it is ELOOP
             try:
                 target = os.readlink(nxt)
             except OSError:  # renamed or replaced since the lstat: look at that name again
@@ -332,6 +341,9 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
     details: dict[str, object] = {"path": path, "access": access}
     if path == _PROC or path.startswith(_PROC + "/"):
         raise _Refused("proc_path", f"{who}: {path} is inside /proc, which the jail never allows", details)
+    for p in grant.private:
+        if inside(path, p):
+            raise _Refused("gateway_private", f"{who}: {path} lies inside the gateway's own records ({p})", details)
     if access == "write":
         if not any(inside(path, r) for r in grant.write_roots):
             details["roots"] = [str(r) for r in grant.write_roots]

@@ -5,6 +5,7 @@ on the opened file, so a symlink swapped in after the decision is refused
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -100,7 +101,8 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         read_bytes=lim.get("output_bytes") or files.FileLimits.read_bytes,
         write_bytes=lim.get("file_bytes") or files.FileLimits.write_bytes,
     )
-    outcome = files.execute(
-        call, policy.grant(call.principal), policy.workspace, policy.workspace / OUTPUTS, file_limits
-    )
+    # the executor checks every file it opens again, the gateway's records included: a link
+    # flipped after the decision must not lead the read into them
+    grant = replace(policy.grant(call.principal), private=gw.private_dirs())
+    outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
     return gw.record_result(gated, outcome)

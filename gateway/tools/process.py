@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import sandbox
+from gateway import cancellation, sandbox
 from gateway.analysis import analyze
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors import env as envstore
@@ -165,7 +165,7 @@ def run_in_background(
     if started.get("status") != "ok":
         return gw.record_result(gated, started)
     pid = started["process"]["id"]
-    finished = pm.wait_for(call.principal, pid, after_ms / 1000)
+    finished = pm.wait_for(call.principal, pid, after_ms / 1000, cancellation.current_cancel())
     record = pm.get(call.principal, pid)
     tail = pm.output(call.principal, pid, limits(gated.policy, call.principal).get("output_bytes") or (1 << 20))
     result: dict[str, Any] = {"status": "ok", "cwd": str(cwd), "output": tail.get("output", "")}

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import sandbox
+from gateway import cancellation, sandbox
 from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import env as envstore
@@ -174,8 +174,16 @@ def _exec(
         # git and nothing else runs in a sandbox of its own that may write .git (sandbox/git.py)
         return gw.record_result(gated, _git_write(gw, call, policy, session, text, cwd, timeout_ms))
     session.send_command(str(cwd), text)
-    session.wait_idle(timeout_ms / 1000)
+    cancel = cancellation.current_cancel()
+    session.wait_idle(timeout_ms / 1000, cancel)
     out = _output(session, finished_only=True)
+    if cancel is not None and cancel.is_set() and out["running"]:  # the caller left, or the server stops
+        out["status"] = "error"
+        out["error"] = {
+            "code": "CALL_CANCELLED",
+            "message": "stopped waiting: the call was cancelled (client gone or shutdown); the command runs on "
+            "in the session",
+        }
     return gw.record_result(gated, out)
 
 
@@ -185,7 +193,8 @@ def _git_write(
     """Run a git write from a session as its own sandboxed command, in the session's cwd."""
     env = gw.env.effective(policy, call.principal)
     try:
-        done = shell.run(text, cwd, gw.profile(policy, call.principal), env=env, timeout_ms=timeout_ms, git_write=True)
+        done = shell.run(text, cwd, gw.profile(policy, call.principal), env=env, timeout_ms=timeout_ms,
+                         git_write=True, cancel=cancellation.current_cancel())  # fmt: skip
     except sandbox.SandboxUnavailable as exc:
         return {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
     out: dict[str, Any] = {

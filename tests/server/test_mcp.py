@@ -472,6 +472,48 @@ def test_the_gateways_own_records_stay_private_whatever_the_read_roots(tmp_path:
     assert "SECRET_MARKER_77" not in json.dumps(cat)  # the sandbox hides the audit directory
 
 
+def test_a_link_flipped_after_the_decision_never_opens_the_gateways_own_records(tmp_path: Path, ws: Path) -> None:
+    """Attack (red team, issue 12): the files tool kept the gateway's records private at decision
+    time only. A sandboxed loop flipping `link` between a decoy and the audit log made the read
+    that was decided on the decoy open the audit log (read roots reach the parent): 73 of 300
+    reads leaked it. Now the executor refuses the gateway's records on the opened file too."""
+    import copy
+
+    from gateway.calls import FilesCall, ProcessCall, RunCall
+    from gateway.policy.compile import compile_policy
+    from gateway.policy.schema import Policy
+    from tests.server.conftest import POLICY
+
+    wide = copy.deepcopy(POLICY)
+    wide["roles"]["dev"]["read_roots"] = [".", ".."]  # the parent holds audit/ and state/
+    wide["rules"].append({"id": "links", "decision": "allow", "justification": "the racer", "programs": ["ln"],
+                          "accept_unknown": True, "examples": {"match": ["ln -sfn a b"]}})  # fmt: skip
+    policy = compile_policy(Policy.model_validate(wide), tmp_path / "policies" / "p.yaml", ws, sha256="wide")
+    gw = make_gateway(policy, tmp_path)
+    secret = tmp_path / "audit" / "audit-000001.jsonl"
+    (ws / "decoy").write_text("harmless\n")
+    try:
+        gw.handle(RunCall(principal="agent", command="echo SECRET_MARKER_78"))
+        racer = gw.handle(ProcessCall(
+            principal="agent", action="start",
+            command=f"while true; do ln -sfn decoy {ws}/link; ln -sfn {secret} {ws}/link; done",
+        ))  # fmt: skip
+        assert racer["status"] == "ok", racer
+        seen: dict[str, int] = {}
+        leaked = []
+        for _ in range(400):
+            out = gw.handle(FilesCall(principal="agent", action="read", path="link"))
+            code = "ok" if out["status"] == "ok" else out["error"]["code"]
+            seen[code] = seen.get(code, 0) + 1
+            if "SECRET_MARKER_78" in json.dumps(out) or "policy_loaded" in json.dumps(out):
+                leaked.append(out)
+                break
+    finally:
+        close_gateway(gw, tmp_path)
+    assert leaked == [], (seen, str(leaked[:1])[:300])
+    assert seen.get("ok", 0) > 0 and seen.get("PATH_OUTSIDE_JAIL", 0) > 0, seen  # the link did flip
+
+
 def test_nul_bytes_in_arguments_that_reach_the_os_are_invalid_input(gw: Gateway, era: str) -> None:
     """A NUL byte in a path, a cwd, an env name or value is the caller's mistake (INVALID_INPUT,
     naming the field), never an internal error; in file content it is data."""

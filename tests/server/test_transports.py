@@ -195,6 +195,98 @@ def test_sigterm_cancels_what_outlives_the_grace_and_counts_it(tmp_path: Path, p
         server.close()
 
 
+LONG_WAITS = [
+    ("session", {"action": "exec", "command": "sleep 600", "timeout_ms": 3_600_000}),
+    ("run", {"command": "sleep 600", "timeout_ms": 60_000, "background_after_ms": 50_000}),  # the policy's cap
+]
+
+
+@pytest.mark.parametrize(("tool", "arguments"), LONG_WAITS, ids=["session-exec", "run-background-after"])
+def test_sigterm_ends_a_wait_far_past_the_grace(
+    tmp_path: Path, policy_file: Path, ws: Path, tool: str, arguments: dict[str, Any]
+) -> None:
+    """Attack (red team, issue 12): a session exec waits up to its own timeout_ms (up to a day),
+    a run up to its background_after_ms (under the policy's timeout), and both ignored the cancel: on SIGTERM with a
+    1 s grace the drain gave up on the call after 10 s more (`unfinished`: 1), its reply was
+    never written and shutdown waited 10 s again; a client that left held its call slot as
+    long. Now the wait ends at the cancel (the command runs on: in its session, or durable)."""
+    server = StdioByHand(tmp_path, policy_file, ws, "--grace", "1")
+    try:
+        if tool == "session":
+            server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+                         "params": {"name": "session", "arguments": {"action": "start"}}})  # fmt: skip
+            arguments = {**arguments, "session_id": server.reply()["result"]["structuredContent"]["session_id"]}
+        call = {"name": tool, "arguments": arguments}
+        server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
+        server.wait_until_running("sleep 600")
+        server.proc.send_signal(signal.SIGTERM)
+        answer = server.reply()  # the cancelled call is answered
+        assert answer["id"] == 2, answer
+        result = answer["result"]["structuredContent"]
+        assert result.get("error", {}).get("code") == "CALL_CANCELLED" or result.get("backgrounded"), answer
+        assert server.proc.wait(60) == 0
+        stopped = audit_records(server.audit)[-1]
+        assert stopped["event"] == "server_stopped", stopped
+        assert stopped["data"]["cancelled"] == 1 and stopped["data"]["unfinished"] == 0, stopped
+    finally:
+        server.close()
+        for rec in (tmp_path / "state").glob("*/record.json"):
+            if pid := json.loads(rec.read_text()).get("pid"):
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pid, signal.SIGKILL)
+
+
+class StdioOnATerminal(StdioByHand):
+    """A stdio gateway whose supervisor is its controlling terminal (`--approver tty`), a pty
+    nobody answers."""
+
+    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, *extra: str) -> None:
+        self.master, slave = os.openpty()
+        name = os.ttyname(slave)
+        os.close(slave)
+        real_popen = subprocess.Popen
+
+        def popen(argv: list[str], **kw: Any) -> subprocess.Popen[bytes]:
+            # a session of its own, whose first terminal opened becomes its controlling one
+            return real_popen(argv, start_new_session=True, preexec_fn=lambda: os.close(os.open(name, os.O_RDWR)), **kw)
+
+        subprocess.Popen = popen  # type: ignore[assignment,misc]
+        try:
+            super().__init__(tmp_path, policy_file, ws, "--approver", "tty", *extra)
+        finally:
+            subprocess.Popen = real_popen  # type: ignore[misc]
+
+    def close(self) -> None:
+        super().close()
+        os.close(self.master)
+
+
+def test_sigterm_ends_approvals_waiting_at_the_terminal(tmp_path: Path, policy_file: Path, ws: Path) -> None:
+    """Attack (red team, issue 12): with `--approver tty`, a call waiting for the supervisor (and
+    the next one, queued for the terminal without any deadline) ignored the cancel: on SIGTERM
+    with a 1 s grace their replies were lost, `unfinished` was 2, and exit took 20 s more. Now
+    both stop waiting at the cancel (CALL_CANCELLED) and nothing they asked for runs."""
+    server = StdioOnATerminal(tmp_path, policy_file, ws, "--grace", "1", "--pending-after", "600",
+                              "--approval-timeout", "600")  # fmt: skip
+    try:
+        for id_, name in ((1, "DEPLOY1"), (2, "DEPLOY2")):
+            server.send({"jsonrpc": "2.0", "id": id_, "method": "tools/call",
+                         "params": {"name": "run", "arguments": {"command": f"touch {name}"}}})  # fmt: skip
+        for name in ("DEPLOY1", "DEPLOY2"):
+            server.wait_until_running(f"touch {name}")
+        server.proc.send_signal(signal.SIGTERM)
+        answers = [server.reply(), server.reply()]
+        assert sorted(a["id"] for a in answers) == [1, 2], answers
+        assert all(a["result"]["structuredContent"]["error"]["code"] == "CALL_CANCELLED" for a in answers), answers
+        assert server.proc.wait(60) == 0
+        stopped = audit_records(server.audit)[-1]
+        assert stopped["event"] == "server_stopped", stopped
+        assert stopped["data"]["cancelled"] == 2 and stopped["data"]["unfinished"] == 0, stopped
+        assert not (ws / "DEPLOY1").exists() and not (ws / "DEPLOY2").exists()
+    finally:
+        server.close()
+
+
 # --- HTTP -----------------------------------------------------------------------------------------
 async def call_http(url: str, token: str, era: str, *calls: tuple[str, dict[str, Any]]) -> list[CallToolResult]:
     async with (

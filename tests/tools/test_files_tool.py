@@ -19,7 +19,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
-from gateway.stages.pathjail import PathRefused, real_path
+from gateway.stages.pathjail import MAX_LINKS, PathRefused, real_path, settled_realpath
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -184,6 +184,52 @@ def test_a_concurrent_rename_gets_a_clear_answer_never_an_internal_error(gw: Gat
                 seen[code] = seen.get(code, 0) + 1
                 assert code != "INTERNAL_ERROR", out
     assert seen.get("ok", 0) > 0 and not (ws.parent / "etc").exists()
+
+
+def test_a_long_chain_of_links_is_an_answer_never_an_internal_error_nor_unbounded_work(gw: Gateway, ws: Path) -> None:
+    """Attack (red team, issue 12): os.path.realpath follows any number of links, recursing once
+    per link. A chain of 3,000 links (any command in a write root makes one) made every files
+    action on it an INTERNAL_ERROR (RecursionError); 900 links of 4 KB texts cost 1.7 s of the
+    gateway's CPU per resolution, once per link entry in a grep. Now at most MAX_LINKS links are
+    followed, as the kernel does, and what is left is opened as a link: SYMLINK_REFUSED."""
+    chain = ws / "chain"
+    chain.mkdir()
+    (chain / "target").write_text("x\n")
+    for i in range(3000):
+        (chain / f"l{i}").symlink_to(f"l{i + 1}" if i < 2999 else "target")
+    calls = [{**c, "path": c["path"].replace("d/sub", "chain/l0")} for c in RACED_CALLS]
+    for c in [*calls, {"action": "grep", "path": "chain", "pattern": "x"}]:
+        out = files(gw, **c)
+        assert out["status"] == "ok" or out["error"]["code"] != "INTERNAL_ERROR", (c, out)
+    assert files(gw, action="read", path="chain/l0")["error"]["code"] == "SYMLINK_REFUSED"
+    assert files(gw, action="read", path="chain/l2990")["content"] == "x\n"  # a short chain is followed
+    long = ws / "long"
+    (long / "x").mkdir(parents=True)
+    for i in range(100):
+        (long / f"l{i}").symlink_to("x/../" * 800 + (f"l{i + 1}" if i < 99 else "x"))
+    assert settled_realpath(os.fspath(long / "l0")) == os.fspath(long / f"l{MAX_LINKS}")  # followed no further
+
+
+def test_a_cancelled_grep_find_or_delete_stops_walking(gw: Gateway, ws: Path) -> None:
+    """Attack (red team, issue 12): grep, find and a recursive delete walked on after their call
+    was cancelled (the client left, or SIGTERM's grace ran out): a grep over /usr under a read
+    root of / ran 65 s with the cancel set at 1 s, so shutdown waited past its grace, lost the
+    reply and counted the call unfinished. Now each walk looks at the cancel between entries
+    (a cancelled delete stops in its checking pass: nothing is gone)."""
+    for i in range(50):
+        (ws / "tree" / f"d{i}").mkdir(parents=True)
+        (ws / "tree" / f"d{i}" / "f.txt").write_text("needle\n")
+    cancel = threading.Event()
+    cancel.set()  # the client left after the decision
+    searches = [
+        {"action": "grep", "path": "tree", "pattern": "needle"},
+        {"action": "find", "path": "tree", "pattern": "**/f.txt"},
+        {"action": "delete", "path": "tree", "recursive": True},
+    ]
+    for c in searches:
+        out = gw.handle(FilesCall(principal="agent", **c), cancel=cancel)  # type: ignore[arg-type]
+        assert out["status"] == "error" and out["error"]["code"] == "CALL_CANCELLED", out
+    assert len(files(gw, "grep", path="tree", pattern="needle")["matches"]) == 50  # uncancelled: all of it, all there
 
 
 def test_the_commands_resolver_holds_under_a_concurrent_rename(ws: Path) -> None:
