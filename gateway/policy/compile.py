@@ -97,6 +97,10 @@ class Grant:
     private: tuple[Path, ...] = ()
     """The gateway's own records (audit log, keys, tokens, state): never read or written, whatever
     the roots say. Set by the gateway on the grant it hands an executor that opens files itself."""
+    unseen: tuple[Path, ...] = ()
+    """Host directories the sandbox hides although a wide root covers them (/home, /run,
+    /var/tmp, host /tmp...: sandbox.plan.unseen): an executor that opens files itself refuses
+    them too, so it sees what a command sees. Set by the gateway, like `private`."""
 
 
 @dataclass(frozen=True)

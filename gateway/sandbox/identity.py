@@ -14,11 +14,14 @@ files tool creates what it writes with that owner (`own(fd)`).
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import os
+import platform
 import pwd
 import stat
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,6 +85,54 @@ def _create_account() -> pwd.struct_passwd:
         f"cannot create the sandbox account {ACCOUNT!r} ({why}): create an unprivileged account and name it "
         "with AGW_SANDBOX_USER, or run the gateway as an unprivileged user"
     )
+
+
+# setgroups(2) for this thread alone: glibc's wrapper changes every thread of the process
+_SETGROUPS = {"x86_64": 116, "aarch64": 159}
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class ActAsUnavailable(Exception):
+    """This thread cannot take the sandbox's identity (the files tool then refuses to run)."""
+
+
+@contextlib.contextmanager
+def acting_as_sandbox() -> Iterator[None]:
+    """Run the block with this thread's file-system identity the sandbox's: its fsuid and fsgid,
+    no supplementary groups, and (the kernel's rule for an fsuid leaving 0) none of root's
+    file capabilities. A file a command in the sandbox could not open, the block cannot either
+    (/etc/shadow, /root), and what it creates belongs to the sandbox's account. Only this thread
+    changes; the identity comes back when the block ends. Nothing changes when the gateway is
+    not root (it already is the sandbox's identity). Raises ActAsUnavailable."""
+    try:
+        ident = sandbox_identity()
+    except IdentityUnavailable as exc:
+        raise ActAsUnavailable(str(exc)) from exc
+    if not ident.switch:
+        yield
+        return
+    number = _SETGROUPS.get(platform.machine())
+    if number is None:
+        raise ActAsUnavailable(f"dropping groups per thread is not supported on {platform.machine()}")
+    groups = os.getgroups()
+    _setgroups(number, [])
+    try:
+        _libc.setfsgid(ident.gid)
+        _libc.setfsuid(ident.uid)
+        if _libc.setfsuid(-1) != ident.uid or _libc.setfsgid(-1) != ident.gid:  # -1: only reports
+            raise ActAsUnavailable("the kernel did not take the sandbox's file-system identity")
+        yield
+    finally:
+        _libc.setfsuid(0)
+        _libc.setfsgid(0)
+        _setgroups(number, groups)
+
+
+def _setgroups(number: int, groups: list[int]) -> None:
+    array = (ctypes.c_uint * max(1, len(groups)))(*groups)
+    if _libc.syscall(ctypes.c_long(number), ctypes.c_size_t(len(groups)), array) != 0:
+        err = ctypes.get_errno()
+        raise ActAsUnavailable(f"setgroups: {os.strerror(err)}")
 
 
 def own(fd: int) -> None:

@@ -51,6 +51,8 @@ credentials, gitconfig."""
 NETWORK_ETC = ("resolv.conf", "hosts")
 """Name lookup, only when the policy lets commands reach the network."""
 HIDDEN_SYSTEM = ("/run", "/var/run", "/var/tmp", "/sys", "/home", "/tmp", "/dev/shm", "/proc", "/dev")
+REPLACED = ("/tmp", "/dev/shm", "/dev")
+"""Of HIDDEN_SYSTEM, those the sandbox replaces with private ones: only roots inside them show."""
 """Host directories never shown through a wide read root (host sockets and other users' homes
 live there): each is replaced by the sandbox's own (/tmp, /dev, /proc) or an empty read-only
 directory. A root that names one (or lies inside one) shows it."""
@@ -179,6 +181,20 @@ class SandboxPlan:
             "landlock": [{"path": p, "access": a} for p, a in self.landlock],
             "quotas": {k: v for k, v in vars(self.quotas).items() if v is not None},
         }
+
+
+def unseen(roots: tuple[str, ...] | list[str]) -> tuple[str, ...]:
+    """The host directories no command sees although one of `roots` covers them (a wide read
+    root such as `/`): the sandbox hides them (`hide` mounts) or puts private ones in their
+    place (/tmp, /dev/shm, /dev). A root at or inside one names it: then it is seen. The files
+    tool, which opens files itself, refuses the same ones (docs/sandbox.md)."""
+    out = []
+    for path in HIDDEN_SYSTEM:
+        if path == "/proc" or not any(_under(path, r) for r in roots):
+            continue  # /proc: the jail refuses it outright
+        if path in REPLACED or not any(_under(r, path) for r in roots):
+            out.append(path)  # (a root inside a replaced one is bound into the private copy: still seen)
+    return tuple(out)
 
 
 def _under(path: str, root: str) -> bool:

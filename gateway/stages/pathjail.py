@@ -344,6 +344,16 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
     for p in grant.private:
         if inside(path, p):
             raise _Refused("gateway_private", f"{who}: {path} lies inside the gateway's own records ({p})", details)
+    for p in grant.unseen:
+        if inside(path, p) and not any(
+            inside(path, r) and inside(str(r), p) for r in (*grant.read_roots, *grant.write_roots)
+        ):
+            raise _Refused(
+                "hidden_by_sandbox",
+                f"{who}: {path} is inside {p}, which the sandbox hides from every command although a root covers "
+                "it: name it as a root in the policy to use it",
+                details,
+            )
     if access == "write":
         if not any(inside(path, r) for r in grant.write_roots):
             details["roots"] = [str(r) for r in grant.write_roots]

@@ -13,8 +13,10 @@ import gateway.executors.files as files
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
-from gateway.policy.compile import CompiledPolicy
+from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import Tool
+from gateway.sandbox import identity
+from gateway.sandbox import plan as sandbox_plan
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ def decide_paths(policy: CompiledPolicy, principal: str, who: str, paths: list[t
     decision = tool_decision(policy, principal, Tool.FILES)
     if decision.verdict is Verdict.DENY:
         return decision
-    grant = policy.grant(principal)
+    grant = seen_as_by_commands(policy.grant(principal))
     for path, access in paths:
         try:
             check_path(path, access, grant, who)
@@ -51,6 +53,13 @@ def decide_paths(policy: CompiledPolicy, principal: str, who: str, paths: list[t
         reason = Reason("pathjail", "paths_checked", f"{len(paths)} path(s) inside the roots", None, checked)
         decision = Decision(Verdict.ALLOW, None, (reason,))
     return decision
+
+
+def seen_as_by_commands(grant: Grant) -> Grant:
+    """`grant` narrowed to what a command in the sandbox sees: no host directory the sandbox
+    hides although a wide root covers it (/home, /run, /var/tmp, host /tmp: sandbox.plan.unseen)."""
+    roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
+    return replace(grant, unseen=tuple(Path(p) for p in sandbox_plan.unseen(roots)))
 
 
 def _refused(exc: PathRefused, path: str, access: str) -> Decision:
@@ -103,6 +112,12 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     )
     # the executor checks every file it opens again, the gateway's records included: a link
     # flipped after the decision must not lead the read into them
-    grant = replace(policy.grant(call.principal), private=gw.private_dirs())
-    outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
+    grant = replace(seen_as_by_commands(policy.grant(call.principal)), private=gw.private_dirs())
+    # and it opens them as the sandbox's account would: a file no command could read (/etc/shadow,
+    # /root under a read root of /) it cannot read either, and what it writes is that account's
+    try:
+        with identity.acting_as_sandbox():
+            outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
+    except identity.ActAsUnavailable as exc:
+        outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
     return gw.record_result(gated, outcome)

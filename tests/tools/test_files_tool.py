@@ -241,3 +241,55 @@ def test_the_commands_resolver_holds_under_a_concurrent_rename(ws: Path) -> None
                 assert exc.code == "path_changed"
                 continue
             assert real.startswith(("/etc/", os.fspath(ws))), real
+
+
+# --- the files tool sees what a command sees (red team O1: it read as root) ------------------------
+
+
+@pytest.fixture
+def wide(tmp_path: Path) -> Iterator[tuple[Gateway, Path]]:
+    """A principal whose read root is / and whose write root is its workspace."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    hand_over(ws)
+    raw = {**POLICY, "roles": {**POLICY["roles"], "dev": {"level": 2, "read_roots": ["/"], "write_roots": ["."]}}}
+    g = Gateway(
+        compile_policy(Policy.model_validate(raw), tmp_path / "p.yaml", ws, sha256="t"), AuditLog(tmp_path / "a")
+    )
+    yield g, ws
+    g.close()
+
+
+def test_a_wide_read_root_does_not_let_the_files_tool_read_what_no_command_can(
+    wide: tuple[Gateway, Path], tmp_path: Path
+) -> None:
+    gw, _ = wide
+    root_only = Path("/root") / f".agw-test-secret-{os.getpid()}"
+    root_only.write_text("ROOT ONLY\n")
+    root_only.chmod(0o600)
+    try:
+        for path in ("/etc/shadow", str(root_only)):
+            out = gw.handle(FilesCall(principal="agent", action="read", path=path))
+            assert out["status"] != "ok" and "ROOT ONLY" not in str(out), out
+        # a command under the same policy cannot either: the tool and the sandbox agree
+        assert gw.handle(FilesCall(principal="agent", action="read", path="/etc/hostname"))["status"] == "ok"
+    finally:
+        root_only.unlink()
+
+
+@pytest.mark.parametrize("hidden", ["/var/tmp", "/run", "/home", "/tmp"])
+def test_a_wide_read_root_does_not_show_what_the_sandbox_hides(wide: tuple[Gateway, Path], hidden: str) -> None:
+    gw, _ = wide
+    if not os.path.isdir(hidden):
+        pytest.skip(f"{hidden} does not exist here")
+    out = gw.handle(FilesCall(principal="agent", action="list", path=hidden))
+    assert out["status"] == "denied" and out["error"]["code"] == "PATH_OUTSIDE_JAIL", out
+    assert "hides" in out["error"]["message"]
+
+
+def test_what_the_files_tool_writes_belongs_to_the_sandbox_account(wide: tuple[Gateway, Path]) -> None:
+    gw, ws = wide
+    assert gw.handle(FilesCall(principal="agent", action="write", path="new.txt", content="x"))["status"] == "ok"
+    from gateway.sandbox.identity import sandbox_identity
+
+    assert (ws / "new.txt").stat().st_uid == sandbox_identity().uid
