@@ -177,14 +177,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if not text:
         return _fatal("run needs a command: gateway run -- 'make test'")
     try:
-        policy = _policy(args)  # read once for the audit settings; the holder keeps it current
+        # the policy is read once: its events wait for the audit log, which its settings open
+        waiting: list[tuple[str, dict[str, Any]]] = []
+        workspace = Path(args.workspace) if args.workspace else None
+        holder = PolicyHolder(Path(args.policy), workspace, on_event=lambda kind, data: waiting.append((kind, data)))
+        policy = holder.current()
         audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=policy.policy.audit.redact)
 
         def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
             audit.append(kind, data=data)
 
-        holder = PolicyHolder(Path(args.policy), Path(args.workspace) if args.workspace else None, on_event=record)
-        policy = holder.current()
+        for kind, data in waiting:
+            record(kind, data)
+        holder.on_event = record
         principal = _principal(args, policy)
     except (PolicyError, AuditUnavailable) as exc:
         return _fatal(str(exc))

@@ -47,9 +47,10 @@ class PolicyHolder:
         self.interval = interval
         self.last_error: str | None = None
         self._lock = threading.Lock()
-        self._policy = load_checked(path, workspace)  # a first load that fails is fatal: raise
+        # stamped before it is read: a change made while it loads is seen by the next check
         self._watched = self._files()
         self._stamp = _stamp(self._watched)
+        self._policy = load_checked(path, workspace)  # a first load that fails is fatal: raise
         self._checked = time.monotonic()
         self.on_event("policy_loaded", {"path": str(path), "sha256": self._policy.sha256})
 

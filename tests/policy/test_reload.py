@@ -6,6 +6,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gateway.decision import Verdict
 from gateway.pipeline import evaluate
 from gateway.policy.reload import PolicyHolder
@@ -140,4 +142,30 @@ def test_a_same_size_same_time_save_by_rename_is_seen(tmp_path: Path) -> None:
     fresh.write_text(POLICY.format(decision="deny "))  # as long as "allow"
     os.utime(fresh, ns=(st.st_atime_ns, st.st_mtime_ns))
     os.rename(fresh, path)  # an editor's save: a new inode, same size and mtime
+    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY
+
+
+def test_an_edit_saved_while_the_first_load_runs_is_seen_by_the_next_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The files are stamped before they are read: an admin's save that lands while the policy
+    is loading (here, made at the end of the load) is a change the next check picks up. Stamped
+    after the read, the old policy stayed in force until some later edit."""
+    from gateway.policy import reload
+
+    path = tmp_path / "p.yaml"
+    write(path, POLICY.format(decision="allow"), 0)
+    real = reload.load_checked
+    saved = []
+
+    def load_then_the_admin_saves(*args: Any, **kwargs: Any) -> Any:
+        loaded = real(*args, **kwargs)
+        if not saved:
+            saved.append(True)
+            write(path, POLICY.format(decision="deny"), 5)
+        return loaded
+
+    monkeypatch.setattr(reload, "load_checked", load_then_the_admin_saves)
+    holder = PolicyHolder(path, tmp_path, interval=0)
+    assert holder.reload_if_changed() is True
     assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY
