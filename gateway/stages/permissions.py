@@ -9,13 +9,14 @@ match is a denial that names the near misses, so the agent learns what to change
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from functools import lru_cache
 
 from gateway.analysis import Command, Expansion, Flag
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
-from gateway.policy.schema import Rule, RuleDecision
+from gateway.policy.schema import Rule, RuleDecision, Tool
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 
 STAGE = "permissions"
@@ -49,6 +50,8 @@ def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tupl
         message = f"no rule allows `{shown}`"
         if misses:
             message += " (" + "; ".join(misses[:4]) + ")"
+        else:
+            message += ": " + _no_rule_for(policy, principal, program)
         return Decision(Verdict.DENY, None, (Reason(STAGE, "no_rule", message, None, {"program": program}),)), []
     verdict = max(Verdict.parse(m.rule.decision.value) for m in matches)
     deciders = [m.rule for m in matches if Verdict.parse(m.rule.decision.value) == verdict]
@@ -58,6 +61,60 @@ def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tupl
     else:  # every rule that asks (or denies) is named: who may answer an ask depends on all of them
         reasons = tuple(Reason(STAGE, code, f"`{shown}`: {r.justification}", r.id) for r in deciders)
     return Decision(verdict, deciders[0].id, reasons), matches
+
+
+_FILE_PROGRAMS = frozenset(
+    [
+        "cat",
+        "head",
+        "tail",
+        "less",
+        "more",
+        "tee",
+        "touch",
+        "cp",
+        "mv",
+        "mkdir",
+        "rm",
+        "rmdir",
+        "ls",
+        "find",
+        "grep",
+        "stat",
+        "file",
+        "wc",
+        "dd",
+        "install",
+        "ln",
+        "truncate",
+    ]
+)
+
+
+def _no_rule_for(policy: CompiledPolicy, principal: str, program: str) -> str:
+    """What to do when no rule of the policy names `program` (for this principal): the nearest
+    program names it may run, and the files tool where it does the job without a program."""
+    usable = sorted(p for p, rules in policy.by_program.items() if any(policy.may_use(principal, r) for r in rules))
+    if program in usable:  # rules for it, none for this use (another subcommand)
+        subcommands = sorted(
+            {
+                c
+                for r in policy.by_program[program]
+                if policy.may_use(principal, r) and r.decision is not RuleDecision.DENY
+                for c in r.subcommands or ()
+            }
+        )
+        hint = f"no rule covers this use of {program}"
+        if subcommands:
+            hint += f" (its rules cover the subcommands {', '.join(subcommands)[:300]})"
+        return hint
+    hint = f"the policy names no rule for {program}"
+    near = difflib.get_close_matches(program, usable, n=3, cutoff=0.8)
+    if near:
+        hint += f"; did you mean {' or '.join(near)}?"
+    if program in _FILE_PROGRAMS and policy.tool_decision(principal, Tool.FILES).value != "deny":
+        hint += "; the files tool reads, writes, lists and searches files without running a program"
+    return hint
 
 
 def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
@@ -79,26 +136,34 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
         for o in options:
             for spec in rule.forbidden_options:
                 if _has_option(o, spec):
-                    return None, f"option {o} is not allowed ({spec})"
+                    return None, f"option {o} is not allowed ({spec}): drop it"
         if not rule.accept_unknown:
             jailed = rule.path_args.read != "none" or rule.path_args.write != "none"
             for w in argv[i:]:
                 # a glob or ~ in a path argument is expanded and checked by the path jail
                 if not w.literal and not (jailed and set(w.expansions) <= _JAIL_EXPANDS):
-                    return None, f"argument {w.raw or w.value} is only known at run time"
+                    return None, (
+                        f"argument {w.raw or w.value} is only known at run time: write it literally "
+                        "(no $VAR, $(...) or expansion the rule cannot check)"
+                    )
             if Flag.DYNAMIC_ARGS in cmd.flags:
-                return None, f"its arguments arrive at run time (from {cmd.wrapper})"
+                return None, f"its arguments arrive at run time (from {cmd.wrapper}): run it on literal arguments"
         jails_paths = rule.path_args.read != "none" or rule.path_args.write != "none"
         if Flag.DYNAMIC_ARGS in cmd.flags and jails_paths and not rule.accept_unknown_paths:
             return None, f"its arguments arrive at run time (from {cmd.wrapper}) and could be paths"
         for a in cmd.assignments:
             if not any(_name_matches(a.name, allowed) for allowed in rule.env):
-                return None, f"setting {a.name} is not allowed"
+                return (
+                    None,
+                    f"setting {a.name} is not allowed (the rule allows {', '.join(rule.env) or 'no variables'})",
+                )
     if rule.first_arg is not None and positional:
         first = argv[positional[0]].value
         found = _any_match(_patterns(tuple(rule.first_arg)), first, strict)
         if found is not True:
-            return None, (found or f"first argument {_short(first)} is not one of the allowed ones") if strict else ""
+            allowed = ", ".join(rule.first_arg)[:160]
+            why = found or f"first argument {_short(first)} is not one of the allowed ones ({allowed})"
+            return None, why if strict else ""
     if rule.args is not None:
         patterns = _patterns(tuple(rule.args))
         for k in positional:
@@ -106,7 +171,11 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             found = _any_match(patterns, value, strict)
             if found is not True:
                 if strict:
-                    return None, found or f"argument {_short(value)} matches none of the allowed patterns"
+                    return (
+                        None,
+                        found
+                        or f"argument {_short(value)} matches none of the allowed patterns ({_listed(rule.args)})",
+                    )
                 return None, ""
     return Match(rule, positional), ""
 
@@ -129,6 +198,10 @@ def _any_match(patterns: tuple[PolicyPattern, ...], value: str, strict: bool) ->
                 f"which needs backtracking (at most {MAX_BACKTRACKING_INPUT}): shorten it, or write it to a file"
             )
     return undecided or False
+
+
+def _listed(patterns: list[str]) -> str:
+    return ", ".join(patterns)[:160]
 
 
 def _short(value: str) -> str:

@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from gateway.analysis import analyze
+from gateway.decision import Verdict
+from gateway.pipeline import evaluate
+from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule
+from gateway.policy.selftest import load_checked
 from gateway.stages.permissions import match
 
 
@@ -70,3 +76,36 @@ def test_arguments_arriving_at_run_time_need_accept_unknown() -> None:
     inner = analyze("ls | xargs rm").commands[-1]
     assert "arrive at run time" in match(rule(programs=["rm"]), inner)[1]
     assert match(rule(programs=["rm"], accept_unknown=True), inner)[0] is not None
+
+
+# --- a denial says what would make the command pass (issue 13, class 10) -------------------------
+
+
+@pytest.fixture(scope="module")
+def shipped(tmp_path_factory: pytest.TempPathFactory) -> CompiledPolicy:
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "data.txt").write_text("x\n")
+    return load_checked(Path("policies/default.yaml"), ws)
+
+
+DENIALS = [
+    ("pyhton3 x.py", "did you mean python3?"),
+    ("shred data.txt", "the policy names no rule for shred"),
+    ("dd if=data.txt of=y", "the files tool reads, writes, lists and searches files"),
+    ("git frobnicate", "no rule covers this use of git (its rules cover the subcommands"),
+    ("cat $F", "write it literally"),
+    ("sort -o /x data.txt", "option -o is not allowed (-o): drop it"),
+    ("FOO=1 ls", "setting FOO is not allowed (the rule allows no variables)"),
+]
+
+
+@pytest.mark.parametrize(("command", "hint"), DENIALS, ids=[d[0] for d in DENIALS])
+def test_a_denial_says_what_to_do(shipped: CompiledPolicy, command: str, hint: str) -> None:
+    decision = evaluate(shipped, command, "agent").decision
+    assert decision.verdict is Verdict.DENY
+    assert hint in decision.reasons[0].message, decision.reasons[0].message
+
+
+def test_no_subcommand_of_a_deny_rule_is_offered(shipped: CompiledPolicy) -> None:
+    message = evaluate(shipped, "git frobnicate", "agent").decision.reasons[0].message
+    assert "clone" not in message and "daemon" not in message  # denied by the policy: not a way out
