@@ -33,7 +33,7 @@ from pathlib import Path
 from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
-from gateway.stages import decision_cache, globs
+from gateway.stages import decision_cache, globs, producers
 from gateway.stages.permissions import Match, option_values
 
 STAGE = "pathjail"
@@ -310,6 +310,9 @@ def _resolve(
     policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool, budget: globs.Budget | None = None
 ) -> list[str]:
     value, kinds = _tilde(policy, word)
+    starts = producers.starting_points(word)
+    if starts is not None:  # `$(find lib -name '*.rb')`: what it lists lies under lib (producers.py)
+        return [real_path(s if s.startswith("/") else str(cwd / s)) for cwd in cwds for s in starts]
     if kinds - {Expansion.GLOB}:
         if unknown_ok:
             return []  # the rule accepts values known only at run time: the sandbox holds

@@ -18,6 +18,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
+from gateway.stages import producers
 
 STAGE = "permissions"
 _JAIL_EXPANDS = frozenset({Expansion.GLOB, Expansion.TILDE})
@@ -141,7 +142,8 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             jailed = rule.path_args.read != "none" or rule.path_args.write != "none"
             for w in argv[i:]:
                 # a glob or ~ in a path argument is expanded and checked by the path jail
-                if not w.literal and not (jailed and set(w.expansions) <= _JAIL_EXPANDS):
+                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or producers.starting_points(w) is not None
+                if not w.literal and not (jailed and jail_checks):
                     return None, (
                         f"argument {w.raw or w.value} is only known at run time: write it literally "
                         "(no $VAR, $(...) or expansion the rule cannot check)"
