@@ -148,6 +148,9 @@ class Command:
     context: tuple[Context, ...] = ()
     flags: tuple[Flag, ...] = ()
     wrapper: str | None = None  # the wrapper that runs it (its argv[0]), if any
+    words: tuple[Word, ...] = ()
+    """Words the shell expands although no program receives them: a `for` loop's list (its
+    globs list directories: the path jail checks them). Such a command has an empty argv."""
 
     @property
     def program(self) -> str:
@@ -171,6 +174,8 @@ class Command:
             out["flags"] = [f.value for f in self.flags]
         if self.wrapper:
             out["wrapper"] = self.wrapper
+        if self.words:
+            out["expanded_words"] = [w.to_json() for w in self.words]
         return out
 
 

@@ -441,15 +441,19 @@ class Walker:
             if not self.src(variable).isascii():
                 raise Unmodelled("unsupported_construct", f"non-ASCII loop variable at {self.where(variable)}")
             self.out.loop_variables.append(self.src(variable))
+        listed: list[Word] = []
+        has_list = any(not c.is_named and c.type == "in" for c in node.children)
         for child in node.children:
             if not child.is_named or child == variable:
                 continue
             if child.type == "do_group":
+                if has_list:  # the list is expanded before the body runs: its globs are reads
+                    self.emit(Command(argv=(), context=here, words=tuple(listed)))
                 self.statement(child, here, redirects, blind)
             elif child.type == "comment":
                 self.out.safe_spans.append(self.span(child))
             else:
-                self.word(child, here, blind)  # the `in` list: its substitutions run
+                listed.append(self.word(child, here, blind))  # the `in` list: its substitutions run
 
     def _st_c_style_for_statement(
         self, node: Node, ctx: tuple[Context, ...], redirects: tuple[Redirect, ...], blind: str

@@ -170,7 +170,7 @@ def check(
         for cmd, found in zip(commands, matches, strict=True):
             unknown_ok = any(m.rule.accept_unknown_paths for m in found)
             reads, writes, redirected = _paths_of(cmd, found)
-            who = cmd.program if cmd.argv else "redirect"
+            who = cmd.program if cmd.argv else ("for" if cmd.words else "redirect")
             for listed in _glob_reads(policy, cmd, cwds, unknown_ok, wrote, budget):
                 real = real_path(listed)  # `..` and links resolved, as for every path
                 _check_path(real, "read", grant, f"{who} (a glob lists it)")
@@ -210,9 +210,12 @@ def _glob_reads(
     out: list[str] = []
     words = [(k, w) for k, w in enumerate(cmd.argv) if k > 0 and Expansion.GLOB in w.expansions]
     words += [(-1, r.target) for r in cmd.redirects if r.target is not None and Expansion.GLOB in r.target.expansions]
+    # a `for` list: its matches reach the body's commands through the loop variable, as options too
+    words += [(0, w) for w in cmd.words if Expansion.GLOB in w.expansions]
+    name = cmd.program if cmd.argv else "a for loop"
     for k, word in words:
         value, kinds = _tilde(policy, word)
-        options_end = any(w.value == "--" and w.literal for w in cmd.argv[1:k]) if k > 0 else True
+        options_end = any(w.value == "--" and w.literal for w in cmd.argv[1:k]) if k > 0 else k < 0
         if kinds - {Expansion.GLOB}:
             if unknown_ok:
                 continue  # the rule accepts values known only at run time: the sandbox holds
@@ -230,7 +233,7 @@ def _glob_reads(
         ):
             raise _Refused(
                 "glob_after_write",
-                f"{cmd.program}: the glob {value!r} is expanded after an earlier command of this text writes, "
+                f"{name}: the glob {value!r} is expanded after an earlier command of this text writes, "
                 "so it may match a file named like an option: write './' before it, or put '--' first",
                 {"glob": value},
             )
@@ -245,7 +248,7 @@ def _glob_reads(
             if option is not None:
                 raise _Refused(
                     "glob_matches_option",
-                    f"{cmd.program}: the glob {value!r} matches {option!r}, which {cmd.program} would read as an "
+                    f"{name}: the glob {value!r} matches {option!r}, which a program would read as an "
                     "option: write './' before the glob, or put '--' first",
                     {"glob": value, "match": option},
                 )

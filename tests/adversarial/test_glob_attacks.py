@@ -37,9 +37,9 @@ def policy(ws: Path) -> CompiledPolicy:
     return load_checked(Path("policies/default.yaml"), ws)
 
 
-def decide(policy: CompiledPolicy, ws: Path, text: str) -> tuple[Verdict, str]:
+def decide(policy: CompiledPolicy, ws: Path, text: str) -> tuple[Verdict, list[str]]:
     d = evaluate(policy, text, "agent", ws).decision
-    return d.verdict, d.reasons[0].code if d.reasons else ""
+    return d.verdict, [r.code for r in d.reasons]
 
 
 @pytest.mark.parametrize(
@@ -50,20 +50,33 @@ def decide(policy: CompiledPolicy, ws: Path, text: str) -> tuple[Verdict, str]:
         ("printf '%s\\n' ../*/.env", "outside_read_roots"),
         ("echo src/../../*", "outside_read_roots"),
         ("echo ~/../*", "outside_read_roots"),
+        ("for f in /etc/ssl/private/*; do echo $f; done", "outside_read_roots"),
+        ("for f in ../*/.env; do :; done", "outside_read_roots"),
         # class 2: a match that would be an option, now or made in the same line
         ("sort *", "glob_matches_option"),
         ("wc -l *", "glob_matches_option"),
         ("touch ./--target-directory=x && cp * src", "glob_after_write"),
         ("echo x > ./-rf && ls *", "glob_after_write"),
+        ("for f in *; do sort $f; done", "glob_matches_option"),
     ],
 )
 def test_the_attack_is_denied(policy: CompiledPolicy, ws: Path, text: str, code: str) -> None:
-    assert decide(policy, ws, text) == (Verdict.DENY, code)
+    verdict, codes = decide(policy, ws, text)
+    assert verdict is Verdict.DENY and code in codes, codes
 
 
 @pytest.mark.parametrize(
     "text",
-    ["sort -- *", "sort ./*", "wc -l src/*.py", "ls src/*", "cat ./*.txt", "touch ./x && cp ./*.txt src", "echo *.py"],
+    [
+        "sort -- *",
+        "sort ./*",
+        "wc -l src/*.py",
+        "ls src/*",
+        "cat ./*.txt",
+        "touch ./x && cp ./*.txt src",
+        "echo *.py",
+        'for f in src/*.py; do echo "$f"; done',
+    ],
 )
 def test_the_safe_forms_are_allowed(policy: CompiledPolicy, ws: Path, text: str) -> None:
     assert decide(policy, ws, text)[0] is Verdict.ALLOW
@@ -76,8 +89,8 @@ def test_a_glob_over_a_huge_tree_is_refused_quickly_and_recorded_small(policy: C
         for b in range(700):
             (big / f"d{a}" / f"f{b}").touch()
     started = time.monotonic()
-    verdict, code = decide(policy, ws, "ls big/*/* big/*/* big/*/*")
-    assert (verdict, code) == (Verdict.DENY, "glob_too_costly")
+    verdict, codes = decide(policy, ws, "ls big/*/* big/*/* big/*/*")
+    assert (verdict, codes) == (Verdict.DENY, ["glob_too_costly"])
     assert time.monotonic() - started < 60  # a guard against the 11 s of the issue, not a benchmark
     d = evaluate(policy, "ls big/d1/*", "agent", ws).decision
     assert d.verdict is Verdict.ALLOW

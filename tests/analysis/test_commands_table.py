@@ -52,11 +52,12 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("if a; then b; elif c; then d; fi", [["a"], ["b"], ["c"], ["d"]]),
     ('while read -r line; do echo "$line"; done < file', [["read", "-r", "line"], ["echo", "$line"]]),
     ("until false; do break; done", [["false"], ["break"]]),
-    ('for f in *.py; do wc -l "$f"; done', [["wc", "-l", "$f"]]),
-    ('for f in $(ls); do rm "$f"; done', [["ls"], ["rm", "$f"]]),
+    # a for list is expanded before the body (an empty argv carrying the list's words)
+    ('for f in *.py; do wc -l "$f"; done', [[], ["wc", "-l", "$f"]]),
+    ('for f in $(ls); do rm "$f"; done', [["ls"], [], ["rm", "$f"]]),
     ("for ((i=0; i<3; i++)); do echo $i; done", [["((", "i=0; i<3; i++"], ["echo", "$i"]]),
     ("for x; do echo $x; done", [["echo", "$x"]]),
-    ("select x in a b; do echo $x; break; done", [["echo", "$x"], ["break"]]),
+    ("select x in a b; do echo $x; break; done", [[], ["echo", "$x"], ["break"]]),
     (
         'case "$1" in start) run ;; stop|halt) halt_it ;; *) echo no ;; esac',
         [["run"], ["halt_it"], ["echo", "no"]],
