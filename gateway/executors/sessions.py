@@ -61,7 +61,13 @@ from gateway.sandbox import identity, reaper
 # NUL. Code running inside `eval` can read the loop's saved control descriptor; if it swallows
 # all or part of a record, the loop's next read starts mid-record, lacks the GS, and is dropped:
 # a decided command can be lost, but no other text can become a command.
+#
+# The prompt goes before the end marker, so it belongs to the reply of the command it follows
+# (and the first one to `start`). A command that ends the shell (`exit 3`) never reaches the
+# marker after `eval`: the EXIT trap, set only while a command runs, prints it with the status
+# the shell exits with, so the reply says 3, not the previous command's status.
 _LOOP = r"""
+__gw_prompt={prompt}
 {ready}
 while :; do
   unset -v __gw_rec __gw_cwd __gw_cmd || break
@@ -74,12 +80,14 @@ while :; do
   __gw_cwd=${{__gw_rec%%$'\x1f'*}}
   __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
+    builtin trap 'builtin printf "%s\036GW{nonce}:%d\036" "$__gw_prompt" "$?"' EXIT
     eval "$__gw_cmd" {fd}<&-
     __gw_status=$?
+    builtin trap - EXIT
   else
     __gw_status=126
   fi
-  builtin printf '\036GW{nonce}:%d\036%s' "$__gw_status" {prompt}
+  builtin printf '%s\036GW{nonce}:%d\036' "$__gw_prompt" "$__gw_status"
 done
 """
 
@@ -142,6 +150,7 @@ class Session:
         self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False
         self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
+        self.initial_output = ""  # what the shell printed before its first command (its prompt)
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
         # (a closed number is reused at once by the next open anywhere in the gateway: a second
@@ -398,7 +407,7 @@ class SessionManager:
         control_r, control_w = os.pipe()
         quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
         ready = "stty -isig 2>/dev/null; " if pty else ""
-        ready += f"builtin printf '\\036GW{nonce}:0\\036'"
+        ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
         loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
         shell = ["bash", "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
@@ -453,7 +462,7 @@ class SessionManager:
             output, _ = session.take_output()
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.shell_pid = _find_shell(proc.pid)
-        session.take_output()
+        session.initial_output, _ = session.take_output()  # the first prompt
         with self._lock:
             self._sessions[session.id] = session
             self._idle_limits[session.id] = idle_seconds

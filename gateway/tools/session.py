@@ -136,7 +136,8 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
         return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
     except SessionError as exc:
         return gw.record_result(gated, error(call_id, "error", exc.code, exc.message))
-    out: dict[str, Any] = {"status": "ok", **session.describe(), "sandbox": session.sandbox}
+    out: dict[str, Any] = {"status": "ok", **session.describe(), "output": session.initial_output,
+                           "sandbox": session.sandbox}  # fmt: skip
     startup = []
     for text in call.startup_commands:
         result = _exec(gw, call, new_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
