@@ -38,6 +38,7 @@ from gateway.calls import AskUserCall
 from gateway.log import log
 from gateway.pipeline import Gateway, error, evaluate, new_call_id, tool_decision
 from gateway.policy.schema import Tool
+from gateway.stages.pathjail import PathRefused
 from gateway.server.approvals import (
     NO_CHANNEL,
     Attestation,
@@ -223,7 +224,10 @@ class GatewayServer:
             return NotAsked(approve=False)
         if _smuggled(args):
             return NotAsked(approve=False)  # the body refuses the call
-        cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+        try:
+            cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+        except PathRefused:
+            return NotAsked(approve=False)  # the body refuses the call
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
         result = await asyncio.to_thread(evaluate, policy, command, principal, cwd, env, family)
         d = result.decision
@@ -293,7 +297,10 @@ class GatewayServer:
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
             # what the client was shown: the command, in this directory, with this env, under this policy
             approved = isinstance(client, AcceptedElicitation) and bool(getattr(client.data, "approve", False))
-            cwd = self.gw.resolve_cwd(policy, getattr(call, "cwd", None))
+            try:
+                cwd = self.gw.resolve_cwd(policy, getattr(call, "cwd", None))
+            except PathRefused:
+                cwd = policy.workspace  # the body refuses the call; no attestation can hold for it
             ticket.attestation = Attestation(
                 approved, principal, spec.name, str(raw.get("command")), str(cwd), dict(getattr(call, "env", {})),
                 policy.sha256,
