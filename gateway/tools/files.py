@@ -5,15 +5,18 @@ on the opened file, so a symlink swapped in after the decision is refused
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gateway.executors.files as files
+from gateway.analysis import analyze
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
+from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
 
 if TYPE_CHECKING:
@@ -38,11 +41,32 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
             check_path(path, access, grant, f"files {call.action}")
         except PathRefused as exc:
             return _refused(exc, path, access), paths
+    if call.action == "delete":
+        deleting = _as_rm(policy, call, paths[0][0])
+        if deleting is not None and deleting.verdict is not Verdict.ALLOW:
+            return deleting, paths
     if decision.verdict is Verdict.ALLOW:
         checked = {"read": [p for p, a in paths if a == "read"], "write": [p for p, a in paths if a == "write"]}
         reason = Reason("pathjail", "paths_checked", f"{len(paths)} path(s) inside the roots", None, checked)
         decision = Decision(Verdict.ALLOW, None, (reason,))
     return decision, paths
+
+
+def _as_rm(policy: CompiledPolicy, call: FilesCall, path: str) -> Decision | None:
+    """A delete is decided as the command that would do it, `rm -- PATH` (`rm -r -- PATH` when
+    recursive): the rule that asks about (or denies) `rm` asks about (or denies) the delete
+    too, so the files tool is no way around it. None when no rule concerns `rm` (the tool
+    family decides alone). An ask or a deny is at least as strict as the family's verdict."""
+    command = f"rm {'-r ' if call.recursive else ''}-- {shlex.quote(path)}"
+    analysis = analyze(command)
+    if analysis.denial is not None or len(analysis.commands) != 1:
+        reason = Reason("files", "delete_unchecked", f"files delete {path}: could not be decided as `{command}`")
+        return Decision(Verdict.DENY, None, (reason,))
+    decided, _ = permissions.decide_command(policy, call.principal, analysis.commands[0])
+    if any(r.code == "no_rule" for r in decided.reasons):
+        return None
+    family = tool_decision(policy, call.principal, Tool.FILES)
+    return Decision.merge([family, decided]) if family.verdict is not Verdict.ALLOW else decided
 
 
 def _refused(exc: PathRefused, path: str, access: str) -> Decision:
