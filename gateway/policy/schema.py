@@ -46,6 +46,10 @@ class Limits(_Model):
     output_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
     """Bytes of output kept per stream (head and tail); also the most one files read returns
     and the size of a session's unread-output buffer."""
+    reply_bytes: Annotated[StrictInt, Field(ge=1000)] | None = None
+    """Bytes of each output stream one `run` reply carries to the agent (default 30000): a
+    longer stream shows its head and a longer tail, with a notice naming the file (in the
+    gateway's state, readable by this principal through the files tool) that holds all of it."""
     sessions: Annotated[StrictInt, Field(ge=0)] | None = None
     """Live shell sessions per principal (default 8)."""
     session_idle_seconds: Annotated[StrictInt, Field(gt=0)] | None = None

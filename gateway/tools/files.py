@@ -6,6 +6,7 @@ on the opened file, so a symlink swapped in after the decision is refused
 from __future__ import annotations
 
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -14,7 +15,7 @@ from gateway.analysis import analyze
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
-from gateway.policy.compile import CompiledPolicy
+from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import Tool
 from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
@@ -25,7 +26,27 @@ if TYPE_CHECKING:
 OUTPUTS = "outputs"  # write_output's directory, inside the workspace
 
 
-def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tuple[str, str]]]:
+READS = frozenset({"read", "read_json", "list", "stat", "grep", "find"})
+
+
+def with_saved_outputs(gw: Gateway, grant: Grant, call: FilesCall) -> Grant:
+    """A read sees the principal's own saved outputs (the whole output of a `run` whose reply
+    was cut, in the gateway's state: gateway/tools/run.py) as one more read root. Nothing may
+    write there but the gateway, and no other principal's outputs are shown."""
+    own = saved_outputs_dir(gw, call.principal)
+    if own is None or call.action not in READS:
+        return grant
+    return replace(grant, read_roots=(*grant.read_roots, own))
+
+
+def saved_outputs_dir(gw: Gateway, principal: str) -> Path | None:
+    """Where the gateway keeps `principal`'s saved outputs (None: it runs without a state dir)."""
+    return gw.state_dir / "outputs" / principal if gw.state_dir is not None else None
+
+
+def decide(
+    policy: CompiledPolicy, call: FilesCall, grant: Grant | None = None
+) -> tuple[Decision, list[tuple[str, str]]]:
     """The tool family's decision, then the jail for every path the call touches."""
     try:
         paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
@@ -35,7 +56,7 @@ def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tupl
     decision = tool_decision(policy, call.principal, Tool.FILES)
     if decision.verdict is Verdict.DENY:
         return decision, paths
-    grant = policy.grant(call.principal)
+    grant = grant or policy.grant(call.principal)
     for path, access in paths:
         try:
             check_path(path, access, grant, f"files {call.action}")
@@ -75,13 +96,17 @@ def _refused(exc: PathRefused, path: str, access: str) -> Decision:
 
 
 def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, str]]) -> Decision | None:
-    """A denial when a path is inside the gateway's own records, or a search would walk into them."""
+    """A denial when a path is inside the gateway's own records, or a search would walk into them
+    (the principal's own saved outputs excepted, for reads)."""
     private = gw.private_dirs()
+    own = saved_outputs_dir(gw, call.principal) if call.action in READS else None
     for path, access in paths:
         try:
             real = Path(settled_realpath(path))
         except PathRefused as exc:
             return _refused(exc, path, access)
+        if own is not None and (real == own or own in real.parents):
+            continue
         inside = any(real == d or d in real.parents for d in private)
         walks_in = call.action in ("grep", "find") and any(real in d.parents for d in private)
         if inside or walks_in:
@@ -94,7 +119,8 @@ def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, st
 
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
-    decision, paths = decide(policy, call)
+    grant = with_saved_outputs(gw, policy.grant(call.principal), call)
+    decision, paths = decide(policy, call, grant)
     # content and edit text may hold secrets: the audit log keeps their sizes
     arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new"}, exclude_none=True)
     for name in ("content", "old", "new"):
@@ -112,7 +138,5 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         read_bytes=lim.get("output_bytes") or files.FileLimits.read_bytes,
         write_bytes=lim.get("file_bytes") or files.FileLimits.write_bytes,
     )
-    outcome = files.execute(
-        call, policy.grant(call.principal), policy.workspace, policy.workspace / OUTPUTS, file_limits
-    )
+    outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
     return gw.record_result(gated, outcome)

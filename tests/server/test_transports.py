@@ -29,14 +29,14 @@ from tests.server.conftest import (
     HttpGateway,
     audit_records,
     env_without_state,
+    envelope_of,
     free_port,
     gateway_cmd,
 )
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
-    assert r.structured_content is not None
-    return r.structured_content
+    return envelope_of(r)
 
 
 def stdio_params(tmp_path: Path, policy_file: Path, ws: Path, principal: str = "agent") -> StdioServerParameters:
@@ -100,7 +100,7 @@ def test_sigterm_records_the_stop_and_leaves_durable_processes(tmp_path: Path, p
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "process",
               "arguments": {"action": "start", "command": "sleep 120"}}})  # fmt: skip
-        started = reply()["result"]["structuredContent"]
+        started = envelope_of(reply()["result"])
         pid = started["process"]["pid"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -172,7 +172,7 @@ def test_sigterm_gives_a_running_call_its_grace_and_its_reply(tmp_path: Path, po
         server.wait_until_running("sleep 2; echo finished")
         server.proc.send_signal(signal.SIGTERM)
         answer = server.reply()
-        assert answer["id"] == 1 and answer["result"]["structuredContent"]["stdout"] == "finished\n"
+        assert answer["id"] == 1 and envelope_of(answer["result"])["stdout"] == "finished\n"
         assert server.proc.wait(60) == 0
         stopped = audit_records(server.audit)[-1]
         assert stopped["event"] == "server_stopped" and stopped["data"]["cancelled"] == 0, stopped
