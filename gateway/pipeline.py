@@ -475,6 +475,7 @@ class Gateway:
             network=settings.network,
             landlock="required" if settings.require_landlock else "optional",
             etc=tuple(settings.etc),
+            path=tuple(str(p) for p in grant.path),
             report=self._quarantined,
         )
 

@@ -106,6 +106,11 @@ class Role(_Model):
     """Directories whose contents may be written (writing implies reading)."""
     protected: list[str] = []
     """Paths never writable, even inside a write root (e.g. `.git/hooks`)."""
+    path: list[str] = []
+    """Directories added to the sandbox's PATH, after the system ones (relative: against the
+    workspace). Each must lie in the system runtime (/usr, /bin, ...) or in this principal's
+    read roots and outside its write roots: a tool directory is read-only, so nothing the
+    agent writes can shadow or become a program found there. Checked at load."""
     limits: Limits = Limits()
 
 

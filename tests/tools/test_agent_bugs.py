@@ -225,3 +225,35 @@ def test_grep_honours_ignore_rules(gw: Gateway, tree: Path) -> None:
     assert inside == {"src/a.py", "src/deep/b.py", "src/gen/keep_me.py"}  # the rules above the root hold too
     everything = _paths(gw.handle(FilesCall(principal="agent", action="grep", pattern="needle", ignored=True)))
     assert {"node_modules/pkg/c.py", "build/d.py", "logs/x.log"} <= everything
+
+
+# --- tools the policy allows, found on PATH ---------------------------------------------------------
+def test_a_policy_adds_read_only_tool_directories_to_path(ws: Path, tmp_path: Path) -> None:
+    bin_dir = tmp_path / "tools" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "mytool").write_text("#!/bin/sh\necho mytool ran\n")
+    (bin_dir / "mytool").chmod(0o755)
+    for d in (tmp_path / "tools", bin_dir):
+        d.chmod(0o755)
+    dev = {**POLICY["roles"]["dev"], "read_roots": [".", "../tools"], "path": ["../tools/bin"]}
+    rules = [{**POLICY["rules"][0], "programs": [*POLICY["rules"][0]["programs"], "mytool"]}]
+    g = Gateway(compiled(ws, roles={"dev": dev}, rules=rules), AuditLog(tmp_path / "audit"))
+    out = g.handle(RunCall(principal="agent", command="mytool"))
+    g.close()
+    assert out["status"] == "ok" and out["stdout"] == "mytool ran\n", out  # was COMMAND_NOT_FOUND
+
+
+@pytest.mark.parametrize(
+    ("entry", "says"),
+    [("bin", "inside the write root"), ("/opt/elsewhere", "neither in the system runtime"),
+     ("../tools", "neither in the system runtime")],
+)  # fmt: skip
+def test_a_tool_directory_must_be_read_only_and_inside_the_jail(ws: Path, entry: str, says: str) -> None:
+    from gateway.policy.loader import PolicyError
+
+    dev = {**POLICY["roles"]["dev"], "path": [entry]}
+    with pytest.raises(PolicyError, match=r"roles\.dev\.path: .*" + says):
+        compiled(ws, roles={"dev": dev})
+    assert compiled(ws, roles={"dev": {**dev, "path": ["/usr/local/bin"]}}).grant("agent").path == (
+        Path("/usr/local/bin").resolve(),
+    )
