@@ -38,7 +38,6 @@ from gateway.calls import AskUserCall
 from gateway.log import log
 from gateway.pipeline import Gateway, error, evaluate, new_call_id, tool_decision
 from gateway.policy.schema import Tool
-from gateway.stages.pathjail import PathRefused
 from gateway.server.approvals import (
     NO_CHANNEL,
     Attestation,
@@ -49,6 +48,7 @@ from gateway.server.approvals import (
     serving,
 )
 from gateway.server.specs import BY_NAME, SPECS, AwaitCall, Spec
+from gateway.stages.pathjail import PathRefused
 
 INSTRUCTIONS = (
     "agent-gateway: shell and file tools behind a security policy. Every call is decided by the "

@@ -142,8 +142,10 @@ def fit_reply(gw: Gateway, principal: str, call_id: str, outcome: dict[str, Any]
         notes.append(f"{k}: {len(data)} bytes, {left_out} not shown (the first {head} and last {tail} are); {how}")
     dropped = outcome.get("dropped_bytes") or {}
     if any(dropped.get(k) for k in cut):
-        notes.append("the executor kept the first and last limits.output_bytes of each stream; "
-                     f"what it dropped ({', '.join(f'{k}: {dropped[k]}' for k in cut if dropped.get(k))}) is gone")
+        notes.append(
+            "the executor kept the first and last limits.output_bytes of each stream; "
+            f"what it dropped ({', '.join(f'{k}: {dropped[k]}' for k in cut if dropped.get(k))}) is gone"
+        )
     notice = "; ".join(notes)
     outcome["notice"] = f"{outcome['notice']}; {notice}" if outcome.get("notice") else notice
     return outcome

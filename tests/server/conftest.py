@@ -131,7 +131,7 @@ def envelope_of(result: Any) -> dict[str, Any]:
     content = result.get("content") if isinstance(result, dict) else result.content
     first = content[0]
     text = first["text"] if isinstance(first, dict) else first.text
-    summary, _, body = text.partition("\n")
+    _summary, _, body = text.partition("\n")
     found: dict[str, Any] = json.loads(body)
     return found
 

@@ -170,7 +170,7 @@ def test_files_delete_asks_where_rm_asks(gw: Gateway, ws: Path) -> None:
     (ws / "one").write_text("x")
     out = gw.handle(FilesCall(principal="agent", action="delete", path="tree", recursive=True))
     assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_DENIED", out
-    assert (ws / "tree" / "sub" / "f").exists() and ASKED == [f"files delete {ws}/tree"], ASKED
+    assert (ws / "tree" / "sub" / "f").exists() and [f"files delete {ws}/tree"] == ASKED, ASKED
     out = gw.handle(FilesCall(principal="agent", action="delete", path="one"))
     assert out["status"] == "denied" and (ws / "one").exists()
 
