@@ -65,7 +65,8 @@ from gateway.sandbox import identity, reaper
 # The prompt goes before the end marker, so it belongs to the reply of the command it follows
 # (and the first one to `start`). A command that ends the shell (`exit 3`) never reaches the
 # marker after `eval`: the EXIT trap, set only while a command runs, prints it with the status
-# the shell exits with, so the reply says 3, not the previous command's status.
+# the shell exits with (marked `x`: the shell is ending), so the reply says 3, not the previous
+# command's status, and the gateway waits for the end before it answers.
 _LOOP = r"""
 __gw_prompt={prompt}
 {ready}
@@ -80,7 +81,7 @@ while :; do
   __gw_cwd=${{__gw_rec%%$'\x1f'*}}
   __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
-    builtin trap 'builtin printf "%s\036GW{nonce}:%d\036" "$__gw_prompt" "$?"' EXIT
+    builtin trap 'builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$?"' EXIT
     eval "$__gw_cmd" {fd}<&-
     __gw_status=$?
     builtin trap - EXIT
@@ -137,7 +138,7 @@ class Session:
         self.output_fd = output_fd  # the PTY master, or the read end of the output pipe
         self.input_fd = input_fd  # the PTY master, or the write end of the shell's stdin
         self.control_fd = control_fd
-        self.marker = re.compile(rb"\x1eGW" + nonce.encode() + rb":(\d+)\x1e")
+        self.marker = re.compile(rb"\x1eGW" + nonce.encode() + rb":(x?)(\d+)\x1e")
         self.buffer = Buffer(buffer_bytes)
         self.cond = threading.Condition()
         self.outstanding = 1  # the loop prints a marker when it is ready
@@ -150,6 +151,7 @@ class Session:
         self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False
         self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
+        self.exiting = False  # the shell reported that it is ending (`exit` in a command)
         self.initial_output = ""  # what the shell printed before its first command (its prompt)
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
@@ -205,7 +207,8 @@ class Session:
                 break
             self.buffer.add(data[: m.start()])
             self.outstanding = max(0, self.outstanding - 1)
-            self.last_exit = int(m.group(1))
+            self.last_exit = int(m.group(2))
+            self.exiting = self.exiting or bool(m.group(1))
             self.done_at = len(self.buffer.data)
             data = data[m.end() :]
         cut = data.rfind(b"\x1e")
@@ -245,6 +248,17 @@ class Session:
                     return False
                 self.cond.wait(left)
             return not self.outstanding
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """Wait until the shell's output has closed (it ended)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
     # --- input -------------------------------------------------------------------------
     def send_command(self, cwd: str, text: str) -> None:

@@ -76,6 +76,7 @@ class Limits(_Model):
 LIMIT_DEFAULTS: dict[str, int] = {
     "timeout_ms": 120_000,
     "output_bytes": 1 << 20,
+    "reply_bytes": 30_000,
     "sessions": 8,
     "session_idle_seconds": 1800,
     "processes": 8,

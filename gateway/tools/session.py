@@ -176,6 +176,9 @@ def _exec(
         return gw.record_result(gated, _git_write(gw, call, policy, session, text, cwd, timeout_ms))
     session.send_command(str(cwd), text)
     session.wait_idle(timeout_ms / 1000)
+    if session.exiting:  # the command ended the shell: answer once it is gone, its slot freed
+        session.wait_closed(5.0)
+        gw.sessions.forget_dead()
     out = _output(session, finished_only=True)
     return gw.record_result(gated, out)
 

@@ -76,7 +76,7 @@ def test_a_long_output_is_bounded_sent_once_and_saved_whole(ws: Path, tmp_path: 
         close_gateway(gw, tmp_path)
     out = envelope_of(r)
     assert r.structured_content is None and len(r.content) == 1  # the envelope once, as text
-    assert reply_bytes(r) < 45_000, reply_bytes(r)  # was 5.8 MB: the output twice (30 KB, JSON-escaped, now)
+    assert reply_bytes(r) < 45_000, reply_bytes(r)  # was the output twice; now 30 KB, JSON-escaped
     assert out["stdout"].endswith("399999\n400000\n") and out["stdout"].startswith("1\n2\n")
     cut = out["reply_cut"]["stdout"]
     assert cut["bytes"] == len("".join(f"{i}\n" for i in range(1, 400_001))) and cut["shown"] == 30_000

@@ -99,7 +99,7 @@ def test_exit_in_a_session_reports_its_own_status(gw: Gateway) -> None:
     sid = started["session_id"]
     assert gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="true"))["exit_code"] == 0
     out = gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="exit 3"))
-    assert out["status"] == "ok" and out["exit_code"] == 3, out  # was 0: the previous command's
+    assert out["status"] == "ok" and out["exit_code"] == 3 and out["alive"] is False, out  # was 0: the previous one's
 
 
 @pytest.mark.parametrize("pty", [True, False])
