@@ -226,6 +226,9 @@ class FilesCall(_Call):
     glob: Pattern | None = None
     """grep: only files whose path matches this glob."""
     max_results: int = Field(default=200, ge=1, le=10_000)
+    ignored: bool = False
+    """grep/find: search what ignore rules leave out too (`.gitignore` files, `node_modules`);
+    `.git` is skipped whatever this says."""
     format: Literal["markdown", "json"] = "markdown"
     """write_output: the document's kind."""
     name: str | None = Field(default=None, max_length=100)

@@ -31,6 +31,7 @@ from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.sandbox import reaper
+from gateway.stages import pathjail
 
 APPROVAL_TIMEOUT_S = 120.0
 DEFAULT_SESSIONS = 8
@@ -134,6 +135,13 @@ class Gateway:
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
+        except pathjail.PathRefused as exc:  # a cwd that cannot even be named (resolve_cwd)
+            envelope = error(call_id, "denied", "PATH_OUTSIDE_JAIL", exc.message)
+            with contextlib.suppress(Exception):
+                self.audit.append(
+                    "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
+                )
+            return envelope
         except Exception as exc:  # fail closed, and say so
             envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):  # the envelope must come back whatever the log does
@@ -155,6 +163,17 @@ class Gateway:
         return tuple(Path(os.path.realpath(p)) for p in (self.audit.directory, *self.hidden))
 
     def resolve_cwd(self, policy: CompiledPolicy, cwd: str | None) -> Path:
+        """A call's cwd: the workspace when none is given; `~` and `~/...` are the policy's
+        `home` (as in a command's paths); other relative paths resolve against the workspace.
+        Where it leads is then jailed like any cwd. Raises PathRefused for `~` without a home
+        and for `~user`."""
+        if cwd and cwd.startswith("~"):
+            head, _, rest = cwd.partition("/")
+            if head != "~":
+                raise pathjail.PathRefused("tilde_user", f"cwd {cwd!r}: only ~ (the policy's home) is understood")
+            if policy.home is None:
+                raise pathjail.PathRefused("tilde_without_home", f"cwd {cwd!r}: the policy sets no home for ~")
+            return policy.home / rest if rest else policy.home
         path = Path(cwd) if cwd else policy.workspace
         return path if path.is_absolute() else policy.workspace / path
 
@@ -327,6 +346,7 @@ class Gateway:
             network=settings.network,
             landlock="required" if settings.require_landlock else "optional",
             etc=tuple(settings.etc),
+            path=tuple(str(p) for p in grant.path),
             report=self._quarantined,
         )
 

@@ -60,14 +60,22 @@ def digest(record: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
 
 
+def _may_hold_secret(value: Any) -> bool:
+    """A boolean, a number or null under a secret-looking name (`password: false`, `token_count`)
+    carries no secret and is kept; a string, or anything holding strings, is redacted whole."""
+    return not (value is None or isinstance(value, bool | int | float))
+
+
 def redact(value: Any, patterns: re.Pattern[str] = SECRET_NAME) -> Any:
     """Replace the values of secret-looking names: dict keys, `NAME=value` strings, and
     `{"name": ..., "value": ...}` assignment records."""
     if isinstance(value, dict):
         if set(value) >= {"name", "value"} and isinstance(value["name"], str) and patterns.search(value["name"]):
+            if not _may_hold_secret(value["value"]):
+                return value
             return {**value, "value": REDACTED}
         return {
-            k: (REDACTED if isinstance(k, str) and patterns.search(k) else redact(v, patterns))
+            k: (REDACTED if isinstance(k, str) and patterns.search(k) and _may_hold_secret(v) else redact(v, patterns))
             for k, v in value.items()
         }
     if isinstance(value, list | tuple):

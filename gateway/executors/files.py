@@ -62,6 +62,8 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import IO, Any, NoReturn
 
+import pathspec
+
 from gateway.calls import FilesCall
 from gateway.cancellation import cancelled
 from gateway.policy.compile import Grant
@@ -816,11 +818,81 @@ def _tree(fd: int, dpath: str, grant: Grant, remove: bool, depth: int) -> int:
 # grep, find -------------------------------------------------------------------------------------
 
 
+ALWAYS_IGNORED = frozenset({"node_modules"})
+"""Directories grep and find leave out unless the call sets `ignored` (`.git` always)."""
+IGNORE_FILE = ".gitignore"
+MAX_IGNORE_BYTES = 256 << 10  # a larger .gitignore is not read (its rules do not apply)
+
+
+class _Ignore:
+    """git's ignore rules, with git's own pattern semantics (`pathspec`'s GitIgnoreSpec): each
+    directory's `.gitignore` speaks for what lies below it, a deeper file's rules before a
+    shallower one's, the last matching pattern of a file decides (`!` re-includes), and an
+    ignored directory is not entered (so nothing under it is re-included, as in git). The
+    `.gitignore` files above the search root count too, up to the repository's top (the
+    directory holding `.git`) or the root of the jail, whichever comes first."""
+
+    def __init__(self) -> None:
+        self.specs: list[tuple[str, pathspec.GitIgnoreSpec]] = []  # (directory's real path, its rules)
+
+    def load(self, fd: int, dpath: str) -> None:
+        """Read the `.gitignore` of the open directory `fd` (never through a symlink, never a
+        special file), if it has one."""
+        try:
+            gfd = os.open(IGNORE_FILE, _READ, dir_fd=fd)
+        except OSError:
+            return
+        try:
+            st = os.fstat(gfd)
+            if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_IGNORE_BYTES:
+                return
+            text = _pread_all(gfd, st.st_size, 0).decode("utf-8", "replace")
+        except OSError:
+            return
+        finally:
+            os.close(gfd)
+        spec = pathspec.GitIgnoreSpec.from_lines(text.splitlines())
+        self.specs.append((dpath, spec))
+
+    def ignored(self, path: str, is_dir: bool) -> bool:
+        if is_dir and os.path.basename(path) in ALWAYS_IGNORED:
+            return True
+        for base, spec in reversed(self.specs):
+            if not path.startswith(base.rstrip("/") + "/"):
+                continue
+            result = spec.check_file(path[len(base.rstrip("/")) + 1 :] + ("/" if is_dir else ""))
+            if result.include is not None:
+                return bool(result.include)
+        return False
+
+
+def _ignore_rules(root_fd: int, root: str, grant: Grant) -> _Ignore:
+    """The ignore rules in force at the search root: its ancestors' inside the jail, then its own."""
+    rules = _Ignore()
+    roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
+    above: list[str] = []
+    here = root
+    while True:
+        if os.path.exists(os.path.join(here, ".git")) or here in roots or here == "/":
+            break
+        parent = os.path.dirname(here)
+        if not any(parent == r or parent.startswith(r.rstrip("/") + "/") for r in roots):
+            break
+        above.append(parent)
+        here = parent
+    for d in reversed(above):
+        with suppress(_Fail, OSError), _open(d, _DIR, "read", grant) as (dfd, real):
+            rules.load(dfd, real)
+    rules.load(root_fd, root)
+    return rules
+
+
 @dataclass
 class _Walk:
     grant: Grant
     skipped: list[dict[str, str]]
     skipped_count: int = 0
+    ignore: _Ignore | None = None
 
     def skip(self, path: str, reason: str) -> None:
         self.skipped_count += 1
@@ -851,6 +923,8 @@ def _walk(walk: _Walk, fd: int, dpath: str, rel: str = "", depth: int = 0) -> Ge
         if name == ".git":
             continue
         entry = _Entry(fd, dpath, name, f"{rel}/{name}" if rel else name, st)
+        if walk.ignore is not None and walk.ignore.ignored(entry.path, stat.S_ISDIR(st.st_mode)):
+            continue
         yield entry
         if not stat.S_ISDIR(st.st_mode):
             continue
@@ -868,6 +942,8 @@ def _walk(walk: _Walk, fd: int, dpath: str, rel: str = "", depth: int = 0) -> Ge
             except _Fail:
                 walk.skip(entry.path, "outside_roots")
                 continue
+            if walk.ignore is not None:
+                walk.ignore.load(cfd, cpath)
             yield from _walk(walk, cfd, cpath, entry.rel, depth + 1)
         finally:
             os.close(cfd)
@@ -928,6 +1004,7 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
             full = not search(rfd, ctx.show(rpath))
         elif stat.S_ISDIR(rst.st_mode):
             full = False
+            walk.ignore = None if call.ignored else _ignore_rules(rfd, rpath, ctx.grant)
             with closing(_walk(walk, rfd, rpath)) as entries:
                 for entry in entries:
                     if glob is not None and not _glob_filter(entry.rel, entry.name, glob):
@@ -982,6 +1059,8 @@ def _glob_parts(pattern: str) -> list[str]:
         raise _Fail("INVALID_INPUT", "pattern: a non-empty glob such as **/*.py")
     if pattern.startswith("/"):
         raise _Fail("INVALID_INPUT", f"pattern: {pattern!r} must be relative to path")
+    if "/" not in pattern.rstrip("/"):
+        pattern = "**/" + pattern  # a bare name matches at any depth, as in git
     parts: list[str] = []
     for part in pattern.split("/"):
         if part in ("", "."):
@@ -1023,6 +1102,7 @@ def _find(ctx: _Ctx) -> dict[str, Any]:
     with _search_root(ctx) as (rfd, rpath, rst):
         if not stat.S_ISDIR(rst.st_mode):
             raise _Fail("NOT_A_DIRECTORY", f"{ctx.show(rpath)} is not a directory")
+        walk.ignore = None if call.ignored else _ignore_rules(rfd, rpath, ctx.grant)
         with closing(_walk(walk, rfd, rpath)) as entries:
             for entry in entries:
                 if not _glob_match(pat, entry.rel.split("/")):

@@ -517,7 +517,12 @@ class ProcessManager:
             rec = self._find(principal, process_id)
             if rec is None:
                 return _not_found(process_id)
-        self._stop_many([rec])
+            was = rec.state
+        self._stop_many([rec])  # a failed one is marked stopped too (its restarts end)
+        if was not in LIVE_STATES:
+            with self._lock:
+                out = _error("DAEMON_NOT_RUNNING", f"process {process_id} is not running (it is {was})")
+                return {**out, "process": self._view(rec)}
         with self._lock:
             return {"status": "ok", "process": self._view(rec)}
 

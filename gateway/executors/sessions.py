@@ -64,7 +64,14 @@ CANCEL_POLL_S = 0.1
 # NUL. Code running inside `eval` can read the loop's saved control descriptor; if it swallows
 # all or part of a record, the loop's next read starts mid-record, lacks the GS, and is dropped:
 # a decided command can be lost, but no other text can become a command.
+#
+# The prompt goes before the end marker, so it belongs to the reply of the command it follows
+# (and the first one to `start`). A command that ends the shell (`exit 3`) never reaches the
+# marker after `eval`: the EXIT trap, set only while a command runs, prints it with the status
+# the shell exits with (marked `x`: the shell is ending), so the reply says 3, not the previous
+# command's status, and the gateway waits for the end before it answers.
 _LOOP = r"""
+__gw_prompt={prompt}
 {ready}
 while :; do
   unset -v __gw_rec __gw_cwd __gw_cmd || break
@@ -77,12 +84,14 @@ while :; do
   __gw_cwd=${{__gw_rec%%$'\x1f'*}}
   __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
+    builtin trap 'builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$?"' EXIT
     eval "$__gw_cmd" {fd}<&-
     __gw_status=$?
+    builtin trap - EXIT
   else
     __gw_status=126
   fi
-  builtin printf '\036GW{nonce}:%d\036%s' "$__gw_status" {prompt}
+  builtin printf '%s\036GW{nonce}:%d\036' "$__gw_prompt" "$__gw_status"
 done
 """
 
@@ -132,7 +141,7 @@ class Session:
         self.output_fd = output_fd  # the PTY master, or the read end of the output pipe
         self.input_fd = input_fd  # the PTY master, or the write end of the shell's stdin
         self.control_fd = control_fd
-        self.marker = re.compile(rb"\x1eGW" + nonce.encode() + rb":(\d+)\x1e")
+        self.marker = re.compile(rb"\x1eGW" + nonce.encode() + rb":(x?)(\d+)\x1e")
         self.buffer = Buffer(buffer_bytes)
         self.cond = threading.Condition()
         self.outstanding = 1  # the loop prints a marker when it is ready
@@ -145,6 +154,8 @@ class Session:
         self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False
         self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
+        self.exiting = False  # the shell reported that it is ending (`exit` in a command)
+        self.initial_output = ""  # what the shell printed before its first command (its prompt)
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
         # (a closed number is reused at once by the next open anywhere in the gateway: a second
@@ -199,7 +210,8 @@ class Session:
                 break
             self.buffer.add(data[: m.start()])
             self.outstanding = max(0, self.outstanding - 1)
-            self.last_exit = int(m.group(1))
+            self.last_exit = int(m.group(2))
+            self.exiting = self.exiting or bool(m.group(1))
             self.done_at = len(self.buffer.data)
             data = data[m.end() :]
         cut = data.rfind(b"\x1e")
@@ -241,6 +253,17 @@ class Session:
                     return False
                 self.cond.wait(left if cancel is None else min(left, CANCEL_POLL_S))
             return not self.outstanding
+
+    def wait_closed(self, timeout_s: float) -> bool:
+        """Wait until the shell's output has closed (it ended)."""
+        deadline = time.monotonic() + timeout_s
+        with self.cond:
+            while not self.closed:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self.cond.wait(left)
+            return True
 
     # --- input -------------------------------------------------------------------------
     def send_command(self, cwd: str, text: str) -> None:
@@ -403,7 +426,7 @@ class SessionManager:
         control_r, control_w = os.pipe()
         quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
         ready = "stty -isig 2>/dev/null; " if pty else ""
-        ready += f"builtin printf '\\036GW{nonce}:0\\036'"
+        ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
         loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
         shell = ["bash", "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
@@ -458,7 +481,7 @@ class SessionManager:
             output, _ = session.take_output()
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.shell_pid = _find_shell(proc.pid)
-        session.take_output()
+        session.initial_output, _ = session.take_output()  # the first prompt
         with self._lock:
             self._sessions[session.id] = session
             self._idle_limits[session.id] = idle_seconds

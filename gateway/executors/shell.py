@@ -238,7 +238,8 @@ def run(
         }
     elif timed_out:
         result["error"] = {"code": "COMMAND_TIMEOUT", "message": f"killed after {timeout_ms} ms"}
-    elif proc.returncode == 127:
+    elif proc.returncode == 127:  # the program was not found: an error status, as isError says
+        result["status"] = "error"
         result["error"] = {"code": "COMMAND_NOT_FOUND", "message": streams["stderr"].text().strip()[-300:]}
     return result
 

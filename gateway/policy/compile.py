@@ -16,8 +16,9 @@ misloaded (pycasbin's `enforce` returns True when disabled), and serialises acce
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import casbin
@@ -25,6 +26,7 @@ import casbin
 from gateway.policy.layers import load_layers, resolve_roots
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
+from gateway.sandbox.plan import RUNTIME as _RUNTIME
 from gateway.stages.decision_cache import DecisionCache
 
 MODEL_PATH = Path(__file__).resolve().parent.parent.parent / "policies" / "model.conf"
@@ -101,6 +103,11 @@ class Grant:
     """Host directories the sandbox hides although a wide root covers them (/home, /run,
     /var/tmp, host /tmp...: sandbox.plan.unseen): an executor that opens files itself refuses
     them too, so it sees what a command sees. Set by the gateway, like `private`."""
+    outputs: Path | None = None
+    """The principal's own saved outputs (gateway/tools/run.py), inside the gateway's state: may
+    be read although `private` holds them. Set by the files tool for reads."""
+    path: tuple[Path, ...] = ()
+    """Directories the sandbox's PATH adds after the system ones (read-only: checked at load)."""
 
 
 @dataclass(frozen=True)
@@ -176,6 +183,7 @@ def compile_policy(
             write_roots=tuple(sorted({p for r in folded for p in r.write_roots})),
             protected=tuple(sorted({p for r in folded for p in r.protected})),
         )
+        grants[name] = replace(grants[name], path=_tool_path(policy, closure, grants[name], ws, source))
         groupings.extend([name, f"role:{r}"] for r in principal.roles)
     for name, role in policy.roles.items():
         groupings.extend([f"role:{name}", f"role:{parent}"] for parent in role.inherits)
@@ -207,6 +215,36 @@ def compile_policy(
         grants=grants,
         casbin=Casbin(policies, groupings),
     )
+
+
+def _tool_path(policy: Policy, roles: set[str], grant: Grant, ws: Path, source: Path) -> tuple[Path, ...]:
+    """The PATH directories of a principal's roles (policy order), each checked read-only: in
+    the system runtime, or in a read root and in no write root."""
+    out: list[Path] = []
+    for name, role in policy.roles.items():
+        if name not in roles:
+            continue
+        for entry in role.path:
+            real = Path(os.path.realpath(ws / entry))
+            where = f"{source}: roles.{name}.path: {entry!r} ({real})"
+            if ":" in str(real):
+                raise PolicyError(f"{where}: a PATH directory cannot hold ':'")
+            writable = [w for w in grant.write_roots if real == w or w in real.parents]
+            if writable:
+                raise PolicyError(
+                    f"{where} lies inside the write root {writable[0]} of {grant.principal}: tool directories "
+                    "must be read-only, or the agent could plant programs there"
+                )
+            runtime = any(real == Path(r) or Path(r) in real.parents for r in _RUNTIME if not os.path.islink(r))
+            readable = any(real == r or r in real.parents for r in grant.read_roots)
+            if not (runtime or readable):
+                raise PolicyError(
+                    f"{where} is neither in the system runtime {list(_RUNTIME)} nor in the read roots "
+                    f"{[str(r) for r in grant.read_roots]} of {grant.principal}"
+                )
+            if real not in out:
+                out.append(real)
+    return tuple(out)
 
 
 def _ancestors(policy: Policy, role: str, depth: int = 0) -> set[str]:

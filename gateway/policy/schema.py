@@ -46,6 +46,10 @@ class Limits(_Model):
     output_bytes: Annotated[StrictInt, Field(gt=0)] | None = None
     """Bytes of output kept per stream (head and tail); also the most one files read returns
     and the size of a session's unread-output buffer."""
+    reply_bytes: Annotated[StrictInt, Field(ge=1000)] | None = None
+    """Bytes of each output stream one `run` reply carries to the agent (default 30000): a
+    longer stream shows its head and a longer tail, with a notice naming the file (in the
+    gateway's state, readable by this principal through the files tool) that holds all of it."""
     sessions: Annotated[StrictInt, Field(ge=0)] | None = None
     """Live shell sessions per principal (default 8)."""
     session_idle_seconds: Annotated[StrictInt, Field(gt=0)] | None = None
@@ -72,6 +76,7 @@ class Limits(_Model):
 LIMIT_DEFAULTS: dict[str, int] = {
     "timeout_ms": 120_000,
     "output_bytes": 1 << 20,
+    "reply_bytes": 30_000,
     "sessions": 8,
     "session_idle_seconds": 1800,
     "processes": 8,
@@ -102,6 +107,11 @@ class Role(_Model):
     """Directories whose contents may be written (writing implies reading)."""
     protected: list[str] = []
     """Paths never writable, even inside a write root (e.g. `.git/hooks`)."""
+    path: list[str] = []
+    """Directories added to the sandbox's PATH, after the system ones (relative: against the
+    workspace). Each must lie in the system runtime (/usr, /bin, ...) or in this principal's
+    read roots and outside its write roots: a tool directory is read-only, so nothing the
+    agent writes can shadow or become a program found there. Checked at load."""
     limits: Limits = Limits()
 
 

@@ -102,6 +102,10 @@ class Profile:
     landlock: Literal["required", "optional"] = "optional"
     etc: tuple[str, ...] = ()
     """More /etc entries the policy asks for (sandbox.etc)."""
+    path: tuple[str, ...] = ()
+    """Directories PATH adds after the system ones (roles' `path`). The policy's load checked
+    that each lies in the system runtime or a read root, outside every write root, so each is
+    already mounted read-only here: the plan adds no mount for them, only their names."""
     report: Callable[[str, dict[str, object]], None] | None = field(default=None, compare=False)
     """Where the nested-repository watcher reports a quarantine (the gateway's audit log)."""
 
@@ -225,6 +229,8 @@ def build(
     that part is remembered.)"""
     skeleton = _skeleton(profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds)
     full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
+    if profile.path:
+        full_env["PATH"] = ":".join([p for p in full_env.get("PATH", "").split(":") if p] + list(profile.path))
     return replace(skeleton, argv=argv, env=full_env)
 
 

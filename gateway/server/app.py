@@ -2,7 +2,7 @@
 
 A tool call becomes a pydantic call model (`gateway/calls.py`) for the caller's principal and
 is handled by `Gateway.handle` on a worker thread, so the event loop stays free while commands
-run. Results are the gateway's envelope: as JSON text, as structured content, and with `isError`
+run. Results are the gateway's envelope, once, as JSON text after a summary line, with `isError`
 when the call was denied or failed, so a denial is a tool result an agent can read (code, rule,
 justification), never a protocol error.
 
@@ -22,7 +22,7 @@ import json
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from mcp.server import MCPServer
 from mcp.server.auth.middleware.auth_context import get_access_token
@@ -48,6 +48,7 @@ from gateway.server.approvals import (
     serving,
 )
 from gateway.server.specs import BY_NAME, SPECS, AwaitCall, Spec
+from gateway.stages.pathjail import PathRefused
 
 INSTRUCTIONS = (
     "agent-gateway: shell and file tools behind a security policy. Every call is decided by the "
@@ -59,6 +60,10 @@ PENDING_AFTER_S = 5.0
 MAX_IN_FLIGHT = 256
 MAX_IN_FLIGHT_PER_PRINCIPAL = 64  # one principal cannot take every slot (e.g. parking asks)
 KEEP_FINISHED_S = 3600.0
+KEEP_FINISHED_MAX = 1024
+KEEP_FINISHED_BYTES = 64 << 20
+"""A pending call's result stays for `await_call` to answer again for an hour, within these
+bounds (the oldest go first)."""
 _FAILED = ("denied", "error", "timeout")
 
 
@@ -95,6 +100,7 @@ class _Flight:
     expires: float | None = None
     result: dict[str, Any] | None = None
     finished: float | None = None
+    size: int = 0  # the result's JSON bytes, for the bound on kept results
 
     def poke(self) -> None:
         with contextlib.suppress(RuntimeError):  # the loop is gone: nobody waits any more
@@ -223,7 +229,10 @@ class GatewayServer:
             return NotAsked(approve=False)
         if _smuggled(args):
             return NotAsked(approve=False)  # the body refuses the call
-        cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+        try:
+            cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+        except PathRefused:
+            return NotAsked(approve=False)  # the body refuses the call
         env = args.get("env") if isinstance(args.get("env"), dict) else {}
         result = await asyncio.to_thread(evaluate, policy, command, principal, cwd, env, family)
         d = result.decision
@@ -293,7 +302,10 @@ class GatewayServer:
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
             # what the client was shown: the command, in this directory, with this env, under this policy
             approved = isinstance(client, AcceptedElicitation) and bool(getattr(client.data, "approve", False))
-            cwd = self.gw.resolve_cwd(policy, getattr(call, "cwd", None))
+            try:
+                cwd = self.gw.resolve_cwd(policy, getattr(call, "cwd", None))
+            except PathRefused:
+                cwd = policy.workspace  # the body refuses the call; no attestation can hold for it
             ticket.attestation = Attestation(
                 approved, principal, spec.name, str(raw.get("command")), str(cwd), dict(getattr(call, "env", {})),
                 policy.sha256,
@@ -343,6 +355,7 @@ class GatewayServer:
             except BaseException as exc:  # handle() already fails closed; this is the last net
                 flight.result = error(new_call_id(), "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             finally:
+                flight.size = _size(flight.result)
                 flight.finished = time.monotonic()
                 with self._lock:
                     self._flights.pop(id(flight), None)
@@ -414,17 +427,22 @@ class GatewayServer:
         if flight.loop is not asyncio.get_running_loop():
             flight.loop, flight.changed = asyncio.get_running_loop(), asyncio.Event()  # a later connection waits
         out = await self._wait(flight, args.wait_ms / 1000)
-        if out.get("status") != "pending":
-            with self._lock:
-                self._by_call.pop(args.call_id, None)
-        return _result(out)
+        return _result(out)  # kept: a second await_call (a retry, a lost reply) answers the same
 
     def _forget_old(self) -> None:
+        """Drop finished results older than KEEP_FINISHED_S, then the oldest beyond the bounds."""
         now = time.monotonic()
         with self._lock:
-            for cid, f in list(self._by_call.items()):
-                if f.finished is not None and now - f.finished > KEEP_FINISHED_S:
-                    del self._by_call[cid]
+            done = sorted(
+                ((f.finished, cid, f) for cid, f in self._by_call.items() if f.finished is not None),
+                key=lambda t: t[0],
+            )
+            count, size = len(done), sum(f.size for _, _, f in done)
+            for finished, cid, f in done:
+                if now - finished <= KEEP_FINISHED_S and count <= KEEP_FINISHED_MAX and size <= KEEP_FINISHED_BYTES:
+                    break
+                del self._by_call[cid]
+                count, size = count - 1, size - f.size
 
     # --- life ----------------------------------------------------------------------------------
     def in_flight(self) -> int:
@@ -475,6 +493,11 @@ class GatewayServer:
         return len(left)
 
 
+def _size(result: dict[str, Any] | None) -> int:
+    """About how many bytes a kept result holds (its JSON)."""
+    return len(json.dumps(result, default=str)) if result is not None else 0
+
+
 def _smuggled(args: dict[str, Any]) -> list[str]:
     """Fields only the gateway sets, if the caller sent them."""
     return sorted(k for k in ("principal", "tool") if k in args)
@@ -493,17 +516,20 @@ def _can_elicit(ctx: Context) -> bool:
 
 
 def _answer_form(call: AskUserCall) -> type[BaseModel]:
-    """The elicitation form for an ask_user question, from its validation rules. The gateway
-    checks the answer again (pattern included) whatever the client did with the form."""
+    """The elicitation form for an ask_user question, from its validation rules. The rules are
+    shown to the client in the form's schema (`enum`, `minLength`, `maxLength`) but not enforced
+    by the model the SDK parses the answer with: an answer outside them would otherwise end the
+    call in an SDK error, with no envelope and no audit record. The gateway checks the answer
+    itself (ask_user.invalid, pattern included) and answers INVALID_INPUT, recorded."""
     v = call.validation
     described: dict[str, Any] = {"description": call.prompt[:500]}
+    shown: dict[str, Any] = {}
     if v is not None and v.allowed_values:
-        choice = Literal[tuple(v.allowed_values)]  # type: ignore[valid-type]
-        return create_model("Answer", answer=(choice, Field(**described)))  # type: ignore[arg-type]
-    if v is not None:
-        described |= {
-            k: val for k, val in (("min_length", v.min_length), ("max_length", v.max_length)) if val is not None
-        }
+        shown["enum"] = list(v.allowed_values)
+    elif v is not None:
+        shown |= {k: val for k, val in (("minLength", v.min_length), ("maxLength", v.max_length)) if val is not None}
+    if shown:
+        described["json_schema_extra"] = shown
     if call.default is not None and not call.password:
         return create_model("Answer", answer=(str, Field(default=call.default, **described)))
     return create_model("Answer", answer=(str, Field(**described)))
@@ -519,7 +545,12 @@ def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
 
 def _result(envelope: dict[str, Any]) -> CallToolResult:
     """The MCP result of an envelope: a summary line an agent can act on, then the envelope as
-    JSON; images as image content; `isError` when the call was denied or failed."""
+    JSON; images as image content; `isError` when the call was denied or failed.
+
+    The envelope is sent once, as text, and not again as `structuredContent`: every client
+    reads the text (some, Claude Code among them, read nothing else), while structured content
+    is what a tool with an `outputSchema` owes, and the spec asks such a tool to repeat it as
+    text anyway. Sending both doubled every reply (2.6 MB for one `seq 1 400000`)."""
     content: list[TextContent | ImageContent] = []
     image = envelope.get("image")
     if isinstance(image, dict) and isinstance(image.get("data"), str):
@@ -530,7 +561,7 @@ def _result(envelope: dict[str, Any]) -> CallToolResult:
     failed = envelope.get("status") in _FAILED
     if failed:
         log.info("mcp_call_failed", call_id=envelope.get("call_id"), code=(envelope.get("error") or {}).get("code"))
-    return CallToolResult(content=list(content), structured_content=envelope, is_error=failed)
+    return CallToolResult(content=list(content), is_error=failed)
 
 
 def _summary(envelope: dict[str, Any]) -> str:

@@ -127,6 +127,14 @@ class McpApprover:
         now = (request.principal, request.tool, request.command, _real(request.cwd), request.env, request.policy_sha256)
         return asked == now and client_may_answer(self.policy(), request.asking)
 
+    def user_channel_closed(self) -> Answer | None:
+        """Why nobody can answer this call's ask_user question (None: the client answered).
+        Known before the call runs: the form is asked by the SDK's resolver, first."""
+        ticket = current_ticket()
+        if ticket is None or ticket.user_answer is None:
+            return NO_CHANNEL
+        return ticket.user_answer if ticket.user_answer.how == "no-channel" else None
+
     def ask_user(self, question: Question, timeout: float) -> Answer | None:
         ticket = current_ticket()
         if ticket is None or ticket.user_answer is None:

@@ -347,8 +347,9 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
     details: dict[str, object] = {"path": path, "access": access}
     if path == _PROC or path.startswith(_PROC + "/"):
         raise _Refused("proc_path", f"{who}: {path} is inside /proc, which the jail never allows", details)
+    own_output = access == "read" and grant.outputs is not None and inside(path, grant.outputs)
     for p in grant.private:
-        if inside(path, p):
+        if inside(path, p) and not own_output:
             raise _Refused("gateway_private", f"{who}: {path} lies inside the gateway's own records ({p})", details)
     for p in grant.unseen:
         if inside(path, p) and not any(

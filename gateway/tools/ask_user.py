@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway.approval import Question
 from gateway.calls import AskUserCall, ValidationSpec
+from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, error, tool_decision
 from gateway.policy.schema import Tool
 from gateway.regex import safe_regex
@@ -56,6 +57,23 @@ def handle(gw: Gateway, call: AskUserCall, call_id: str) -> dict[str, Any]:
             return error(call_id, "error", "INVALID_INPUT", f"validation.pattern: {exc}")
     arguments = call.model_dump(exclude={"tool", "principal"})
     decision = tool_decision(policy, call.principal, Tool.ASK_USER)
+    closed = getattr(gw.approver, "user_channel_closed", None)
+    nobody = closed() if decision.verdict is Verdict.ASK and callable(closed) else None
+    if nobody is not None:
+        # a supervisor would approve the question, but no human could then be asked it (over
+        # MCP the form comes before the call, so before any supervisor): refused at once,
+        # recorded, and no supervisor is kept waiting for nothing
+        why = f"no channel reaches your user: {nobody.note or 'nobody can be asked here'}"
+        refusal = Decision(Verdict.DENY, None, (Reason("tool", "no_user_channel", why),))
+        denied = gw.authorize(
+            call_id, call.principal, "ask_user", f"ask_user {call.prompt}", policy.workspace, {}, refusal,
+            arguments, policy,
+        )  # fmt: skip
+        if isinstance(denied, Gated):  # cannot happen: a denial never passes
+            return error(call_id, "denied", "INTERNAL_ERROR", "a refusal passed the gate")
+        if denied.get("error", {}).get("code") == "POLICY_DENIED":
+            return error(call_id, "error", "NO_USER_CHANNEL", why)
+        return denied
     gated = gw.authorize(
         call_id,
         call.principal,

@@ -5,11 +5,14 @@ on the opened file, so a symlink swapped in after the decision is refused
 
 from __future__ import annotations
 
+import contextlib
+import shlex
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import gateway.executors.files as files
+from gateway.analysis import analyze
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
@@ -17,6 +20,7 @@ from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import Tool
 from gateway.sandbox import identity
 from gateway.sandbox import plan as sandbox_plan
+from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
 
 if TYPE_CHECKING:
@@ -25,24 +29,52 @@ if TYPE_CHECKING:
 OUTPUTS = "outputs"  # write_output's directory, inside the workspace
 
 
-def decide(policy: CompiledPolicy, call: FilesCall) -> tuple[Decision, list[tuple[str, str]]]:
-    """The tool family's decision, then the jail for every path the call touches."""
+READS = frozenset({"read", "read_json", "list", "stat", "grep", "find"})
+
+
+def with_saved_outputs(gw: Gateway, grant: Grant, call: FilesCall) -> Grant:
+    """A read sees the principal's own saved outputs (the whole output of a `run` whose reply
+    was cut, in the gateway's state: gateway/tools/run.py) as one more read root. Nothing may
+    write there but the gateway, and no other principal's outputs are shown."""
+    own = saved_outputs_dir(gw, call.principal)
+    if own is None or call.action not in READS:
+        return grant
+    return replace(grant, read_roots=(*grant.read_roots, own), outputs=own)
+
+
+def saved_outputs_dir(gw: Gateway, principal: str) -> Path | None:
+    """Where the gateway keeps `principal`'s saved outputs (None: it runs without a state dir)."""
+    return gw.state_dir / "outputs" / principal if gw.state_dir is not None else None
+
+
+def decide(
+    policy: CompiledPolicy, call: FilesCall, grant: Grant | None = None
+) -> tuple[Decision, list[tuple[str, str]]]:
+    """The tool family's decision, then the jail for every path the call touches; a delete is
+    also decided as the `rm` that would do it."""
     try:
         paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
     except PathRefused as exc:  # a path that would not hold still while it was resolved
         given = call.path or OUTPUTS
         return _refused(exc, given, "read"), [(given, "read")]
-    return decide_paths(policy, call.principal, f"files {call.action}", paths), paths
+    decision = decide_paths(policy, call.principal, f"files {call.action}", paths, grant)
+    if decision.verdict is not Verdict.DENY and call.action == "delete":
+        deleting = _as_rm(policy, call, paths[0][0])
+        if deleting is not None and deleting.verdict is not Verdict.ALLOW:
+            return deleting, paths
+    return decision, paths
 
 
-def decide_paths(policy: CompiledPolicy, principal: str, who: str, paths: list[tuple[str, str]]) -> Decision:
+def decide_paths(
+    policy: CompiledPolicy, principal: str, who: str, paths: list[tuple[str, str]], grant: Grant | None = None
+) -> Decision:
     """May `principal` use the files tool family, and read or write each real, absolute path
     (`paths`: (path, "read" | "write") each). `who` names the action in the reasons. The agents'
     file-tool hooks (gateway/hooks/) are decided here too."""
     decision = tool_decision(policy, principal, Tool.FILES)
     if decision.verdict is Verdict.DENY:
         return decision
-    grant = seen_as_by_commands(policy.grant(principal))
+    grant = seen_as_by_commands(grant or policy.grant(principal))
     for path, access in paths:
         try:
             check_path(path, access, grant, who)
@@ -62,24 +94,49 @@ def seen_as_by_commands(grant: Grant) -> Grant:
     return replace(grant, unseen=tuple(Path(p) for p in sandbox_plan.unseen(roots)))
 
 
+def _as_rm(policy: CompiledPolicy, call: FilesCall, path: str) -> Decision | None:
+    """A delete is decided as the command that would do it, `rm -- PATH` (`rm -r -- PATH` when
+    recursive): the rule that asks about (or denies) `rm` asks about (or denies) the delete
+    too, so the files tool is no way around it. None when no rule concerns `rm` (the tool
+    family decides alone). An ask or a deny is at least as strict as the family's verdict."""
+    command = f"rm {'-r ' if call.recursive else ''}-- {shlex.quote(path)}"
+    analysis = analyze(command)
+    if analysis.denial is not None or len(analysis.commands) != 1:
+        reason = Reason("files", "delete_unchecked", f"files delete {path}: could not be decided as `{command}`")
+        return Decision(Verdict.DENY, None, (reason,))
+    decided, _ = permissions.decide_command(policy, call.principal, analysis.commands[0])
+    if any(r.code == "no_rule" for r in decided.reasons):
+        return None
+    family = tool_decision(policy, call.principal, Tool.FILES)
+    return Decision.merge([family, decided]) if family.verdict is not Verdict.ALLOW else decided
+
+
 def _refused(exc: PathRefused, path: str, access: str) -> Decision:
     reason = Reason("pathjail", exc.code, exc.message, None, {"path": path, "access": access})
     return Decision(Verdict.DENY, None, (reason,))
 
 
 def _keep_out_of_private(gw: Gateway, call: FilesCall, paths: list[tuple[str, str]]) -> Decision | None:
-    """A denial when a path is inside the gateway's own records, or a search would walk into them."""
-    return private_refusal(gw.private_dirs(), f"files {call.action}", call.action in ("grep", "find"), paths)
+    """A denial when a path is inside the gateway's own records, or a search would walk into them
+    (the principal's own saved outputs excepted, for reads)."""
+    own = saved_outputs_dir(gw, call.principal) if call.action in READS else None
+    walks = call.action in ("grep", "find")
+    return private_refusal(gw.private_dirs(), f"files {call.action}", walks, paths, own)
 
 
-def private_refusal(private: tuple[Path, ...], who: str, walks: bool, paths: list[tuple[str, str]]) -> Decision | None:
+def private_refusal(
+    private: tuple[Path, ...], who: str, walks: bool, paths: list[tuple[str, str]], readable: Path | None = None
+) -> Decision | None:
     """A denial when a path lies inside one of the `private` directories (the gateway's records),
-    or, for a tool that `walks` a tree (grep, find), holds one."""
+    or, for a tool that `walks` a tree (grep, find), holds one. `readable`: a directory inside
+    them the caller may read all the same (a principal's own saved outputs)."""
     for path, access in paths:
         try:
             real = Path(settled_realpath(path))
         except PathRefused as exc:
             return _refused(exc, path, access)
+        if readable is not None and (real == readable or readable in real.parents):
+            continue
         inside = any(real == d or d in real.parents for d in private)
         walks_in = walks and any(real in d.parents for d in private)
         if inside or walks_in:
@@ -92,7 +149,7 @@ def private_refusal(private: tuple[Path, ...], who: str, walks: bool, paths: lis
 
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
-    decision, paths = decide(policy, call)
+    decision, paths = decide(policy, call, with_saved_outputs(gw, policy.grant(call.principal), call))
     # content and edit text may hold secrets: the audit log keeps their sizes
     arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new"}, exclude_none=True)
     for name in ("content", "old", "new"):
@@ -112,11 +169,18 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     )
     # the executor checks every file it opens again, the gateway's records included: a link
     # flipped after the decision must not lead the read into them
-    grant = replace(seen_as_by_commands(policy.grant(call.principal)), private=gw.private_dirs())
+    grant = with_saved_outputs(gw, seen_as_by_commands(policy.grant(call.principal)), call)
+    grant = replace(grant, private=gw.private_dirs())
     # and it opens them as the sandbox's account would: a file no command could read (/etc/shadow,
-    # /root under a read root of /) it cannot read either, and what it writes is that account's
+    # /root under a read root of /) it cannot read either, and what it writes is that account's.
+    # The one exception: a read of the principal's own saved outputs, which only the gateway
+    # writes, in its own state (no account but the gateway's may enter it)
+    own = grant.outputs
+    reading_own = own is not None and all(
+        Path(settled_realpath(p)) == own or own in Path(settled_realpath(p)).parents for p, _ in paths
+    )
     try:
-        with identity.acting_as_sandbox():
+        with contextlib.nullcontext() if reading_own else identity.acting_as_sandbox():
             outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
     except identity.ActAsUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}

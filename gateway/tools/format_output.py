@@ -28,6 +28,18 @@ def _sgr(code: str, text: str, color: bool, used: set[str]) -> str:
     return f"\x1b[{code}m{text}\x1b[0m"
 
 
+def _document(call: FormatOutputCall) -> Any:
+    """json: `data`, else `message` (parsed when it is a JSON text, else the string itself)."""
+    if call.data is not None:
+        return call.data
+    if call.message is None:
+        raise ValueError("data or message: required for kind 'json'")
+    try:
+        return json.loads(call.message)
+    except ValueError:
+        return call.message
+
+
 def render(call: FormatOutputCall) -> tuple[str, list[str]]:
     """The formatted text and the SGR codes it used. Raises ValueError on unusable data."""
     used: set[str] = set()
@@ -37,7 +49,7 @@ def render(call: FormatOutputCall) -> tuple[str, list[str]]:
         symbol, code = STYLES[call.kind]
         return _sgr(code, f"{symbol} {call.message}", call.color, used), sorted(used)
     if call.kind == "json":
-        return json.dumps(call.data, indent=2, ensure_ascii=False, sort_keys=True), []
+        return json.dumps(_document(call), indent=2, ensure_ascii=False, sort_keys=True), []
     rows = call.data
     if not isinstance(rows, list) or not rows:
         raise ValueError("data: a table needs a non-empty list of objects, or of lists (the first one the header)")

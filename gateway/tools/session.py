@@ -136,7 +136,8 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
         return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
     except SessionError as exc:
         return gw.record_result(gated, error(call_id, "error", exc.code, exc.message))
-    out: dict[str, Any] = {"status": "ok", **session.describe(), "sandbox": session.sandbox}
+    out: dict[str, Any] = {"status": "ok", **session.describe(), "output": session.initial_output,
+                           "sandbox": session.sandbox}  # fmt: skip
     startup = []
     for text in call.startup_commands:
         result = _exec(gw, call, new_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
@@ -176,6 +177,9 @@ def _exec(
     session.send_command(str(cwd), text)
     cancel = cancellation.current_cancel()
     session.wait_idle(timeout_ms / 1000, cancel)
+    if session.exiting:  # the command ended the shell: answer once it is gone, its slot freed
+        session.wait_closed(5.0)
+        gw.sessions.forget_dead()
     out = _output(session, finished_only=True)
     if cancel is not None and cancel.is_set() and out["running"]:  # the caller left, or the server stops
         out["status"] = "error"

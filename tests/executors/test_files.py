@@ -493,7 +493,8 @@ def test_find(env: Env) -> None:
         return [m["path"] for m in env.ok("find", **f)["matches"]]
 
     assert paths(pattern="**/*.py") == ["inner_link.py", "src/app.py", "src/pkg/mod.py"]
-    assert paths(pattern="*.py") == ["inner_link.py"]
+    assert paths(pattern="*.py") == ["inner_link.py", "src/app.py", "src/pkg/mod.py"]  # a bare name: any depth
+    assert paths(pattern="./*.py") == ["inner_link.py"]  # with a "/": from the search root
     assert paths(pattern="src/*") == ["src/app.py", "src/pkg"]
     assert paths(pattern="src/**") == ["src/app.py", "src/pkg", "src/pkg/mod.py"]
     assert paths(pattern="**/*.py", path="src") == ["src/app.py", "src/pkg/mod.py"]

@@ -35,12 +35,14 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.schema import LIMIT_DEFAULTS, Limits, Policy, Tool
 from gateway.sandbox.identity import hand_over
+from gateway.tools.run import DEFAULT_REPLY_BYTES
 
 CI_RUNNER = Path(__file__).resolve().parents[2] / "policies" / "examples" / "ci-runner.yaml"
 
 LIMITS = {
     "timeout_ms": 60_000,
     "output_bytes": 65_536,
+    "reply_bytes": 20_000,
     "sessions": 2,
     "session_idle_seconds": 600,
     "processes": 2,
@@ -157,6 +159,8 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         ["src/pkg"],
         (_role(write_roots=["."]), "roles.dev.write_roots: writing"),
     ),
+    # a tool directory is bounded by the merged roots, checked when the policy compiles
+    ("roles.*.path", _role(path=["/usr/local/bin"]), lambda m: m.policy.roles["dev"].path, ["/usr/local/bin"], None),
     (
         "roles.*.protected",
         _role(protected=["src/.hooks", "src/gen"]),
@@ -405,6 +409,7 @@ def test_limit_defaults_are_the_gateways(tmp_path: Path) -> None:
     gateway_defaults = {
         "timeout_ms": 120_000,  # tools/run.py
         "output_bytes": FileLimits.read_bytes,
+        "reply_bytes": DEFAULT_REPLY_BYTES,
         "sessions": DEFAULT_SESSIONS,
         "session_idle_seconds": DEFAULT_SESSION_IDLE_S,
         "processes": DEFAULT_PROCESSES,

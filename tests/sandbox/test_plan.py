@@ -197,3 +197,16 @@ def test_quotas_and_uid_travel_in_the_plan() -> None:
     described = plan.describe()
     assert described["quotas"]["memory_bytes"] == 2 << 30 and described["quotas"]["pids"] == 512
     assert all(m["mode"] == "ro" for m in described["mounts"] if m["kind"] in ("protect", "ro-bind", "hide"))
+
+
+def test_tool_directories_add_names_to_path_and_no_mount() -> None:
+    tools = Path("/opt/tools")
+    without = plan_of(profile(read_roots=(WS, tools)))
+    plan = plan_of(profile(read_roots=(WS, tools), path=(f"{tools}/bin", "/usr/local/go/bin")))
+    assert plan.env["PATH"] == f"/usr/bin:{tools}/bin:/usr/local/go/bin"  # after the system ones
+    assert plan.mounts == without.mounts and plan.landlock == without.landlock  # nothing else appears
+    assert sources(plan) <= {"/usr", "/etc/ld.so.cache", "/etc/ssl/certs", str(WS), f"{WS}/.git", str(tools)}
+    for d in plan.env["PATH"].split(":"):  # each is seen through a read-only mount
+        holder = max((m for m in plan.mounts if m.source and (d == m.target or d.startswith(m.target + "/"))),
+                     key=lambda m: len(m.target))  # fmt: skip
+        assert holder.read_only, (d, holder)

@@ -3,6 +3,7 @@ the server treats differently, gateways built on it, and running the real `gatew
 
 from __future__ import annotations
 
+import json
 import os
 import resource
 import signal
@@ -122,6 +123,17 @@ def close_gateway(gw: Gateway, tmp_path: Path) -> None:
         gw.handle(ProcessCall(principal=who, action="stop_all"))
     gw.close()
     assert verify(tmp_path / "audit").ok
+
+
+def envelope_of(result: Any) -> dict[str, Any]:
+    """The gateway's envelope in an MCP tool result (the SDK's `CallToolResult`, or the raw
+    JSON-RPC `result` object): sent once, as the JSON after the text block's summary line."""
+    content = result.get("content") if isinstance(result, dict) else result.content
+    first = content[0]
+    text = first["text"] if isinstance(first, dict) else first.text
+    _summary, _, body = text.partition("\n")
+    found: dict[str, Any] = json.loads(body)
+    return found
 
 
 def audit_records(audit_dir: Path) -> list[dict[str, Any]]:

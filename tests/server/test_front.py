@@ -28,15 +28,14 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
 from gateway.audit import verify
-from tests.server.conftest import HttpGateway, audit_records
+from tests.server.conftest import HttpGateway, audit_records, envelope_of
 
 HALF_OPEN = 3000
 ANSWERED_WITHIN_S = 5.0  # generous: the call takes well under a second; the old code never answers
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
-    assert r.structured_content is not None
-    return r.structured_content
+    return envelope_of(r)
 
 
 def room_for(sockets: int) -> None:

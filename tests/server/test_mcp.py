@@ -23,14 +23,13 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.app import GatewayServer
 from gateway.server.specs import SPECS
-from tests.server.conftest import audit_records, close_gateway, make_gateway
+from tests.server.conftest import audit_records, close_gateway, envelope_of, make_gateway
 
 Elicitor = Callable[[Any, Any], Awaitable[ElicitResult]]
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
-    assert r.structured_content is not None
-    return r.structured_content
+    return envelope_of(r)
 
 
 def run(coro: Awaitable[Any]) -> Any:

@@ -19,7 +19,7 @@ from gateway import approval_queue
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.app import GatewayServer
-from tests.server.conftest import audit_records, close_gateway, make_gateway
+from tests.server.conftest import audit_records, close_gateway, envelope_of, make_gateway
 
 
 @pytest.fixture
@@ -33,8 +33,7 @@ def call(gw: Gateway, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
     async def main() -> dict[str, Any]:
         async with Client(GatewayServer(gw, "agent").mcp) as c:
             result = await c.call_tool(tool, arguments)
-            assert result.structured_content is not None
-            return result.structured_content
+            return envelope_of(result)
 
     return asyncio.run(main())
 

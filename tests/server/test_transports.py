@@ -29,14 +29,14 @@ from tests.server.conftest import (
     HttpGateway,
     audit_records,
     env_without_state,
+    envelope_of,
     free_port,
     gateway_cmd,
 )
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
-    assert r.structured_content is not None
-    return r.structured_content
+    return envelope_of(r)
 
 
 def stdio_params(tmp_path: Path, policy_file: Path, ws: Path, principal: str = "agent") -> StdioServerParameters:
@@ -100,7 +100,7 @@ def test_sigterm_records_the_stop_and_leaves_durable_processes(tmp_path: Path, p
         send({"jsonrpc": "2.0", "method": "notifications/initialized"})
         send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "process",
               "arguments": {"action": "start", "command": "sleep 120"}}})  # fmt: skip
-        started = reply()["result"]["structuredContent"]
+        started = envelope_of(reply()["result"])
         pid = started["process"]["pid"]
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(30) == 0
@@ -172,7 +172,7 @@ def test_sigterm_gives_a_running_call_its_grace_and_its_reply(tmp_path: Path, po
         server.wait_until_running("sleep 2; echo finished")
         server.proc.send_signal(signal.SIGTERM)
         answer = server.reply()
-        assert answer["id"] == 1 and answer["result"]["structuredContent"]["stdout"] == "finished\n"
+        assert answer["id"] == 1 and envelope_of(answer["result"])["stdout"] == "finished\n"
         assert server.proc.wait(60) == 0
         stopped = audit_records(server.audit)[-1]
         assert stopped["event"] == "server_stopped" and stopped["data"]["cancelled"] == 0, stopped
@@ -215,14 +215,14 @@ def test_sigterm_ends_a_wait_far_past_the_grace(
         if tool == "session":
             server.send({"jsonrpc": "2.0", "id": 1, "method": "tools/call",
                          "params": {"name": "session", "arguments": {"action": "start"}}})  # fmt: skip
-            arguments = {**arguments, "session_id": server.reply()["result"]["structuredContent"]["session_id"]}
+            arguments = {**arguments, "session_id": envelope_of(server.reply()["result"])["session_id"]}
         call = {"name": tool, "arguments": arguments}
         server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": call})
         server.wait_until_running("sleep 600")
         server.proc.send_signal(signal.SIGTERM)
         answer = server.reply()  # the cancelled call is answered
         assert answer["id"] == 2, answer
-        result = answer["result"]["structuredContent"]
+        result = envelope_of(answer["result"])
         assert result.get("error", {}).get("code") == "CALL_CANCELLED" or result.get("backgrounded"), answer
         assert server.proc.wait(60) == 0
         stopped = audit_records(server.audit)[-1]
@@ -277,7 +277,7 @@ def test_sigterm_ends_approvals_waiting_at_the_terminal(tmp_path: Path, policy_f
         server.proc.send_signal(signal.SIGTERM)
         answers = [server.reply(), server.reply()]
         assert sorted(a["id"] for a in answers) == [1, 2], answers
-        assert all(a["result"]["structuredContent"]["error"]["code"] == "CALL_CANCELLED" for a in answers), answers
+        assert all(envelope_of(a["result"])["error"]["code"] == "CALL_CANCELLED" for a in answers), answers
         assert server.proc.wait(60) == 0
         stopped = audit_records(server.audit)[-1]
         assert stopped["event"] == "server_stopped", stopped
