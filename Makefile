@@ -36,6 +36,7 @@ serve: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python bench/analysis.py
+	$(BIN)/python bench/corpus.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/serve.py
 	$(BIN)/python bench/hooks.py
