@@ -18,7 +18,7 @@ import pytest
 from tests.adversarial.honest_corpus import POLICIES, Line, load, make_workspace, measure
 
 # Wrong decisions measured on main (2026-11-26); bench/corpus.py prints the same numbers.
-MAX_WRONG = {"default": 43, "strict": 20}
+MAX_WRONG = {"default": 33, "strict": 20}
 SOURCE = re.compile(r"(github:[\w.-]+/[\w.-]+/\S+|https://\S+)")
 
 
