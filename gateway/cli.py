@@ -489,6 +489,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="HTTP: seconds a request has to send its body after its headers (default: %(default)s)",
     )
     sv.add_argument(
+        "--write-timeout",
+        type=float,
+        default=front.write_timeout_s,
+        help="HTTP: seconds an answer may wait for its client to take 64 KiB of it (default: %(default)s)",
+    )
+    sv.add_argument(
         "--max-body",
         type=int,
         default=front.max_body_bytes,

@@ -6,12 +6,17 @@ connections before it holds a token. The front keeps them from starving the clie
 - **Connections** (`GuardedH11`, a uvicorn h11 protocol with one `ConnectionGuard` per server).
   A connection must deliver complete request headers within `header_timeout_s` of connecting
   (or of starting its next request) and its body within `body_timeout_s` of its headers, or it
-  is closed. At most `max_connections` are open, at most `max_connections_per_peer` from one
-  address. At a cap, a new connection takes the place of the oldest one stalled in its headers
-  or silent for a second since it connected, else of the oldest one idle between requests; if
-  every one is in a request (or too new to judge), the new one is closed at once. Stalled and
-  silent connections are what a flood holds, and a real client sends its whole request as soon
-  as it connects, so it finds a place.
+  is closed. An answer the client does not take is a deadline too: a connection whose unsent
+  answer waits in the server while the client takes less than `WRITE_PROGRESS_BYTES` of it in
+  `write_timeout_s` is dropped (a client with a valid token that pipelines large answers and
+  never reads would otherwise hold it forever: uvicorn's send waits for the client with no
+  deadline). At most `max_connections` are open, at most `max_connections_per_peer` from one
+  address. At a cap, a new connection takes the place of the oldest one stalled in its headers,
+  silent for a second since it connected, or with an answer the client has not taken for a
+  second, else of the oldest one idle between requests; if every one is in a request (or too
+  new to judge), the new one is closed at once. Stalled, silent and unread connections are what
+  a flood holds, and a real client sends its whole request as soon as it connects and reads its
+  answer, so it finds a place.
 - **Sizes** (`BodyCap`). A request whose declared body is over `max_body_bytes` gets 413 before
   anything else reads it, authentication included. Bodies without a length are counted by the
   SDK's own cap, set to the same value, before it parses them.
@@ -30,9 +35,12 @@ connections too and answers 503 to anyone once a flood holds them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import json
 import logging
+import socket
+import struct
 import threading
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
@@ -51,6 +59,9 @@ ASGIApp = Callable[[MutableMapping[str, Any], Any, Any], Awaitable[None]]
 
 SILENT_GRACE_S = 1.0
 """A connection that has sent nothing for this long may give its place to a new one."""
+WRITE_PROGRESS_BYTES = 64 << 10
+"""What a client must take of an answer waiting for it, per write deadline, to keep its connection."""
+_TCP_INFO_BYTES_ACKED = 120  # offset of tcpi_bytes_acked (u64) in Linux's struct tcp_info (since 4.1)
 _RESOURCE_ERRNOS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 
@@ -130,7 +141,7 @@ class ConnectionGuard:
         self.throttle = throttle
         self.open: dict[GuardedH11, None] = {}  # insertion order: oldest first
         self.by_peer: dict[str, dict[GuardedH11, None]] = {}
-        self.counts = {"refused": 0, "evicted": 0, "header_timeouts": 0, "body_timeouts": 0}
+        self.counts = {"refused": 0, "evicted": 0, "header_timeouts": 0, "body_timeouts": 0, "write_timeouts": 0}
 
     def admit(self, conn: GuardedH11) -> bool:
         """Make room for `conn` (evicting a connection not in a request if a cap is reached) and
@@ -153,8 +164,8 @@ class ConnectionGuard:
                 del self.by_peer[conn.peer]
 
     def _evict_from(self, conns: dict[GuardedH11, None]) -> bool:
-        """Close the oldest connection that is stalled or silent, else the oldest idle one, else
-        the oldest that has sent nothing yet however young (a flood of fresh connections must not
+        """Close the oldest connection that is stalled, silent or unread, else the oldest idle one,
+        else the oldest that has sent nothing yet however young (a flood of fresh connections must not
         fill the caps: a real client's request follows its connect within milliseconds)."""
         now = time.monotonic()
         victim = None
@@ -184,7 +195,8 @@ class ConnectionGuard:
 
 
 class GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol with deadlines for headers and body, admitted by a ConnectionGuard.
+    """uvicorn's h11 protocol with deadlines for headers, body and the client taking its answer,
+    admitted by a ConnectionGuard.
     `bind` makes the subclass uvicorn instantiates for one server."""
 
     guard: ConnectionGuard
@@ -201,6 +213,9 @@ class GuardedH11(H11Protocol):
         self._deadline: asyncio.TimerHandle | None = None
         self._deadline_for: str | None = None  # "headers" or "body"
         self._dropped = False
+        self._write_check: asyncio.TimerHandle | None = None  # set while an answer waits for the client
+        self._taken = 0  # bytes the client had taken when `_unread_since` began
+        self._unread_since = 0.0  # since when the client has taken less than WRITE_PROGRESS_BYTES
 
     # -- life of the connection
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -216,6 +231,7 @@ class GuardedH11(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
+        self._unwatch_writes()
         if not self._dropped:
             self.guard.forget(self)
         super().connection_lost(exc)
@@ -231,13 +247,25 @@ class GuardedH11(H11Protocol):
         super().on_response_complete()
         self.heard = bool(self.conn.trailing_data[0])  # the next request, if it has begun
         self._follow()
+        if self._unsent():  # the answer's tail has yet to go: a close waits for it, and so would we
+            self._watch_writes()
+
+    def pause_writing(self) -> None:
+        """The transport holds more than its high-water mark: uvicorn's send now waits for the
+        client, with no deadline of its own."""
+        super().pause_writing()
+        self._watch_writes()
 
     # -- what the guard asks
     def eviction_rank(self, now: float) -> int | None:
-        """0: stalled in its headers, or silent for a second since it connected; 1: idle between
-        requests (a client's kept-alive connection); 2: connected moments ago and silent so far;
-        None: in a request."""
-        if self._dropped or self.conn.their_state is not h11.IDLE:
+        """0: stalled in its headers, silent for a second since it connected, or with an answer
+        the client has not taken for a second; 1: idle between requests (a client's kept-alive
+        connection); 2: connected moments ago and silent so far; None: in a request."""
+        if self._dropped:
+            return None
+        if self._write_check is not None and not self._taking(now) and now - self._unread_since >= SILENT_GRACE_S:
+            return 0
+        if self.conn.their_state is not h11.IDLE:
             return None
         if self.cycle is not None and not self.cycle.response_complete:
             return None
@@ -248,9 +276,69 @@ class GuardedH11(H11Protocol):
     def drop(self) -> None:
         self._dropped = True
         self._disarm()
+        self._unwatch_writes()
         self.connections.discard(self)
-        if self.transport is not None and not self.transport.is_closing():
+        if self.transport is not None:
+            # a reset, even if closing: a close waits for unsent data, and even after an abort the
+            # kernel keeps what it holds (and the FIN behind it) for a window that may never open
+            sock = self.transport.get_extra_info("socket")
+            with contextlib.suppress(AttributeError, OSError):
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.transport.abort()
+
+    # -- answers the client does not take
+    def _unsent(self) -> int:
+        return self.transport.get_write_buffer_size() if self.transport is not None else 0
+
+    def _taken_by_client(self) -> int:
+        """Bytes of this connection the client's kernel has acknowledged (Linux's TCP_INFO). Its
+        receive buffer fills in moments, so beyond that this grows only as the client reads. 0 if
+        it cannot be known: the client then never counts as taking its answer (fail closed)."""
+        sock = self.transport.get_extra_info("socket") if self.transport is not None else None
+        try:
+            info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES_ACKED + 8)
+        except (AttributeError, OSError):
+            return 0
+        if len(info) < _TCP_INFO_BYTES_ACKED + 8:
+            return 0
+        acked: int = struct.unpack_from("=Q", info, _TCP_INFO_BYTES_ACKED)[0]
+        return acked
+
+    def _taking(self, now: float) -> bool:
+        """Whether the client took WRITE_PROGRESS_BYTES since `_unread_since`; if so that starts again now."""
+        taken = self._taken_by_client()
+        if taken - self._taken < WRITE_PROGRESS_BYTES:
+            return False
+        self._taken, self._unread_since = taken, now
+        return True
+
+    def _watch_writes(self) -> None:
+        if self._write_check is None and not self._dropped:
+            self._taken, self._unread_since = self._taken_by_client(), time.monotonic()
+            self._write_check = self.loop.call_later(self.guard.limits.write_timeout_s, self._check_writes)
+
+    def _unwatch_writes(self) -> None:
+        if self._write_check is not None:
+            self._write_check.cancel()
+            self._write_check = None
+
+    def _check_writes(self) -> None:
+        """Drop the connection if a whole write deadline passed with its answer waiting and the
+        client taking less than WRITE_PROGRESS_BYTES of it; else look again."""
+        self._write_check = None
+        if self._dropped or self.transport is None or not self._unsent():
+            return  # gone, or all handed to the kernel: nothing waits in the server
+        now = time.monotonic()
+        self._taking(now)
+        left = self.guard.limits.write_timeout_s - (now - self._unread_since)
+        if left > 0:
+            self._write_check = self.loop.call_later(left, self._check_writes)
+            return
+        self.guard.counts["write_timeouts"] += 1
+        self.guard.throttle.warning("timeout:write", "http_answer_not_read", peer=self.peer, unsent=self._unsent(),
+                                    **self.guard.counts)  # fmt: skip
+        self.guard.forget(self)
+        self.drop()
 
     # -- deadlines
     def _follow(self) -> None:

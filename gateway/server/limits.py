@@ -22,6 +22,8 @@ class FrontLimits:
     """Seconds a connection has to deliver a request's complete headers (`--header-timeout`)."""
     body_timeout_s: float = 30.0
     """Seconds a request has to deliver its whole body once its headers are in (`--body-timeout`)."""
+    write_timeout_s: float = 30.0
+    """Seconds an answer waiting in the server may go without the client taking 64 KiB of it (`--write-timeout`)."""
     max_body_bytes: int = DEFAULT_MAX_BODY
     """Largest request body (`--max-body`), checked before authentication and before the SDK."""
     refusal_window_s: float = 10.0
@@ -63,5 +65,6 @@ FLAGS = {
     "max_connections_per_peer": "--max-connections-per-peer",
     "header_timeout_s": "--header-timeout",
     "body_timeout_s": "--body-timeout",
+    "write_timeout_s": "--write-timeout",
     "max_body_bytes": "--max-body",
 }

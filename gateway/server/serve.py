@@ -76,6 +76,7 @@ def main(args: argparse.Namespace) -> int:
         max_connections_per_peer=args.max_connections_per_peer,
         header_timeout_s=args.header_timeout,
         body_timeout_s=args.body_timeout,
+        write_timeout_s=args.write_timeout,
         max_body_bytes=args.max_body,
     )
     if args.http and limits.problems():

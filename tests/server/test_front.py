@@ -1,6 +1,6 @@
 """The HTTP front under attack, against a real `gateway serve --http` on loopback: half-open
-connections, floods of token-less requests, oversized bodies, descriptor exhaustion, and the
-10 MiB files write the docs promise.
+connections, floods of token-less requests, oversized bodies, descriptor exhaustion, answers
+nobody reads, and the 10 MiB files write the docs promise.
 
 Every flood is bounded (a few thousand sockets, seconds) and stays on 127.0.0.1. The server runs
 with the common default of 1,024 descriptors, as under systemd, and this process raises its own
@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import h11
 import httpx2
 import pytest
 from mcp import Client
@@ -28,6 +29,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
 from gateway.audit import verify
+from gateway.server.front import SILENT_GRACE_S
 from tests.server.conftest import HttpGateway, audit_records, envelope_of
 
 HALF_OPEN = 3000
@@ -375,3 +377,186 @@ def test_pipelined_refusals_to_a_client_that_never_reads_end_after_the_first(sma
             while chunk := s.recv(65536):  # old server: answers keep coming, no end in 15 s
                 got += chunk
     assert got.count(b"HTTP/1.1 401") == 1
+
+
+# --- answers nobody reads (red team F1, authenticated form) ---------------------------------------
+LINES = 9000
+READ_ARGS = {"action": "read", "path": "big.txt", "limit": LINES}
+"""A files read near the tool's limit (1 MiB): its answer is about 2 MiB (text and structured)."""
+
+
+def big_file(ws: Path) -> None:
+    (ws / "big.txt").write_text("".join(f"line {i:07d} {'x' * 100}\n" for i in range(LINES)))
+
+
+def legacy_session(server: HttpGateway, token: str) -> dict[str, str]:
+    """The headers of a new legacy-era MCP session: initialize, then the initialized notification."""
+    hello = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {"protocolVersion": "2025-11-25",
+             "capabilities": {}, "clientInfo": {"name": "hog", "version": "1"}}}  # fmt: skip
+    auth = {"Authorization": f"Bearer {token}", "Accept": "application/json, text/event-stream"}
+    with httpx2.Client(headers=auth, timeout=30) as h:
+        r = h.post(server.url, json=hello)
+        assert r.status_code == 200, r.text
+        session = {"Authorization": f"Bearer {token}", "Mcp-Session-Id": r.headers["mcp-session-id"],
+                   "Mcp-Protocol-Version": "2025-11-25"}  # fmt: skip
+        note = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+        assert h.post(server.url, json=note, headers=session).status_code == 202
+    return session
+
+
+def pipelined_reads(port: int, session: dict[str, str], n: int) -> bytes:
+    """`n` files reads of big.txt in a row on one kept-alive connection (answered one by one)."""
+    calls = []
+    for i in range(n):
+        call = {"jsonrpc": "2.0", "id": 100 + i, "method": "tools/call",
+                "params": {"name": "files", "arguments": READ_ARGS}}  # fmt: skip
+        calls.append(request_bytes(port, {**session, "Connection": "keep-alive"}, json.dumps(call).encode()))
+    return b"".join(calls)
+
+
+def tiny_window(port: int, rcvbuf: int = 1024) -> socket.socket:
+    """A connection whose receive buffer is fixed (set before connect, so the window it announces
+    stays small), by default as small as the kernel allows."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+    s.settimeout(30)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
+def closed_by_server(s: socket.socket) -> bool:
+    """Whether the server ended this connection (reset or FIN), without reading from it."""
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0] != 1  # 1: TCP_ESTABLISHED
+
+
+def unsent(server: HttpGateway, s: socket.socket) -> int:
+    """Bytes the server's kernel holds for `s`, sent but not yet taken (/proc/net/tcp tx_queue)."""
+    ours, theirs = f"{server.port:04X}", f"{s.getsockname()[1]:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(f":{ours}") and f[2].endswith(f":{theirs}"):
+            return int(f[4].split(":")[0], 16)
+    return 0
+
+
+def hog(server: HttpGateway, session: dict[str, str]) -> socket.socket:
+    """A connection holding a session's token that pipelines six 2 MiB answers and reads none.
+    Returns once the first answer is computed and more than 1 MiB of it sits in the server's
+    kernel: then the rest of it waits in the server for a reader (the kernel takes about 1.6 MiB
+    through a closed window; if it took more, the next answers would fill it)."""
+    before = sum(r["event"] == "result" for r in audit_records(server.audit))
+    s = tiny_window(server.port)
+    s.sendall(pipelined_reads(server.port, session, 6))
+    deadline = time.monotonic() + 60
+    while sum(r["event"] == "result" for r in audit_records(server.audit)) == before or unsent(server, s) < 1 << 20:
+        assert time.monotonic() < deadline, "the server never answered"
+        time.sleep(0.1)
+    return s
+
+
+def test_an_answer_nobody_reads_does_not_hold_its_connection(tmp_path: Path, policy_file: Path, ws: Path) -> None:
+    """Red team F1, authenticated form: a client with a valid token that pipelines requests with
+    large answers and never reads held its connection forever (uvicorn's send waits for the
+    client to drain, with no deadline). Now the connection is closed once its answer has made
+    no progress for --write-timeout."""
+    big_file(ws)
+    deadlines = ("--header-timeout", "2", "--body-timeout", "2", "--write-timeout", "2")
+    server = HttpGateway(tmp_path, policy_file, ws, extra=deadlines)
+    try:
+        token = server.token("agent")
+        with hog(server, legacy_session(server, token)) as s:
+            deadline = time.monotonic() + 30  # fifteen times the longest deadline; the old server: forever
+            while not closed_by_server(s) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert closed_by_server(s), "the server still holds the connection"
+        result = asyncio.run(call(server.url, token, "run", {"command": "echo after"}, 30))
+        assert envelope(result)["stdout"] == "after\n"
+    finally:
+        server.stop()
+    assert "http_answer_not_read" in server.stderr.read_text()
+    assert verify(server.audit).ok
+
+
+def test_connections_with_answers_nobody_reads_do_not_lock_a_client_out(
+    tmp_path: Path, policy_file: Path, ws: Path
+) -> None:
+    """Red team F1, authenticated form: with the caps full of connections whose answers nobody
+    reads (each in a request, so never evicted, and never timed out), a client was refused. Now
+    a connection stuck writing is the first to give its place."""
+    big_file(ws)
+    caps = ("--max-connections", "4", "--max-connections-per-peer", "4")
+    server = HttpGateway(tmp_path, policy_file, ws, extra=caps)
+    hogs: list[socket.socket] = []
+    try:
+        token = server.token("agent")
+        session = legacy_session(server, token)
+        for _ in range(4):
+            hogs.append(hog(server, session))
+        time.sleep(SILENT_GRACE_S + 0.5)  # unread for over a second: not a client's answer on its way
+        try:
+            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}, 30))
+        except Exception as exc:  # the old server closes the client's connections at once
+            while isinstance(exc, ExceptionGroup):
+                exc = exc.exceptions[0]
+            pytest.fail(f"the client was locked out: {type(exc).__name__}: {exc}")
+        assert envelope(result)["stdout"] == "through\n"
+    finally:
+        for s in hogs:
+            s.close()
+        server.stop()
+    assert verify(server.audit).ok
+
+
+def read_answers(s: socket.socket, n: int, per_second: int) -> list[dict[str, Any]]:
+    """Read `n` answers from `s` at about `per_second` bytes a second; their JSON-RPC messages."""
+    parser = h11.Connection(h11.CLIENT)  # it only parses: the requests went out as raw bytes
+    out: list[dict[str, Any]] = []
+    taken = 0
+    for _ in range(n):
+        parser.send(h11.Request(method="POST", target="/mcp", headers=[("Host", "x"), ("Content-Length", "0")]))
+        parser.send(h11.EndOfMessage())
+        body: list[bytes] = []
+        while True:
+            event = parser.next_event()
+            if event is h11.NEED_DATA:
+                chunk = s.recv(65536)
+                assert chunk, "the server closed the connection"
+                parser.receive_data(chunk)
+                taken += len(chunk)
+                if taken >= per_second // 4:  # a quarter second's worth, then a quarter second's rest
+                    time.sleep(0.25)
+                    taken = 0
+            elif isinstance(event, h11.Data):
+                body.append(bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                break
+        lines = [line[6:] for line in b"".join(body).decode().splitlines() if line.startswith("data: ")]
+        out.extend(json.loads(line) for line in lines if line)
+        parser.start_next_cycle()
+    return out
+
+
+def test_a_slow_reader_of_big_answers_is_not_cut_while_it_keeps_reading(
+    tmp_path: Path, policy_file: Path, ws: Path
+) -> None:
+    """The write deadline is on no progress, not on total time: a client taking three 2 MiB
+    answers at 512 KiB/s needs about four times the deadline (most of it with the server's
+    transport paused), and gets them whole. Its receive buffer is fixed at 256 KiB, so the
+    answers wait in the server rather than in its kernel. (Not the 1 KiB of the hogs: a window
+    under the loopback's 64 KiB segment is only reopened by the sender's zero-window probes,
+    whose backoff on a busy machine can outlast any short deadline.)"""
+    big_file(ws)
+    server = HttpGateway(tmp_path, policy_file, ws, extra=("--write-timeout", "3"))
+    try:
+        session = legacy_session(server, server.token("agent"))
+        with tiny_window(server.port, 256 << 10) as s:
+            s.sendall(pipelined_reads(server.port, session, 3))
+            got = read_answers(s, 3, 512 << 10)
+        assert [m["id"] for m in got] == [100, 101, 102]
+        for m in got:
+            assert envelope_of(m["result"])["status"] == "ok", m
+            assert envelope_of(m["result"])["content"].count("\n") == LINES
+    finally:
+        server.stop()
+    assert "http_answer_not_read" not in server.stderr.read_text()
+    assert verify(server.audit).ok
