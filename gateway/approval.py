@@ -23,7 +23,7 @@ import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol, TextIO
+from typing import Any, Protocol, TextIO
 
 from gateway.cancellation import cancelled
 
@@ -43,14 +43,30 @@ class ApprovalRequest:
     asking: tuple[str | None, ...] = ()
     """Every rule that asks about this call (None: a stage that asks without a rule). A client may
     answer only when each of them opts in (`approval: client`)."""
+    inherited: dict[str, str] = field(default_factory=dict)
+    """The principal's stored variables (the `env` tool) the command inherits under the policy in
+    force; the call's own `env` overrides them. Bound by the digest too: a supervisor approves
+    the environment the command runs with, not only the variables the call names."""
 
     @staticmethod
     def bind(call_id: str, principal: str, tool: str, command: str, cwd: str, env: dict[str, str],
              rule: str | None, reason: str, policy_sha256: str,
-             asking: tuple[str | None, ...] = ()) -> ApprovalRequest:  # fmt: skip
-        body = json.dumps([principal, tool, command, cwd, sorted(env.items()), policy_sha256], ensure_ascii=False)
+             asking: tuple[str | None, ...] = (),
+             inherited: dict[str, str] | None = None) -> ApprovalRequest:  # fmt: skip
+        inherited = dict(inherited or {})
+        parts: list[Any] = [principal, tool, command, cwd, sorted(env.items()), policy_sha256]
+        if inherited:
+            parts.append(sorted(inherited.items()))
+        body = json.dumps(parts, ensure_ascii=False)
         digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
-        return ApprovalRequest(call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest, asking)
+        return ApprovalRequest(
+            call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest, asking, inherited
+        )
+
+    def effective_env(self) -> dict[str, str]:
+        """The environment the command runs with (besides the sandbox's own): the inherited
+        variables, overridden by the call's."""
+        return {**self.inherited, **self.env}
 
 
 @dataclass(frozen=True)
@@ -157,6 +173,32 @@ def _answered(stream: TextIO, timeout: float) -> bool:
     return False
 
 
+def escaped(text: str) -> str:
+    """`text` on one line: line breaks, tabs, control, bidi and invisible characters as escapes
+    (a terminal shows exactly what is there, and nothing can hide the rest of the line)."""
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch.isprintable() and unicodedata.category(ch) not in ("Cf", "Co", "Cn"):
+            out.append(ch)
+        else:
+            out.append(f"\\u{{{ord(ch):04x}}}")
+    return "".join(out)
+
+
+def shortened(text: str, width: int, whole: str) -> str:
+    """`text` (already escaped) cut to about `width` characters; a cut says how much is left and
+    where to read it whole (`whole`, e.g. "approvals show ID"), never silently."""
+    if len(text) <= width:
+        return text
+    return f"{text[:width]}...[+{len(text) - width} chars: {whole}]"
+
+
 class TerminalApprover:
     """Asks at a terminal: approve once (y), approve this exact call for the session (s), deny
     (n). Anything else, or no answer in time, denies."""
@@ -175,7 +217,7 @@ class TerminalApprover:
         w.write(
             f"\n=== approval needed (call {request.call_id}, {request.principal}) ===\n"
             f"  command: {visible(request.command)}\n  cwd:     {visible(request.cwd)}\n"
-            f"  env:     {visible(json.dumps(request.env))}\n  rule:    {request.rule}\n"
+            f"  env:     {visible(json.dumps(request.effective_env()))}\n  rule:    {request.rule}\n"
             f"  why:     {visible(request.reason)}\n"
             f"Approve? y = once, s = this exact call for the rest of the session, N = deny "
             f"(denied in {int(timeout)} s) "

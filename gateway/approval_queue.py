@@ -10,13 +10,21 @@ The agent must never be able to answer its own request, so the state directory m
 every write root of the policy: the sandbox binds only write roots writable, and the gateway
 refuses a state directory inside one. Requests expire with the approval timeout; an expired
 request cannot be answered.
+
+Each request names the gateway process waiting for it (`owner`: pid and start time). A request
+whose owner is gone (killed before it could withdraw it) can never run: it is not listed, cannot
+be answered, and the next gateway on the same queue and audit log removes it and records an
+`approval_withdrawn` (`orphans`, `withdraw`). A live gateway withdraws its own requests when
+their call can no longer complete (its client left over stdio, the server stops).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict
 from datetime import UTC, datetime
 from pathlib import Path
@@ -48,10 +56,42 @@ def _now() -> float:
     return time.time()
 
 
+def _started(pid: int) -> str | None:
+    """When process `pid` started (clock ticks since boot, from /proc), or None if it is gone.
+    With the pid, it names one process: a pid reused by another process has another start."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    except OSError:
+        return "?"  # cannot tell: treat it as alive
+    fields = stat[stat.rfind(")") + 2 :].split()
+    return fields[19] if len(fields) > 19 else "?"
+
+
+def owner_gone(req: dict[str, Any]) -> str | None:
+    """Why the gateway that wrote `req` can no longer act on an answer (None: it still can, or
+    the request names no owner, as before owners were recorded)."""
+    owner = req.get("owner")
+    if not isinstance(owner, dict) or not isinstance(owner.get("pid"), int):
+        return None
+    now = _started(owner["pid"])
+    if now == "?" or now == owner.get("start"):
+        return None
+    return f"the gateway that asked (pid {owner['pid']}) ended without withdrawing it"
+
+
 class QueueApprover:
     """An Approver that waits for `gateway approvals approve|deny`."""
 
-    def __init__(self, state_dir: Path, write_roots: tuple[Path, ...]) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        write_roots: tuple[Path, ...],
+        on_wait: Callable[[ApprovalRequest, float], None] | None = None,
+    ) -> None:
+        self.on_wait = on_wait  # told when a request is queued (`gateway serve` prints a line)
+        self.audit_dir: str | None = None  # the asking gateway's audit log, written into each request
         self.state_dir = Path(os.path.realpath(state_dir))
         for root in write_roots:
             if inside(str(self.state_dir), root) or inside(str(root), self.state_dir):
@@ -65,9 +105,14 @@ class QueueApprover:
         rid = request.call_id
         pending = self.state_dir / f"{rid}.request.json"
         answer_path = self.state_dir / f"{rid}.answer.json"
-        _write_atomically(pending, {**asdict(request), "created": _now(), "expires": _now() + timeout})
+        owner = {"pid": os.getpid(), "start": _started(os.getpid())}
+        body = {**asdict(request), "created": _now(), "expires": _now() + timeout, "owner": owner}
+        _write_atomically(pending, {**body, **({"audit_dir": self.audit_dir} if self.audit_dir else {})})
         deadline = time.monotonic() + timeout
         try:
+            if self.on_wait is not None:
+                with contextlib.suppress(Exception):  # a notice that fails must not fail the call
+                    self.on_wait(request, timeout)
             while time.monotonic() < deadline and not cancelled():
                 if answer_path.exists():
                     used = answer_path.with_suffix(".used")
@@ -86,17 +131,46 @@ class QueueApprover:
             pending.unlink(missing_ok=True)
 
 
-def pending(state_dir: Path) -> list[dict[str, Any]]:
-    """Requests waiting for an answer, oldest first (expired ones are left out)."""
+def _requests(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
     out = []
     for path in sorted(Path(state_dir).glob("*.request.json")):
         try:
             req = json.loads(path.read_text())
-            if req["expires"] > _now() and not (path.parent / f"{req['call_id']}.answer.json").exists():
-                out.append(req)
+            if isinstance(req, dict) and isinstance(req["call_id"], str) and isinstance(req["expires"], int | float):
+                out.append((path, req))
         except (OSError, ValueError, KeyError, TypeError):
             continue  # not a request we wrote
+    return out
+
+
+def pending(state_dir: Path) -> list[dict[str, Any]]:
+    """Requests waiting for an answer, oldest first (expired ones, and ones whose gateway is
+    gone, are left out)."""
+    out = [
+        req
+        for path, req in _requests(state_dir)
+        if req["expires"] > _now()
+        and not (path.parent / f"{req['call_id']}.answer.json").exists()
+        and owner_gone(req) is None
+    ]
     return sorted(out, key=lambda r: r.get("created", 0))
+
+
+def orphans(state_dir: Path, audit_dir: Path) -> list[tuple[dict[str, Any], str]]:
+    """Requests written by a gateway on this audit log that is gone, with why. The caller
+    records each (`approval_withdrawn`) and then removes it (`withdraw`)."""
+    mine = os.path.realpath(audit_dir)
+    out = []
+    for _, req in _requests(state_dir):
+        why = owner_gone(req)
+        if why is not None and req.get("audit_dir") == mine:
+            out.append((req, why))
+    return out
+
+
+def withdraw(state_dir: Path, call_id: str) -> None:
+    for suffix in (".request.json", ".answer.json"):
+        (Path(state_dir) / f"{call_id}{suffix}").unlink(missing_ok=True)
 
 
 def answer(state_dir: Path, call_id: str, approved: bool, by: str, reason: str = "") -> dict[str, Any]:
@@ -108,6 +182,9 @@ def answer(state_dir: Path, call_id: str, approved: bool, by: str, reason: str =
         raise QueueError(f"no pending request {call_id}") from None
     if req.get("expires", 0) <= _now():
         raise QueueError(f"request {call_id} has expired")
+    gone = owner_gone(req)
+    if gone is not None:
+        raise QueueError(f"request {call_id} was withdrawn: {gone}; nothing would run")
     out = {
         "call_id": call_id,
         "approved": approved,

@@ -26,6 +26,23 @@ def cancelled() -> bool:
     return event is not None and event.is_set()
 
 
+class Cancel(threading.Event):
+    """A cancel event that can say why (`cancel(why)`): the server withdrawing a call that waits
+    for approval records the reason."""
+
+    why: str = ""
+
+    def cancel(self, why: str) -> None:
+        if not self.is_set():
+            self.why = why
+        self.set()
+
+
+def reason() -> str:
+    """Why this thread's call was cancelled ("" when nobody said)."""
+    return str(getattr(current_cancel(), "why", "") or "")
+
+
 @contextmanager
 def handling(cancel: threading.Event | None) -> Iterator[None]:
     """Install `cancel` as this thread's call's event for the duration of the block."""

@@ -226,18 +226,22 @@ def _supervisor(args: argparse.Namespace) -> str:
     return str(args.by or os.environ.get("SUDO_USER") or getpass.getuser())
 
 
+LIST_WIDTH = 60  # characters of a command `approvals list` shows before it marks the cut
+
+
 def _cmd_approvals(args: argparse.Namespace) -> int:
     from gateway import approval_queue
-    from gateway.approval import visible
+    from gateway.approval import escaped, shortened
 
     state = Path(args.state_dir)
     if args.action == "list":
         rows = approval_queue.pending(state)
         for r in rows:
             left = int(r["expires"] - time.time())
+            command = shortened(escaped(str(r["command"])), LIST_WIDTH, f"approvals show {r['call_id']}")
             print(
-                f"{r['call_id']}  {r['principal']:10}  {r.get('rule') or '-':14}  {left:4d}s left  "
-                f"{visible(r['command'])[:60]}"
+                f"{r['call_id']}  {escaped(str(r['principal'])):10}  {escaped(str(r.get('tool') or '-')):7}  "
+                f"{escaped(str(r.get('rule') or '-')):14}  {left:4d}s left  {command}"
             )
         if not rows:
             print("no pending approvals")
@@ -248,12 +252,7 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
         rows = [r for r in approval_queue.pending(state) if r["call_id"] == args.call_id]
         if not rows:
             return _fatal(f"no pending request {args.call_id}")
-        r = rows[0]
-        print(
-            f"call:      {r['call_id']} ({r['principal']}, tool {r['tool']})\ncommand:   {visible(r['command'])}\n"
-            f"cwd:       {visible(r['cwd'])}\nenv:       {visible(json.dumps(r['env']))}\nrule:      {r.get('rule')}\n"
-            f"why:       {visible(r['reason'])}\ndigest:    {r['digest']}"
-        )
+        print(_show_request(rows[0]))
         return EXIT_OK
     try:
         done = approval_queue.answer(
@@ -261,8 +260,43 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
         )
     except approval_queue.QueueError as exc:
         return _fatal(str(exc))
-    print(f"{args.action}d {done['call_id']} as {done['by']}")
+    said = f" ({escaped(done['reason'])})" if done.get("reason") else ""
+    print(f"{'approved' if done['approved'] else 'denied'} {done['call_id']} as {done['by']}{said}")
     return EXIT_OK
+
+
+def _mapping(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _show_request(r: dict[str, Any]) -> str:
+    """A pending request in full: every character of the command (escaped), and the environment
+    the command will run with: the principal's stored variables, overridden by the call's."""
+    from gateway.approval import escaped, visible
+    from gateway.audit import SECRET_NAME
+
+    inherited = _mapping(r.get("inherited"))
+    own = _mapping(r.get("env"))
+    env_lines = []
+    for name in sorted({**inherited, **own}):
+        value = str(own[name] if name in own else inherited[name])
+        shown = f"[secret: {len(value)} chars]" if SECRET_NAME.search(name) else escaped(value)
+        origin = "this call" if name in own else "stored (env tool)"
+        over = ", overrides the stored value" if name in own and name in inherited else ""
+        env_lines.append(f"           {escaped(name)}={shown}    ({origin}{over})")
+    env = "\n".join(env_lines) if env_lines else "           (none besides the sandbox's own)"
+    left = int(r["expires"] - time.time())
+    return (
+        f"call:      {r['call_id']} ({escaped(str(r['principal']))}, tool {escaped(str(r['tool']))}, {left} s left)\n"
+        f"command:   {visible(str(r['command']))}\n"
+        f"           ({len(str(r['command']))} characters; escapes: \\n line break, \\u{{...}} invisible)\n"
+        f"cwd:       {visible(str(r['cwd']))}\n"
+        f"env:\n{env}\n"
+        f"rule:      {r.get('rule')}\n"
+        f"why:       {visible(str(r['reason']))}\n"
+        f"digest:    {r['digest']}\n"
+        f"answer:    gateway approvals approve {r['call_id']}   |   gateway approvals deny {r['call_id']} --reason ..."
+    )
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -286,38 +320,93 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             r
             for r in rows
             if (not args.principal or r.get("principal") == args.principal)
+            and (not args.tool or r.get("tool") == args.tool)
             and (not args.decision or r.get("decision") == args.decision)
             and (not args.rule or r.get("rule") == args.rule)
             and (not args.since or str(r.get("ts", "")) >= args.since)
         ]
     else:  # tail
-        rows = rows[-args.n :]
+        if args.n < 0:
+            return _fatal(f"audit tail -n {args.n}: expected a count of records, 0 or more")
+        last = int(rows[-1].get("seq", 0)) if rows else 0
+        rows = rows[len(rows) - args.n :] if args.n else []  # -n 0: none (rows[-0:] would be all)
         if args.follow:
-            return _follow(directory, rows, args.json)
+            return _follow(directory, rows, last, args.json)
     for r in rows:
         _print_record(r, args.json)
     return EXIT_OK
 
 
 def _print_record(r: dict[str, Any], as_json: bool) -> None:
+    """One record on one line: when, which record, who, which tool, the decision and its rule,
+    the call, and what it was about (the command, escaped; an answer; a result). Whatever the
+    agent wrote is escaped, so no record can forge or hide a line."""
+    from gateway.approval import escaped
+
     if as_json:
         print(json.dumps(r, ensure_ascii=False), flush=True)
         return
-    what = r.get("decision") or "-"
+
+    def col(value: Any, width: int) -> str:
+        return f"{escaped(str(value)) if value not in (None, '') else '-':{width}}"
+
     print(
-        f"{r.get('seq', ''):>6}  {r.get('ts', '')[:23]:23}  {r.get('event', ''):15}  "
-        f"{r.get('principal') or '-':10}  {what:6}  {r.get('rule') or '-':18}  {r.get('call_id') or ''}",
+        f"{str(r.get('ts', ''))[:23]:23}  {r.get('seq', ''):>6}  {col(r.get('event'), 18)}  "
+        f"{col(r.get('principal'), 10)}  {col(r.get('tool'), 7)}  {col(r.get('decision'), 5)}  "
+        f"{col(r.get('rule'), 16)}  {col(r.get('call_id'), 16)}  "
+        f"{_what(r)}",
         flush=True,
     )
 
 
-def _follow(directory: Path, shown: list[dict[str, Any]], as_json: bool) -> int:
+def _what(r: dict[str, Any]) -> str:
+    """What a record is about, escaped, on one line."""
+    from gateway.approval import escaped
+
+    data = _mapping(r.get("data"))
+    args = _mapping(r.get("arguments"))
+    event = r.get("event")
+
+    def compact(value: Any) -> str:
+        return escaped(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
+
+    if event == "decision":
+        if isinstance(args.get("command"), str):
+            what = escaped(args["command"])
+            if args.get("action") not in (None, "run", "start", "send"):
+                what = f"{escaped(str(args['action']))}: {what}"
+        else:
+            what = compact(args) if args else "-"
+        reasons = r.get("reasons") if isinstance(r.get("reasons"), list) else []
+        if r.get("decision") != "allow" and reasons and isinstance(reasons[0], dict):
+            what += f"   (why: {escaped(str(reasons[0].get('message', '')))})"
+        return what
+    if event == "approval":
+        who = f"by {escaped(str(data.get('by')))} ({escaped(str(data.get('how')))})" if data.get("answered") else \
+            f"unanswered ({escaped(str(data.get('how')))})"  # fmt: skip
+        voided = [k for k in ("bound", "policy_unchanged", "env_unchanged") if data.get(k) is False]
+        why = f": {escaped(str(data['reason']))}" if data.get("reason") else ""
+        return who + why + (f"   (void: {', '.join(voided)})" if voided else "")
+    if event == "approval_withdrawn":
+        return escaped(str(data.get("why", "")))
+    if event == "result":
+        err = _mapping(data.get("error"))
+        status = escaped(str(data.get("status", "-")))
+        if err:
+            return f"{status} {escaped(str(err.get('code')))}: {escaped(str(err.get('message', '')))}"
+        code = f" exit {data['exit_code']}" if "exit_code" in data else ""
+        return status + code
+    if event == "policy_rejected":
+        return f"{escaped(str(data.get('error', '')))}   (kept {escaped(str(data.get('kept', '')))[:16]})"
+    return compact(data) if data else "-"
+
+
+def _follow(directory: Path, shown: list[dict[str, Any]], last: int, as_json: bool) -> int:
     """`audit tail -f`: print the last records, then new ones as they are written (Ctrl-C ends)."""
     from gateway.audit import records as audit_records
 
     for r in shown:
         _print_record(r, as_json)
-    last = shown[-1]["seq"] if shown else 0
     try:
         while True:
             for _, _, record, _ in audit_records(directory):
@@ -440,7 +529,8 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--no-checkpoint", action="store_true", help="verify: check without one (truncation will not show)")
     au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")
     au.add_argument("-f", "--follow", action="store_true", help="tail: keep printing new records")
-    au.add_argument("--principal")
+    au.add_argument("--principal", help="query: only this principal's records")
+    au.add_argument("--tool", help="query: only this tool's records (run, files, session, ...)")
     au.add_argument("--decision", choices=["allow", "ask", "deny"])
     au.add_argument("--rule")
     au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
@@ -536,8 +626,13 @@ def main(argv: list[str] | None = None) -> int:
         return hook_client.main(args_list[1:])
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
-    if extra and getattr(args, "verb", None) == "policy" and args.path is None and len(extra) == 1:
+    verb = getattr(args, "verb", None)
+    if extra and verb == "policy" and args.path is None and len(extra) == 1:
         args.path = extra[0]  # `gateway policy test --principal x PATH`: argparse leaves PATH over
+    elif extra and verb in ("approvals", "audit") and args.call_id is None and len(extra) == 1 and extra[0][:1] != "-":
+        # `approvals approve --state-dir D ID`: argparse takes the action and the (optional) id
+        # together, before the options, and leaves the id over; options and id go in any order
+        args.call_id = extra[0]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "command", None) and args.command[0] == "--":

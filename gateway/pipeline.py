@@ -97,6 +97,9 @@ class Gateway:
         self.hidden = (*hidden, *((queue_dir,) if queue_dir else ()), *((self.state_dir,) if self.state_dir else ()))
         for private in self.hidden:  # made now: a sandbox started before it existed must not see it later
             Path(private).mkdir(parents=True, exist_ok=True, mode=0o700)
+        if queue_dir and hasattr(self.approver, "audit_dir"):
+            setattr(self.approver, "audit_dir", os.path.realpath(audit.directory))  # noqa: B010
+            self._withdraw_orphans(Path(queue_dir))
         with contextlib.suppress(Exception):  # what runs of the sandboxes of a gateway killed with SIGKILL
             sandbox.quotas.kill_abandoned()
         with contextlib.suppress(Exception):  # cgroups left by sandboxes that ended while no gateway ran
@@ -116,6 +119,22 @@ class Gateway:
             from gateway.tools import process
 
             process.manager(self)
+
+    def _withdraw_orphans(self, queue_dir: Path) -> None:
+        """Requests a gateway on this audit log left in the queue when it died (SIGKILL): nothing
+        will ever run them. Each is recorded as withdrawn, then removed."""
+        from gateway import approval_queue
+
+        for req, why in approval_queue.orphans(queue_dir, self.audit.directory):
+            try:
+                self.audit.append(
+                    "approval_withdrawn", call_id=req["call_id"], principal=req.get("principal"),
+                    tool=req.get("tool"), policy_sha256=req.get("policy_sha256"), decision="deny",
+                    rule=req.get("rule"), data={"digest": req.get("digest"), "why": why},
+                )  # fmt: skip
+            except AuditUnavailable:
+                return  # left for a gateway that can record it (it is not listed meanwhile)
+            approval_queue.withdraw(queue_dir, req["call_id"])
 
     @property
     def policy(self) -> CompiledPolicy:
@@ -217,9 +236,11 @@ class Gateway:
             if result.analysis
             else []
         )
+        # run and process start inherit the principal's stored variables: the supervisor sees them
+        inherited = self.env.effective(policy, principal) if tool in ("run", "process") and not unattended else None
         gated = self.authorize(
             call_id, principal, tool, command, cwd, env, result.decision, arguments, policy, {"commands": commands},
-            unattended,
+            unattended, inherited,
         )  # fmt: skip
         if isinstance(gated, Gated) and result.analysis is not None:
             return replace(gated, commands=result.analysis.commands)
@@ -238,10 +259,13 @@ class Gateway:
         policy: CompiledPolicy,
         data: dict[str, Any] | None = None,
         unattended: bool = False,
+        inherited: dict[str, str] | None = None,
     ) -> Gated | dict[str, Any]:
         """Audit `decision` durably, then: deny -> the denial; ask -> the approver; allow -> go.
         `subject` is what a supervisor is asked about (the command, or `files write PATH`).
-        `unattended` (a keep_alive restart): nobody is asked, so an ask is a denial."""
+        `unattended` (a keep_alive restart): nobody is asked, so an ask is a denial. `inherited`:
+        the stored variables the command inherits (shown to the supervisor, bound by the digest;
+        if they change while the call waits, the approval is void)."""
         unsafe = self.unsafe_setup(policy, principal)
         if unsafe:  # any family could rewrite them (a files write as well as a command)
             return error(call_id, "denied", "UNSAFE_SETUP", unsafe)
@@ -265,7 +289,7 @@ class Gateway:
             request = ApprovalRequest.bind(
                 call_id, principal, tool, subject, str(cwd), dict(env), decision.rule,
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
-                tuple(r.rule for r in decision.reasons) or (None,),
+                tuple(r.rule for r in decision.reasons) or (None,), inherited,
             )  # fmt: skip
             if request.digest in self._session_approved:
                 answer: Approval | None = Approval(True, "session", request.digest, "session")
@@ -275,36 +299,56 @@ class Gateway:
                 answer = self.approver.decide(request, self.approval_timeout_s)
             bound = answer is not None and answer.digest == request.digest
             unchanged = self.policy.sha256 == policy.sha256  # approved under another policy: void
+            # the stored variables the command will inherit are the ones the supervisor saw
+            same_env = inherited is None or self.env.effective(policy, principal) == request.inherited
             gone = cancellation.cancelled()  # the caller went away (or the server stops) while it waited
-            granted = answer is not None and answer.approved and bound and unchanged and not gone
+            granted = answer is not None and answer.approved and bound and unchanged and same_env and not gone
             if granted and answer is not None and answer.how.endswith("-session"):
                 self._session_approved.add(answer.digest)
+            note = answer.note if answer is not None else ""
+            withdrawn = gone and answer is None  # nobody answered, and nobody ever will: say why
+            why_gone = cancellation.reason() or "the call was cancelled (its client went away)"
             try:
-                self.audit.append(
-                    "approval",
-                    **base,
-                    decision="allow" if granted else "deny",
-                    rule=decision.rule,
-                    data={
-                        "digest": request.digest,
-                        "answered": answer is not None,
-                        "by": answer.by if answer else None,
-                        "how": answer.how if answer else "timeout",
-                        "bound": bound,
-                        "policy_unchanged": unchanged,
-                        **({"cancelled": True} if gone else {}),
-                    },
-                )
+                if withdrawn:
+                    self.audit.append(
+                        "approval_withdrawn", **base, decision="deny", rule=decision.rule,
+                        data={"digest": request.digest, "why": why_gone},
+                    )  # fmt: skip
+                else:
+                    self.audit.append(
+                        "approval",
+                        **base,
+                        decision="allow" if granted else "deny",
+                        rule=decision.rule,
+                        data={
+                            "digest": request.digest,
+                            "answered": answer is not None,
+                            "by": answer.by if answer else None,
+                            "how": answer.how if answer else "timeout",
+                            "bound": bound,
+                            "policy_unchanged": unchanged,
+                            **({"reason": note} if note else {}),
+                            **({} if same_env else {"env_unchanged": False}),
+                            **({"cancelled": True} if gone else {}),
+                        },
+                    )
             except AuditUnavailable as exc:
                 return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the approval could not be recorded: {exc}")
             if gone:
-                return error(call_id, "denied", "CALL_CANCELLED", "the call was cancelled while it waited for approval")
+                why = f": {why_gone}" if withdrawn else ""
+                return error(
+                    call_id, "denied", "CALL_CANCELLED", f"the call was cancelled while it waited for approval{why}"
+                )
             if answer is None:
                 return error(call_id, "denied", "APPROVAL_TIMEOUT", "no supervisor answered in time")
             if not unchanged:
                 return error(call_id, "denied", "APPROVAL_DENIED", "the policy changed after the approval")
+            if not same_env and answer.approved:
+                why = "the principal's stored variables (the env tool) changed while the call waited for approval"
+                return error(call_id, "denied", "APPROVAL_DENIED", why)
             if not granted:
-                return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}")
+                because = f": {note}" if note else ""
+                return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}{because}")
         return Gated(policy, base)
 
     def record_result(

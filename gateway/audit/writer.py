@@ -25,11 +25,13 @@ Files are used by descriptor, never through a link (files.py).
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
 import re
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -109,6 +111,10 @@ class AuditLog:
         self._committing = False
         self._trusted = ""  # the hash of the last record this writer wrote or checked
         self._high = 0  # the highest seq this writer has seen on disk: the log must never go below it
+        # told when appends start failing (the error) and when they work again (None): `gateway
+        # serve` prints a line for each change, so the operator hears of it at once
+        self.on_health: Callable[[str | None], None] | None = None
+        self._failing = False
         self._dir = AuditDir(self.directory, create=True)
         self._lock_fd = self._dir.lock()
         if self.checkpoint is not None:
@@ -158,10 +164,20 @@ class AuditLog:
                     self._cond.acquire()
                     self._committing = False
                     self._cond.notify_all()
+        self._health(pending.error)
         if pending.error is not None:
             raise pending.error
         assert pending.record is not None
         return pending.record
+
+    def _health(self, error: AuditUnavailable | None) -> None:
+        """Tell `on_health` when the log turns unwritable or writable again (changes only)."""
+        with self._cond:
+            changed = (error is not None) != self._failing
+            self._failing = error is not None
+        if changed and self.on_health is not None:
+            with contextlib.suppress(Exception):  # a notice that fails changes nothing about the record
+                self.on_health(None if error is None else str(error))
 
     def _take(self) -> list[_Pending]:
         """The queued records to commit now: all of them, up to MAX_BATCH_BYTES (at least one)."""

@@ -449,12 +449,24 @@ class GatewayServer:
         with self._lock:
             return len(self._flights)
 
-    async def drain(self, grace_s: float) -> dict[str, int]:
-        """Shutdown while the transport still runs: stop taking calls, give running ones
-        `grace_s`, cancel (kill) what is left, and let every reply (a cancelled call's too) be
-        handed to the client before the transport goes. `cancelled` counts only the calls that
-        were still running when the grace ran out."""
+    def withdraw_waiting(self, why: str) -> int:
+        """Cancel the calls waiting for a supervisor: they cannot complete (the server is going,
+        or their only client left), so their requests leave the queue now, recorded as
+        `approval_withdrawn` with `why`, rather than waiting out the grace or being left in the
+        queue by a server killed meanwhile. How many there were."""
+        with self._lock:
+            waiting = [f for f in self._flights.values() if f.ticket.waiting]
+        for f in waiting:
+            f.ticket.cancel.cancel(why)
+        return len(waiting)
+
+    async def drain(self, grace_s: float, why: str = "the gateway is shutting down") -> dict[str, int]:
+        """Shutdown while the transport still runs: stop taking calls, withdraw the calls that
+        wait for a supervisor, give running ones `grace_s`, cancel (kill) what is left, and let
+        every reply (a cancelled call's too) be handed to the client before the transport goes.
+        `cancelled` counts only the calls that were still running when the grace ran out."""
         self.accepting = False
+        self.withdraw_waiting(why)
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -469,12 +481,14 @@ class GatewayServer:
         self._drained = {"cancelled": cancelled, "unfinished": self.in_flight()}
         return self._drained
 
-    def shutdown(self, grace_s: float) -> dict[str, int]:
-        """Stop taking calls; give running ones `grace_s`, then cancel (kill) what is left. After
-        `drain`, only what is still running then (nothing, normally) is waited for again."""
+    def shutdown(self, grace_s: float, why: str = "the gateway is shutting down") -> dict[str, int]:
+        """Stop taking calls; withdraw the calls that wait for a supervisor; give running ones
+        `grace_s`, then cancel (kill) what is left. After `drain`, only what is still running
+        then (nothing, normally) is waited for again."""
         if self._drained is not None:
             grace_s = 0.0
         self.accepting = False
+        self.withdraw_waiting(why)
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             time.sleep(0.05)

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from gateway.approval import CANCEL_POLL_S, Answer, Approval, ApprovalRequest, Approver, Question
-from gateway.cancellation import cancelled
+from gateway.cancellation import Cancel, cancelled
 from gateway.policy.compile import CompiledPolicy
 
 NO_CHANNEL = Answer(None, "nobody", "no-channel", "your MCP client does not support elicitation (forms)")
@@ -49,7 +49,8 @@ class Ticket:
     """One MCP call as its handling thread sees it."""
 
     principal: str
-    cancel: threading.Event = field(default_factory=threading.Event)
+    cancel: Cancel = field(default_factory=Cancel)
+    waiting: bool = False  # True while a supervisor is asked
     on_pending: Callable[[ApprovalRequest, float], None] | None = None
     attestation: Attestation | None = None
     user_answer: Answer | None = None  # ask_user: the client's answer (NO_CHANNEL: it cannot answer)
@@ -109,18 +110,24 @@ class McpApprover:
             return Approval(att.approved, f"client of {request.principal}", request.digest, how)
         if ticket is not None and ticket.on_pending is not None:
             ticket.on_pending(request, timeout)
-        if self._serial is None:
-            return self.supervisor.decide(request, timeout)
-        # one terminal: one question at a time; the turn is waited for within the same timeout,
-        # and no longer than the call lives
-        deadline = time.monotonic() + timeout
-        while not self._serial.acquire(timeout=min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic()))):
-            if cancelled() or time.monotonic() >= deadline:
-                return None
+        if ticket is not None:
+            ticket.waiting = True  # from now on the server may withdraw it (shutdown)
         try:
-            return self.supervisor.decide(request, max(0.0, deadline - time.monotonic()))
+            if self._serial is None:
+                return self.supervisor.decide(request, timeout)
+            # one terminal: one question at a time; the turn is waited for within the same timeout,
+            # and no longer than the call lives
+            deadline = time.monotonic() + timeout
+            while not self._serial.acquire(timeout=min(CANCEL_POLL_S, max(0.0, deadline - time.monotonic()))):
+                if cancelled() or time.monotonic() >= deadline:
+                    return None
+            try:
+                return self.supervisor.decide(request, max(0.0, deadline - time.monotonic()))
+            finally:
+                self._serial.release()
         finally:
-            self._serial.release()
+            if ticket is not None:
+                ticket.waiting = False
 
     def _holds(self, att: Attestation, request: ApprovalRequest) -> bool:
         asked = (att.principal, att.tool, att.command, _real(att.cwd), att.env, att.policy_sha256)

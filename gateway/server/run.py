@@ -16,6 +16,7 @@ import ipaddress
 import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -84,7 +85,8 @@ def _record(audit: AuditLog, event: str, **fields: Any) -> bool:
 
 def finish(server: GatewayServer, grace_s: float, how: str) -> None:
     """Shutdown's last steps: cancel what is left, record it, close the gateway."""
-    outcome = server.shutdown(grace_s)
+    why = "its client closed stdio (end of input)" if how == "end of input" else f"the gateway is shutting down ({how})"
+    outcome = server.shutdown(grace_s, why)
     _record(server.gw.audit, "server_stopped", data={"how": how, **outcome})
     server.gw.close()
 
@@ -125,7 +127,7 @@ async def _stdio(server: GatewayServer, grace_s: float) -> str:
         # a signal: running calls get the grace, and their replies are written, while the SDK
         # still serves; then it goes (cancelling cannot interrupt its blocking read of stdin, so
         # do not wait for it)
-        await server.drain(grace_s)
+        await server.drain(grace_s, f"the gateway is shutting down ({why[0]})")
         task.cancel()
     signalled.cancel()
     return why[0]
@@ -171,14 +173,41 @@ class _Uvicorn(uvicorn.Server):
 
 
 def auth_settings(host: str, port: int) -> AuthSettings:
+    """Bearer tokens from our own file, and no OAuth. Without a `resource_server_url` the SDK
+    publishes no protected-resource metadata (`/.well-known/oauth-protected-resource/mcp`) and
+    its 401 carries no `resource_metadata`: a client holding a wrong token is told so, instead of
+    being sent to discover an authorization server that does not exist (the issuer URL is
+    required by the settings but published nowhere)."""
     shown = f"[{host}]" if ":" in host else host
-    base = f"http://{shown}:{port}"
     return AuthSettings(
-        issuer_url=AnyHttpUrl(base),
-        resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+        issuer_url=AnyHttpUrl(f"http://{shown}:{port}"),
+        resource_server_url=None,
         required_scopes=[SCOPE],
-        validate_token_resource=False,  # our own opaque tokens: no audience to check
     )
+
+
+def listen_socket(host: str, port: int, allow_remote: bool) -> socket.socket:
+    """The server's socket, bound now: a start that cannot have its port fails before it
+    changes anything (no token issued, no `server_started`). Raises OSError or ValueError with
+    what to do."""
+    if not is_loopback(host) and not allow_remote:
+        raise ValueError(
+            f"refusing to bind {host}: only loopback by default. Anyone who can reach it "
+            "and holds a token runs commands here; pass --allow-remote to bind it anyway."
+        )
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    if host == "localhost":
+        family = socket.AF_INET
+        host = "127.0.0.1"
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        raise OSError(exc.errno, f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(False)
+    return sock
 
 
 def serve_http(
@@ -191,7 +220,10 @@ def serve_http(
     allow_remote: bool = False,
     ready: Callable[[str], None] | None = None,
     limits: FrontLimits | None = None,
+    sock: socket.socket | None = None,
 ) -> int:
+    """Serve until a signal. `sock`: the socket `listen_socket` bound (else it is bound here,
+    before anything is recorded)."""
     if not is_loopback(host):
         if not allow_remote:
             print(
@@ -208,6 +240,12 @@ def serve_http(
     limits, backlog, lowered = (limits or FrontLimits()).within_descriptors()
     if lowered:
         print(f"gateway serve: {lowered}", file=sys.stderr)
+    if sock is None:
+        try:
+            sock = listen_socket(host, port, allow_remote)
+        except (OSError, ValueError) as exc:
+            print(f"gateway serve: {exc}", file=sys.stderr)
+            return 2
     server = GatewayServer(gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port))
     if not _record(gateway.audit, "server_started", data={"transport": "http", "host": host, "port": port}):
         return 2
@@ -246,7 +284,7 @@ def serve_http(
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda signum, _frame: got.append(signal.Signals(signum).name))
     try:
-        runner.run()
+        runner.run(sockets=[sock])
     finally:
         refusals.close()  # the counts still open, before the server_stopped record
         logging.getLogger("uvicorn.error").removeFilter(quiet)

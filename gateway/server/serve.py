@@ -1,22 +1,32 @@
 """`gateway serve`: build the gateway from the command line and serve it (stdio or HTTP).
 
 `--quickstart` (what `make serve` runs) also creates the policy's workspace and the audit
-directory, issues a fresh token for the policy's principal (replacing the previous quickstart
-token) and prints the URL, the token and client configuration to copy.
+directory, issues a token for the policy's principal the first time (later starts keep using
+it, and say which one and how to make another) and prints the URL and client configuration.
+
+While it serves, the operator's terminal (stderr) hears what needs a person: a call that waits
+for approval (and the command that answers it), a policy edit that was rejected (and why, with
+its file and line), the audit log turning unwritable (and writable again).
 """
 
 import argparse
+import contextlib
 import json
 import os
+import shlex
 import sys
+import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gateway import approval_queue
-from gateway.approval import Approver, DenyAll, TerminalApprover
-from gateway.audit import AuditUnavailable, open_signed
+from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
+from gateway.audit import AuditLog, AuditUnavailable, open_signed
+from gateway.cli import DEFAULT_STATE_DIR, DEFAULT_TOKENS
 from gateway.pipeline import Gateway
 from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
@@ -25,7 +35,7 @@ from gateway.sandbox.identity import IdentityUnavailable, hand_over
 from gateway.server import tokens
 from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
-from gateway.server.run import serve_http, serve_stdio
+from gateway.server.run import listen_socket, serve_http, serve_stdio
 
 EXIT_USAGE = 2
 
@@ -45,6 +55,63 @@ def _workspace_of(policy_file: Path) -> Path | None:
     return (policy_file.parent / where).resolve() if isinstance(where, str) else None
 
 
+def say(message: str) -> None:
+    """One line for the operator, on the server's stderr."""
+    print(f"gateway serve: {message}", file=sys.stderr, flush=True)
+
+
+def _waiting(args: argparse.Namespace) -> Callable[[ApprovalRequest, float], None]:
+    """The line printed when a call starts waiting for a supervisor, with how to answer it."""
+    where = "" if args.state_dir == DEFAULT_STATE_DIR else f" --state-dir {shlex.quote(args.state_dir)}"
+
+    def tell(request: ApprovalRequest, timeout: float) -> None:
+        command = shortened(escaped(request.command), 60, f"approvals show {request.call_id}")
+        rule = f"rule {request.rule}" if request.rule else "the policy"
+        say(
+            f"call {request.call_id} waits for approval ({escaped(request.principal)}, {request.tool}, {rule}, "
+            f"{int(timeout)} s): {command}\n"
+            f"  answer: gateway approvals show{where} {request.call_id}   then approve{where} {request.call_id}"
+            f"   or deny{where} {request.call_id} --reason ..."
+        )
+
+    return tell
+
+
+def _policy_event(audit: AuditLog, started: list[bool]) -> Callable[[str, dict[str, Any]], None]:
+    """Record policy loads and rejections, and tell the operator about edits after the start."""
+
+    def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
+        audit.append(kind, data=data)
+        if not started:
+            return
+        if kind == "policy_rejected":
+            say(f"policy edit rejected, the policy in force is unchanged: {escaped(str(data.get('error')))}")
+        elif kind == "policy_loaded":
+            say(f"policy reloaded: {data.get('path')} (sha256 {str(data.get('sha256'))[:16]})")
+
+    return record
+
+
+def _audit_health(error: str | None) -> None:
+    if error is None:
+        say("the audit log is writable again")
+    else:
+        say(f"the audit log cannot be written, every call is denied until it can: {escaped(error)}")
+
+
+def _watch_policy(holder: PolicyHolder) -> None:
+    """Look at the policy files every second, so an edit is taken (or its rejection reported)
+    when it is made, not at the next call."""
+
+    def loop() -> None:
+        while True:
+            time.sleep(holder.interval)
+            with contextlib.suppress(Exception):  # a check that fails is tried again
+                holder.current()
+
+    threading.Thread(target=loop, name="policy-watch", daemon=True).start()
+
+
 def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...]) -> Approver:
     if args.approver == "tty":
         try:  # stdin may be the MCP stream: talk to the controlling terminal itself
@@ -55,7 +122,7 @@ def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...]) -> Approv
         return TerminalApprover(os.environ.get("USER", "supervisor"), tty_in, tty_out)
     if args.approver == "queue":
         try:
-            return approval_queue.QueueApprover(Path(args.state_dir), write_roots)
+            return approval_queue.QueueApprover(Path(args.state_dir), write_roots, on_wait=_waiting(args))
         except approval_queue.QueueError as exc:
             raise PolicyError(str(exc)) from None
     return DenyAll()
@@ -94,11 +161,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
         audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
-
-        def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
-            audit.append(kind, data=data)
-
-        holder = PolicyHolder(policy_file, workspace, on_event=record)
+        audit.on_health = _audit_health
+        started: list[bool] = []  # set once serving: edits from then on are reported
+        holder = PolicyHolder(policy_file, workspace, on_event=_policy_event(audit, started))
         policy = holder.current()
         principal = args.principal
         if args.stdio and not principal:
@@ -126,44 +191,78 @@ def main(args: argparse.Namespace) -> int:
         return _fail(next(u for u in unsafe if u))
     if args.stdio:
         server = GatewayServer(gateway, principal, pending_after_s=args.pending_after)
+        started.append(True)
+        _watch_policy(holder)
         return serve_stdio(server, args.grace)
+    try:  # the port first: a start that cannot listen changes no token and records nothing
+        sock = listen_socket(host, port, args.allow_remote)
+    except (OSError, ValueError) as exc:
+        gateway.close()
+        return _fail(str(exc))
+    token: str | None = None
+    kept: tokens.TokenEntry | None = None
     try:
         store = tokens.TokenStore(tokens_file)
         if args.quickstart:
             who = principal or (next(iter(policy.grants)) if len(policy.grants) == 1 else None)
             if who is None:
+                sock.close()
                 return _fail("--quickstart: the policy defines several principals: pass --principal")
-            token, _ = tokens.create(tokens_file, who, "quickstart", replace_label=True)
+            token, kept = tokens.quickstart(tokens_file, who)
     except tokens.TokenError as exc:
+        sock.close()
         return _fail(str(exc))
     if store.error:
+        sock.close()
         return _fail(store.error)
 
     def ready(url: str) -> None:
         print(f"gateway serve: listening on {url} (policy {policy_file}, audit {args.audit_dir})", file=sys.stderr)
-        if args.quickstart:
-            _print_quickstart(url, token, str(who), args, audit.key.public.fingerprint if audit.key else "none")
+        if args.quickstart and kept is not None:
+            key = audit.key.public.fingerprint if audit.key else "none"
+            _print_quickstart(url, token, kept, str(who), args, key)
+        started.append(True)
+        _watch_policy(holder)
         sys.stderr.flush()
 
     return serve_http(
-        gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready, limits=limits
-    )
+        gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready, limits=limits,
+        sock=sock,
+    )  # fmt: skip
 
 
-def _print_quickstart(url: str, token: str, principal: str, args: argparse.Namespace, key: str) -> None:
+def _print_quickstart(
+    url: str, token: str | None, entry: tokens.TokenEntry, principal: str, args: argparse.Namespace, key: str
+) -> None:
+    shown = token or "agw_..."
     desktop = {"mcpServers": {"agent-gateway": {"type": "http", "url": url,
-                                                "headers": {"Authorization": f"Bearer {token}"}}}}  # fmt: skip
+                                                "headers": {"Authorization": f"Bearer {shown}"}}}}  # fmt: skip
+    tokens_opt = "" if args.tokens == DEFAULT_TOKENS else f" --tokens {shlex.quote(args.tokens)}"
+    another = f"gateway token create --principal {principal}{tokens_opt}"
+    if token is not None:
+        which = (
+            f"token:  {token}      (shown once: only its hash is kept)\n"
+            f"          this is the quickstart token {entry.id}; later starts keep using it"
+        )
+    else:
+        which = (
+            f"token:  the quickstart token {entry.id}, made {entry.created}, is still in use (it was shown\n"
+            f"          once, when it was made: only its hash is kept). Lost it? `{another}` makes\n"
+            f"          another; `gateway token revoke {entry.id}{tokens_opt}` retires this one\n"
+            f"          (the next start then makes a new one)"
+        )
     print(
         f"""
   agent-gateway is serving the policy {args.policy} as principal {principal!r}.
   URL:    {url}
-  token:  {token}      (shown once; `make serve` issues a new one each start)
+  {which}
+  Another token (one per client is best): {another}
 
-  Claude Code:   claude mcp add --transport http agent-gateway {url} --header "Authorization: Bearer {token}"
+  Claude Code:   claude mcp add --transport http agent-gateway {url} --header "Authorization: Bearer {shown}"
   JSON config (Claude Desktop via mcp-remote, Cursor, VS Code take the same block):
     {json.dumps(desktop)}
 
-  Approve asks:  gateway approvals list / gateway approvals approve CALL_ID
+  Approve asks:  gateway approvals list / gateway approvals approve CALL_ID (calls that wait are announced here)
   Read the log:  gateway audit tail -f --audit-dir {args.audit_dir}
   Audit key:     {key}
                  records are signed: copy {args.audit_keys}/signing.pub off this machine,
