@@ -213,11 +213,13 @@ def run(
         "truncated": truncated,
         "dropped_bytes": {k: s.dropped for k, s in streams.items()},
     }
+    never_ran = launch.never_ran()
     stopped = launch.finished()
     result["sandbox"] = launch.summary(plan)
-    if sandbox.is_setup_failure(proc.returncode, result["stderr"]):
+    if never_ran or sandbox.is_setup_failure(proc.returncode, result["stderr"]):
         result["status"] = "error"
-        why = result["stderr"].strip().splitlines()[-1][:300]
+        lines = result["stderr"].strip().splitlines()
+        why = lines[-1][:300] if lines else f"it ended with status {proc.returncode} before the command started"
         result["error"] = {"code": "SANDBOX_UNAVAILABLE", "message": f"the sandbox refused to start: {why}"}
         return result
     if stopped.get("oom_killed"):

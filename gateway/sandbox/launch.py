@@ -22,13 +22,16 @@ durable while bwrap builds the mounts, and says go once it is.
 
 from __future__ import annotations
 
+import array
 import contextlib
 import errno
+import fcntl
 import functools
 import os
 import queue
 import secrets
 import subprocess
+import termios
 import threading
 import time
 from collections.abc import Callable
@@ -69,24 +72,45 @@ class Launch:
     _fds: list[int] = field(default_factory=list)
     _hold: int | None = None
     """The write end of the hold pipe (`hold=True`): one byte "g" lets the command run."""
+    _sent: int | None = None
+    """The same write end once the byte is sent, kept to see whether it was taken."""
+    _gone: bool = False
 
     def go(self) -> None:
-        """Let a held command run (the sandbox's inner helper waits for this byte)."""
+        """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
+        open until the sandbox ends, so `never_ran()` can tell whether the byte was taken."""
         fd, self._hold = self._hold, None
         if fd is None:
             raise ValueError("this launch is not held, or was already released or withheld")
+        self._sent = fd
         try:
             os.write(fd, b"g")
         except BrokenPipeError:
-            pass  # the sandbox ended before its go (a setup check failed): its status and stderr say why
-        finally:
-            os.close(fd)
+            self._gone = True  # the sandbox ended before its go: the command never ran
+
+    def never_ran(self) -> bool:
+        """After a held launch has ended: whether its command never started, because the sandbox
+        failed before the inner helper took the go byte (bwrap's own setup, say, which exits 1
+        like a command could). False for a launch that was not held."""
+        if self._sent is None:
+            return False
+        if self._gone:
+            return True
+        waiting = array.array("i", [0])
+        try:
+            fcntl.ioctl(self._sent, termios.FIONREAD, waiting)
+        except OSError:
+            return False
+        return waiting[0] > 0
 
     def withhold(self) -> None:
         """The command must never run: the inner helper reads end-of-file and exits (status 125)."""
         fd, self._hold = self._hold, None
         if fd is not None:
             os.close(fd)
+        sent, self._sent = self._sent, None
+        if sent is not None:
+            os.close(sent)
 
     def started(self) -> None:
         """Popen has forked: close our copies of the descriptors."""

@@ -93,3 +93,41 @@ def _is_zombie(pid: int) -> bool:
     except OSError:
         return False
     return raw[raw.rindex(")") + 2] == "Z"
+
+
+NO_OWN_PROC = """
+import json, sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[3])
+from test_gateway import PERMISSIVE
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
+ws = Path(sys.argv[1])
+hand_over(ws)
+policy = compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="t")
+out = Gateway(policy, AuditLog(Path(sys.argv[2]))).handle(RunCall(principal="agent", command="echo ran > ran.txt"))
+print(json.dumps({"status": out["status"], "code": (out.get("error") or {}).get("code"), "exit": out.get("exit_code")}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_sandbox_that_fails_before_its_command_is_never_reported_as_the_commands_exit(tmp_path: Path) -> None:
+    """Red team (issue 12, O2): a gateway in a pid namespace that kept the host's /proc cannot
+    start bwrap (`Can't find source path /proc/self/fd/N`, status 1), and the call came back
+    `ok` with exit code 1, as if the command had run and failed. The held launch knows better:
+    the command never took its go byte, so the call is SANDBOX_UNAVAILABLE."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    got = subprocess.run(
+        ["unshare", "--pid", "--fork", sys.executable, "-c", NO_OWN_PROC, str(ws), str(tmp_path / "audit"),
+         str(Path(REPO) / "tests")],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "PYTHONPATH": REPO}, cwd=REPO,
+    )  # fmt: skip
+    assert got.returncode == 0, got.stderr[-2000:]
+    out = json.loads(got.stdout.strip().splitlines()[-1])
+    assert (out["status"], out["code"]) == ("error", "SANDBOX_UNAVAILABLE"), out
+    assert not (ws / "ran.txt").exists()
