@@ -464,9 +464,10 @@ class GatewayServer:
         """Shutdown while the transport still runs: stop taking calls, withdraw the calls that
         wait for a supervisor, give running ones `grace_s`, cancel (kill) what is left, and let
         every reply (a cancelled call's too) be handed to the client before the transport goes.
-        `cancelled` counts only the calls that were still running when the grace ran out."""
+        `cancelled` counts only the calls that were still running when the grace ran out,
+        `withdrawn` the calls that were waiting for a supervisor."""
         self.accepting = False
-        self.withdraw_waiting(why)
+        withdrawn = self.withdraw_waiting(why)
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
@@ -478,7 +479,7 @@ class GatewayServer:
         while self._answering and time.monotonic() < end:
             await asyncio.sleep(0.02)
         await asyncio.sleep(0.1)  # the SDK's writer sends what the handlers returned
-        self._drained = {"cancelled": cancelled, "unfinished": self.in_flight()}
+        self._drained = {"cancelled": cancelled, "withdrawn": withdrawn, "unfinished": self.in_flight()}
         return self._drained
 
     def shutdown(self, grace_s: float, why: str = "the gateway is shutting down") -> dict[str, int]:
@@ -488,7 +489,7 @@ class GatewayServer:
         if self._drained is not None:
             grace_s = 0.0
         self.accepting = False
-        self.withdraw_waiting(why)
+        withdrawn = self.withdraw_waiting(why) + (self._drained or {}).get("withdrawn", 0)
         deadline = time.monotonic() + grace_s
         while self.in_flight() and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -496,7 +497,7 @@ class GatewayServer:
         end = time.monotonic() + 10.0
         while self.in_flight() and time.monotonic() < end:
             time.sleep(0.05)
-        return {"cancelled": cancelled, "unfinished": self.in_flight()}
+        return {"cancelled": cancelled, "withdrawn": withdrawn, "unfinished": self.in_flight()}
 
     def _cancel_running(self) -> int:
         """Cancel (kill) every call still running; how many there were."""

@@ -30,6 +30,7 @@ from tests.server.conftest import (
     audit_records,
     close_gateway,
     env_without_state,
+    envelope_of,
     gateway_cmd,
     make_gateway,
 )
@@ -40,8 +41,7 @@ PADDED = "rm -rf build/cache" + " " * 60 + "&& rm -rf src docs"
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
-    assert r.structured_content is not None
-    return r.structured_content
+    return envelope_of(r)  # sent once, in the text block
 
 
 def wait_for(what: str, check: Any, limit: float = 60, agent: list[Any] | None = None) -> Any:
