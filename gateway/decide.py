@@ -65,7 +65,7 @@ def evaluate(
         result = _evaluate(policy, command, principal, cwd, env, tool)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis
-    unfinished = analysis is not None and analysis.second_opinion.status in UNFINISHED
+    unfinished = analysis is not None and analysis.second_opinion.unfinished
     if not failed and not unfinished:
         policy.decisions.put(key, result, seen)
     return result

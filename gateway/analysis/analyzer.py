@@ -109,12 +109,7 @@ def analyze(text: str, *, second_opinion_enabled: bool = True, use_cache: bool =
             Denial("internal_error", f"the analyser failed: {type(exc).__name__}: {exc}"),
             _SKIPPED,
         )
-    opinion = result.second_opinion
-    # a crash or timeout (of bashlex, or of shfmt where bashlex could not confirm) may not recur
-    transient = opinion.status in (OpinionStatus.TIMEOUT, OpinionStatus.FAILED) or (
-        not opinion.confirmed and opinion.shfmt in ("timeout", "failed")
-    )
-    if use_cache and not transient:
+    if use_cache and not result.second_opinion.unfinished:
         cache.put(key, result)
     return result
 

@@ -228,6 +228,14 @@ class SecondOpinion:
     def confirmed(self) -> bool:
         return self.status in (OpinionStatus.AGREED, OpinionStatus.CONFIRMED_BY_SHFMT)
 
+    @property
+    def unfinished(self) -> bool:
+        """A parser crashed or ran out of time where its answer counted: asking again may end
+        differently, so the answer is not kept (analysis and decision caches)."""
+        if self.status in (OpinionStatus.TIMEOUT, OpinionStatus.FAILED):
+            return True
+        return not self.confirmed and self.shfmt in ("timeout", "failed")
+
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status.value}
         if self.detail:
