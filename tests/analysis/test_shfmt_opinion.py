@@ -265,3 +265,22 @@ def test_a_large_here_document_is_confirmed() -> None:
     assert 60_000 < len(text.encode()) < shfmt.MAX_SHFMT_BYTES
     result = analyze(text, use_cache=False)
     assert result.denial is None and result.second_opinion.status is OpinionStatus.CONFIRMED_BY_SHFMT
+
+
+# --- every text the analyser accepts reads the same to mvdan/sh --------------------------------------
+# Whether or not bashlex confirms it today: were bashlex to fail on any of these, mvdan/sh must not
+# turn an honest text into a denial (205 texts, every construct the table covers).
+
+
+def test_every_accepted_table_text_reads_the_same_to_mvdan_sh() -> None:
+    from tests.analysis.test_commands_table import CASES
+
+    accepted = [t for t, expected in CASES if isinstance(expected, list)]
+    differences = {}
+    for text in accepted:
+        parsed = shfmt.parse(text)
+        if parsed.status != "ok":
+            differences[text] = f"{parsed.status}: {parsed.error}"
+        elif problems := compare_exact(primary.walk(text), parsed.commands):
+            differences[text] = problems[0]
+    assert len(accepted) >= 150 and differences == {}
