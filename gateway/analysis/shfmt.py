@@ -22,6 +22,7 @@ against bash itself; what is compared is where each parser finds commands and wo
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -74,6 +75,11 @@ class Parsed:
 
 def binary() -> str | None:
     """The shfmt binary that the `shfmt-py` wheel installed beside this interpreter's scripts."""
+    return _installed()
+
+
+@functools.cache
+def _installed() -> str | None:
     for scripts in (sysconfig.get_path("scripts"), os.path.dirname(sys.executable)):
         path = os.path.join(scripts, "shfmt")
         if os.path.isfile(path) and os.access(path, os.X_OK):
@@ -136,33 +142,42 @@ def _exchange(proc: subprocess.Popen[bytes], data: bytes, wall_seconds: float) -
     if not pending:
         proc.stdin.close()
     readers = {stdout_fd: out, stderr_fd: err}
-    while readers:
-        left = deadline - time.monotonic()
-        writers = [stdin_fd] if not proc.stdin.closed else []
-        if left <= 0:
-            return {"status": "timeout", "error": f"shfmt did not answer within {wall_seconds}s"}
-        readable, writable, _ = select.select(list(readers), writers, [], left)
-        if writable:
-            try:
-                sent = os.write(stdin_fd, pending[:65536])
-            except BrokenPipeError:
-                sent = len(pending)  # it exited; its status says why
-            pending = pending[sent:]
-            if not pending:
-                proc.stdin.close()
-        for fd in readable:
-            chunk = os.read(fd, 1 << 16)
-            if not chunk:
-                del readers[fd]
-                continue
-            readers[fd] += chunk
-            if len(out) > MAX_JSON_BYTES:
-                return {"status": "too_large", "error": f"shfmt's syntax tree is over {MAX_JSON_BYTES} bytes"}
-            if len(err) > 4096:
-                del readers[stderr_fd]
-    left = max(0.0, deadline - time.monotonic())
+    exited = _pidfd(proc.pid)  # readable once it has exited: waited for without polling
+    gone = exited is None
     try:
-        code = proc.wait(left)
+        while readers or not gone:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return {"status": "timeout", "error": f"shfmt did not answer within {wall_seconds}s"}
+            writers = [stdin_fd] if not proc.stdin.closed else []
+            watched = [*readers] if gone or exited is None else [*readers, exited]
+            readable, writable, _ = select.select(watched, writers, [], left)
+            if writable:
+                try:
+                    sent = os.write(stdin_fd, pending[:65536])
+                except BrokenPipeError:
+                    sent = len(pending)  # it exited; its status says why
+                pending = pending[sent:]
+                if not pending:
+                    proc.stdin.close()
+            for fd in readable:
+                if fd == exited:
+                    gone = True
+                    continue
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    del readers[fd]
+                    continue
+                readers[fd] += chunk
+                if len(out) > MAX_JSON_BYTES:
+                    return {"status": "too_large", "error": f"shfmt's syntax tree is over {MAX_JSON_BYTES} bytes"}
+                if len(err) > 4096:
+                    del readers[stderr_fd]
+    finally:
+        if exited is not None:
+            os.close(exited)
+    try:
+        code = proc.wait(max(0.0, deadline - time.monotonic()))  # exited by now where pidfds exist
     except subprocess.TimeoutExpired:
         return {"status": "timeout", "error": f"shfmt did not exit within {wall_seconds}s"}
     message = err.decode("utf-8", "replace").strip().splitlines()
@@ -176,6 +191,13 @@ def _exchange(proc: subprocess.Popen[bytes], data: bytes, wall_seconds: float) -
     except ValueError as exc:
         return {"status": "failed", "error": f"shfmt printed no JSON: {exc}"}
     return {"status": "ok", "tree": tree}
+
+
+def _pidfd(pid: int) -> int | None:
+    try:
+        return os.pidfd_open(pid)
+    except (OSError, AttributeError):  # a kernel before 5.3: Popen.wait's polling instead
+        return None
 
 
 class _Cache:
