@@ -3,8 +3,9 @@
     .venv/bin/python bench/analysis.py [--rounds N]
 
 Prints p50 / p90 / p99 per command for: the primary parser alone, primary + second opinion
-(bashlex worker), and cache hits; the outcome mix; and analysis time against text size (the
-basis for the length cap). Numbers go into docs/performance.md by hand.
+(bashlex worker, and shfmt where bashlex cannot confirm), the same without shfmt, shfmt alone on
+the texts it is asked about, and cache hits; the outcome mix; and analysis time against text size
+(the basis for the length cap). Numbers go into docs/performance.md by hand.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import time
 from collections import Counter
 from pathlib import Path
 
-from gateway.analysis import analyze, primary
+from gateway.analysis import analyze, primary, shfmt
 from gateway.analysis.analyzer import cache
 from gateway.analysis.screen import MAX_TEXT_BYTES
 from gateway.analysis.second_opinion import default_worker
@@ -61,8 +62,18 @@ def main() -> None:
         "primary analysis (no 2nd opinion)",
         timed(lambda t: analyze(t, second_opinion_enabled=False, use_cache=False), texts, args.rounds),
     )
-    report("primary + bashlex 2nd opinion", timed(lambda t: analyze(t, use_cache=False), texts, args.rounds))
+    report("primary + 2nd opinion (bashlex, shfmt)", timed(lambda t: analyze(t, use_cache=False), texts, args.rounds))
+    binary = shfmt.binary
+    shfmt.binary = lambda: None  # type: ignore[assignment]  # bashlex alone, as before shfmt
+    try:
+        report("primary + bashlex only", timed(lambda t: analyze(t, use_cache=False), texts, args.rounds))
+    finally:
+        shfmt.binary = binary  # type: ignore[method-assign]
     report("bashlex worker round trip alone", timed(default_worker().parse, texts, args.rounds))
+    asked = [t for t in texts if analyze(t, use_cache=False).second_opinion.shfmt]
+    print(f"shfmt is asked about {len(asked)} of {len(texts)} texts (where bashlex cannot confirm)")
+    report("shfmt run + tree walk alone (asked)", timed(lambda t: shfmt.parse(t, use_cache=False), asked, args.rounds))
+    report("shfmt process alone (asked)", timed(shfmt.run, asked, args.rounds))
 
     cache.clear()
     for t in texts:

@@ -65,7 +65,7 @@ def evaluate(
         result = _evaluate(policy, command, principal, cwd, env, tool)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis
-    unfinished = analysis is not None and analysis.second_opinion.status in UNFINISHED
+    unfinished = analysis is not None and analysis.second_opinion.unfinished
     if not failed and not unfinished:
         policy.decisions.put(key, result, seen)
     return result
@@ -107,7 +107,7 @@ def _evaluate(
         opinion = analysis.second_opinion
         if not opinion.confirmed:
             verdict = Verdict.parse(policy.policy.second_opinion.unconfirmed.value)
-            what = ", ".join(opinion.blind_spots) or opinion.detail or opinion.status.value
+            what = "; ".join(x for x in (", ".join(opinion.blind_spots), opinion.detail) if x) or opinion.status.value
             decisions.append(
                 Decision(
                     verdict,
@@ -116,7 +116,7 @@ def _evaluate(
                         Reason(
                             "second_opinion",
                             f"unconfirmed_{opinion.status.value}",
-                            f"the second parser could not confirm the analysis ({what})",
+                            f"neither second parser (bashlex, mvdan/sh) could confirm the analysis ({what})",
                         ),
                     ),
                 )

@@ -45,12 +45,14 @@ TABLE = [
     ("awk '{print $1}' README.md", "allow", "awk", None),
     ("export NODE_ENV=test && npm run build", "allow", "export", None),
     ("sort -u README.md | uniq -c", "allow", "sort", None),
+    # bashlex cannot parse these; mvdan/sh confirms them (issue 13: they asked before)
+    ("cat <<'EOF' > notes.md\nhello\nEOF", "allow", "inspect", None),
+    ("[[ -f README.md ]] && echo yes", "allow", "builtins", None),
     # --- asks -------------------------------------------------------------------------------
     ("rm -rf src/pkg", "ask", "rm", "ask"),
     ("sed -i 's/a/b/' src/app.py", "ask", "sed", "ask"),
     ("python scripts/migrate.py", "ask", "python-script", "ask"),
-    ("cat <<'EOF' > notes.md\nhello\nEOF", "ask", None, "unconfirmed_unparsed"),
-    ("[[ -f README.md ]] && echo yes", "ask", None, "unconfirmed_unparsed"),
+    ("time ls | wc -l", "ask", None, "unconfirmed_unparsed"),  # neither bashlex nor mvdan/sh confirms
     # --- denied by a rule ---------------------------------------------------------------------
     ("curl https://example.com", "deny", "network", "denied"),
     ("git push origin main", "deny", "git-network", "denied"),

@@ -7,7 +7,8 @@ Order of work, each step able to end in a denial:
 3. backticks  any backtick outside single quotes, comments and quoted here-documents
 4. wrappers   unwrap env / sudo / xargs / find -exec / bash -c ... (wrappers.py), recursively
 5. hazards    eval, source, shadowing functions, PATH changes ... (hazards.py)
-6. second     bashlex in a worker must agree, or say where it is blind (second_opinion.py)
+6. second     bashlex in a worker must agree, or say where it is blind; where it cannot confirm,
+              mvdan/sh (shfmt) must agree exactly (second_opinion.py, shfmt.py)
 
 Any exception escaping a step is a denial with code `internal_error`: the analyser fails closed.
 """
@@ -46,6 +47,7 @@ _SEVERITY = [
     OpinionStatus.UNPARSED,
     OpinionStatus.PARTIAL,
     OpinionStatus.SKIPPED,
+    OpinionStatus.CONFIRMED_BY_SHFMT,
     OpinionStatus.AGREED,
 ]
 
@@ -99,7 +101,7 @@ def analyze(text: str, *, second_opinion_enabled: bool = True, use_cache: bool =
         if found is not None:
             return found
     try:
-        result = _analyze(text, second_opinion_enabled)
+        result = _analyze(text, second_opinion_enabled, use_cache)
     except Exception as exc:  # fail closed: a bug in the analyser is a denial, not an allow
         result = Analysis(
             text,
@@ -107,13 +109,12 @@ def analyze(text: str, *, second_opinion_enabled: bool = True, use_cache: bool =
             Denial("internal_error", f"the analyser failed: {type(exc).__name__}: {exc}"),
             _SKIPPED,
         )
-    transient = result.second_opinion.status in (OpinionStatus.TIMEOUT, OpinionStatus.FAILED)
-    if use_cache and not transient:
+    if use_cache and not result.second_opinion.unfinished:
         cache.put(key, result)
     return result
 
 
-def _analyze(text: str, second: bool) -> Analysis:
+def _analyze(text: str, second: bool, use_cache: bool = True) -> Analysis:
     denial = screen(text)
     if denial is not None:
         return Analysis(text, (), denial, _SKIPPED)
@@ -128,8 +129,8 @@ def _analyze(text: str, second: bool) -> Analysis:
         if pending is None:
             return Analysis(text, tuple(commands), None, _NOT_ASKED)
         outer, *inner = scripts
-        opinions = [second_opinion.judge(outer.text, outer.walk, pending=pending)]
-        opinions += [second_opinion.judge(s.text, s.walk) for s in inner]  # bash -c scripts
+        opinions = [second_opinion.judge(outer.text, outer.walk, pending=pending, use_cache=use_cache)]
+        opinions += [second_opinion.judge(s.text, s.walk, use_cache=use_cache) for s in inner]  # bash -c
     finally:
         if pending is not None:
             pending.reply()  # frees the worker on every path (a no-op once read)
@@ -139,12 +140,14 @@ def _analyze(text: str, second: bool) -> Analysis:
             "tree_sitter": [c.to_json()["argv"] for c in commands],
             "bashlex": worst.bashlex_view,
         }
+        if worst.opinion.shfmt:
+            details["shfmt"] = worst.shfmt_view
         return Analysis(
             text,
             (),
             Denial(
                 "parser_disagreement",
-                f"the two shell parsers read this text differently: {worst.opinion.detail}",
+                f"the shell parsers read this text differently: {worst.opinion.detail}",
                 details=details,
             ),
             worst.opinion,

@@ -198,14 +198,16 @@ class Denial:
 
 
 class OpinionStatus(StrEnum):
-    """How the second parser (bashlex) judged the text.
+    """How the second parser (bashlex) judged the text, and where it could not, mvdan/sh.
 
-    Only AGREED confirms the primary analysis. PARTIAL, UNPARSED, TIMEOUT, TOO_LARGE and FAILED
-    leave it unconfirmed: the policy decides (default: ask). DISAGREED is a denial. SKIPPED: the primary
+    AGREED and CONFIRMED_BY_SHFMT confirm the primary analysis. PARTIAL, UNPARSED, TIMEOUT,
+    TOO_LARGE and FAILED (bashlex's statuses, kept where shfmt could not confirm either) leave it
+    unconfirmed: the policy decides (default: ask). DISAGREED is a denial. SKIPPED: the primary
     already denied, so a second opinion could not make the answer stricter.
     """
 
     AGREED = "agreed"
+    CONFIRMED_BY_SHFMT = "confirmed_by_shfmt"  # bashlex could not confirm; mvdan/sh read the same
     PARTIAL = "partial"  # agreed where it could see; blind to the listed constructs
     UNPARSED = "unparsed"  # bashlex raised (a construct it does not implement)
     TIMEOUT = "timeout"  # bashlex ran out of CPU or wall time (it can loop forever)
@@ -219,11 +221,20 @@ class OpinionStatus(StrEnum):
 class SecondOpinion:
     status: OpinionStatus
     detail: str = ""
-    blind_spots: tuple[str, ...] = ()  # PARTIAL: which constructs bashlex could not see
+    blind_spots: tuple[str, ...] = ()  # which constructs bashlex could not see
+    shfmt: str = ""  # what mvdan/sh said where bashlex could not confirm ("" = not asked)
 
     @property
     def confirmed(self) -> bool:
-        return self.status is OpinionStatus.AGREED
+        return self.status in (OpinionStatus.AGREED, OpinionStatus.CONFIRMED_BY_SHFMT)
+
+    @property
+    def unfinished(self) -> bool:
+        """A parser crashed or ran out of time where its answer counted: asking again may end
+        differently, so the answer is not kept (analysis and decision caches)."""
+        if self.status in (OpinionStatus.TIMEOUT, OpinionStatus.FAILED):
+            return True
+        return not self.confirmed and self.shfmt in ("timeout", "failed")
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"status": self.status.value}
@@ -231,6 +242,8 @@ class SecondOpinion:
             out["detail"] = self.detail
         if self.blind_spots:
             out["blind_spots"] = list(self.blind_spots)
+        if self.shfmt:
+            out["shfmt"] = self.shfmt
         return out
 
 

@@ -1,4 +1,5 @@
-"""bashlex as an independent second opinion on the primary (tree-sitter) analysis.
+"""bashlex as an independent second opinion on the primary (tree-sitter) analysis, and mvdan/sh
+(shfmt.py) where bashlex cannot confirm.
 
 bashlex runs in a worker process (bashlex_worker.py) with a CPU limit per request and a wall
 timeout here: it can loop forever and raises many exception types, and neither may reach the
@@ -22,9 +23,10 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway.analysis import shfmt
 from gateway.analysis.model import OpinionStatus, SecondOpinion
 from gateway.analysis.primary import SyntacticCommand, Walk
 
@@ -49,6 +51,7 @@ BLIND_ARITHMETIC = "arithmetic command (( )), which bashlex reads as nested subs
 class Verdict:
     opinion: SecondOpinion
     bashlex_view: list[list[str]] | None = None
+    shfmt_view: list[list[str]] | None = None
 
 
 WORKER_SCRIPT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "bashlex_worker.py")
@@ -233,9 +236,103 @@ def default_worker() -> Pool:
         return _default
 
 
-def judge(text: str, walk: Walk, worker: Worker | Pool | None = None, pending: Pending | None = None) -> Verdict:
+_UNCONFIRMED = frozenset(
+    {
+        OpinionStatus.PARTIAL,
+        OpinionStatus.UNPARSED,
+        OpinionStatus.TIMEOUT,
+        OpinionStatus.TOO_LARGE,
+        OpinionStatus.FAILED,
+    }
+)
+
+
+def judge(
+    text: str,
+    walk: Walk,
+    worker: Worker | Pool | None = None,
+    pending: Pending | None = None,
+    use_cache: bool = True,
+) -> Verdict:
     """Ask bashlex about `text` (or read the answer to a request already sent) and compare its
-    view with the primary walk."""
+    view with the primary walk; where bashlex cannot confirm, ask mvdan/sh (shfmt.py)."""
+    verdict = judge_bashlex(text, walk, worker, pending)
+    if verdict.opinion.status not in _UNCONFIRMED:
+        return verdict
+    return confirm_with_shfmt(text, walk, verdict, use_cache=use_cache)
+
+
+def confirm_with_shfmt(text: str, walk: Walk, verdict: Verdict, use_cache: bool = True) -> Verdict:
+    """bashlex could not confirm: compare shfmt's view with the primary, exactly. Agreement
+    confirms, a difference denies, and no answer from shfmt leaves bashlex's status standing."""
+    bashlex = verdict.opinion
+    parsed = shfmt.parse(text, use_cache=use_cache)
+    why = f"bashlex {bashlex.status.value}" + (f" ({bashlex.detail})" if bashlex.detail else "")
+    if parsed.status == "disagreed":
+        return Verdict(
+            SecondOpinion(OpinionStatus.DISAGREED, f"mvdan/sh: {parsed.error}", bashlex.blind_spots, "disagreed"),
+            verdict.bashlex_view,
+        )
+    if parsed.status != "ok":
+        detail = "; ".join(d for d in (bashlex.detail, f"shfmt {parsed.status}: {parsed.error}") if d)
+        return Verdict(replace(bashlex, detail=detail, shfmt=parsed.status), verdict.bashlex_view)
+    view = [[value for _, _, value in cmd] for cmd in parsed.commands]
+    problems = compare_exact(walk, parsed.commands)
+    if problems:
+        detail = "; ".join(problems[:5])
+        return Verdict(
+            SecondOpinion(OpinionStatus.DISAGREED, detail, bashlex.blind_spots, "disagreed"),
+            verdict.bashlex_view,
+            view,
+        )
+    confirmed = SecondOpinion(
+        OpinionStatus.CONFIRMED_BY_SHFMT,
+        f"{why}; mvdan/sh read the same commands and words",
+        bashlex.blind_spots,
+        "agreed",
+    )
+    return Verdict(confirmed, verdict.bashlex_view, view)
+
+
+def compare_exact(walk: Walk, commands: tuple[tuple[tuple[int, int, str], ...], ...]) -> list[str]:
+    """Differences between the primary's simple commands and shfmt's: every command at the same
+    place, with the same words at the same places and the same values. No allowances."""
+    problems: list[str] = []
+    ours: dict[int, list[tuple[int, int, str]]] = {}
+    for c in walk.syntactic:
+        if not c.spans:
+            continue
+        if c.spans[0][0] in ours:
+            problems.append(f"tree-sitter sees two commands at offset {c.spans[0][0]}")
+        ours[c.spans[0][0]] = [(a, b, w.value) for (a, b), w in zip(c.spans, c.argv, strict=True)]
+    theirs: dict[int, list[tuple[int, int, str]]] = {}
+    for cmd in commands:
+        if cmd[0][0] in theirs:
+            problems.append(f"mvdan/sh sees two commands at offset {cmd[0][0]}")
+        theirs[cmd[0][0]] = list(cmd)
+    for start, mine in sorted(ours.items()):
+        other = theirs.get(start)
+        if other is None:
+            problems.append(
+                f"tree-sitter sees a command {[v for _, _, v in mine]} at offset {start} that mvdan/sh does not"
+            )
+        elif other != mine:
+            problems.append(
+                f"command at offset {start}: mvdan/sh reads {[(a, b, v) for a, b, v in other]}, "
+                f"tree-sitter {[(a, b, v) for a, b, v in mine]}"
+            )
+    for start, other in sorted(theirs.items()):
+        if start not in ours:
+            problems.append(
+                f"mvdan/sh sees a command {[v for _, _, v in other]} at offset {start} that tree-sitter does not"
+            )
+    return problems
+
+
+def judge_bashlex(
+    text: str, walk: Walk, worker: Worker | Pool | None = None, pending: Pending | None = None
+) -> Verdict:
+    """bashlex's verdict alone."""
     reply = pending.reply() if pending is not None else (worker or default_worker()).parse(text)
     status = reply.get("status")
     if status == "ok":

@@ -228,8 +228,9 @@ class Rule(_Model):
 
 class SecondOpinion(_Model):
     unconfirmed: RuleDecision = RuleDecision.ASK
-    """What to do when the second parser could not confirm the analysis (it could not parse a
-    construct, was blind to one, or timed out). Disagreement is always a denial."""
+    """What to do when the second parser could not confirm the analysis (bashlex could not parse a
+    construct, was blind to one, or timed out, and mvdan/sh could not confirm it either).
+    Disagreement is always a denial."""
 
 
 class EnvironmentSettings(_Model):

@@ -1,4 +1,7 @@
-"""The bashlex worker: its failures end in a status that is never an allow, and it recovers."""
+"""The bashlex worker: its failures end in a status that is never an allow, and it recovers.
+
+These are bashlex's own verdicts (`judge_bashlex`); where it cannot confirm, mvdan/sh is asked
+next (test_shfmt_opinion.py)."""
 
 from __future__ import annotations
 
@@ -8,8 +11,10 @@ import sys
 import threading
 from pathlib import Path
 
-from gateway.analysis import OpinionStatus, analyze, primary
-from gateway.analysis.second_opinion import MAX_BASHLEX_BYTES, WORKER_SCRIPT, Pool, Worker, judge
+import pytest
+
+from gateway.analysis import OpinionStatus, analyze, primary, shfmt
+from gateway.analysis.second_opinion import MAX_BASHLEX_BYTES, WORKER_SCRIPT, Pool, Worker, judge_bashlex
 
 HANG = "echo 'pre${'post"  # bashlex loops forever on this
 
@@ -17,10 +22,10 @@ HANG = "echo 'pre${'post"  # bashlex loops forever on this
 def test_a_hang_is_cut_by_the_cpu_limit_and_the_worker_recovers() -> None:
     worker = Worker(cpu_seconds=0.3, wall_seconds=5)
     try:
-        verdict = judge(HANG, primary.walk(HANG), worker)
+        verdict = judge_bashlex(HANG, primary.walk(HANG), worker)
         assert verdict.opinion.status is OpinionStatus.TIMEOUT
         assert not verdict.opinion.confirmed
-        after = judge("ls", primary.walk("ls"), worker)  # a fresh worker answers
+        after = judge_bashlex("ls", primary.walk("ls"), worker)  # a fresh worker answers
         assert after.opinion.status is OpinionStatus.AGREED
     finally:
         worker.stop()
@@ -29,7 +34,7 @@ def test_a_hang_is_cut_by_the_cpu_limit_and_the_worker_recovers() -> None:
 def test_the_wall_timeout_holds_when_the_worker_does_not_answer() -> None:
     worker = Worker(cpu_seconds=30, wall_seconds=0.5)  # CPU limit too high to fire first
     try:
-        verdict = judge(HANG, primary.walk(HANG), worker)
+        verdict = judge_bashlex(HANG, primary.walk(HANG), worker)
         assert verdict.opinion.status is OpinionStatus.TIMEOUT
         assert "0.5" in verdict.opinion.detail
     finally:
@@ -39,12 +44,12 @@ def test_the_wall_timeout_holds_when_the_worker_does_not_answer() -> None:
 def test_a_dead_worker_is_a_failure_then_a_restart() -> None:
     worker = Worker()
     try:
-        assert judge("ls", primary.walk("ls"), worker).opinion.status is OpinionStatus.AGREED
+        assert judge_bashlex("ls", primary.walk("ls"), worker).opinion.status is OpinionStatus.AGREED
         assert worker._proc is not None
         worker._proc.kill()
         worker._proc.wait()
         # the dead process is noticed before the request is sent and replaced
-        assert judge("pwd", primary.walk("pwd"), worker).opinion.status is OpinionStatus.AGREED
+        assert judge_bashlex("pwd", primary.walk("pwd"), worker).opinion.status is OpinionStatus.AGREED
     finally:
         worker.stop()
 
@@ -58,7 +63,7 @@ def test_an_unstartable_worker_is_a_failure_not_an_allow() -> None:
         raise OSError("no such interpreter")
 
     worker._start = broken  # type: ignore[assignment,method-assign]
-    verdict = so.judge("ls", primary.walk("ls"), worker)
+    verdict = so.judge_bashlex("ls", primary.walk("ls"), worker)
     assert verdict.opinion.status is OpinionStatus.FAILED
     assert "no such interpreter" in verdict.opinion.detail
 
@@ -71,10 +76,14 @@ def test_a_denial_while_bashlex_parses_frees_the_worker() -> None:
         assert analyze("ls", use_cache=False).second_opinion.status is OpinionStatus.AGREED
 
 
-def test_a_timeout_is_not_cached() -> None:
+def test_a_timeout_is_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(shfmt, "binary", lambda: None)  # nobody to confirm where bashlex hangs
     first = analyze(HANG)
-    assert first.second_opinion.status is OpinionStatus.TIMEOUT
+    assert first.second_opinion.status is OpinionStatus.TIMEOUT and first.second_opinion.shfmt == "failed"
     assert first.denial is None and [c.program for c in first.commands] == ["echo"]
+    monkeypatch.undo()
+    again = analyze(HANG)  # asked again, not read from the cache: now mvdan/sh confirms
+    assert again.second_opinion.status is OpinionStatus.CONFIRMED_BY_SHFMT
 
 
 def test_concurrent_callers_get_consistent_answers() -> None:
@@ -99,9 +108,12 @@ def test_a_text_over_the_bound_is_not_sent_and_says_so() -> None:
     """Before: texts near the 64 KiB cap ran bashlex into its CPU limit; each time the worker
     restarted while every other decision waited."""
     big = "echo " + "word " * (MAX_BASHLEX_BYTES // 5 + 10)
-    a = analyze(big, use_cache=False)
-    assert a.denial is None and a.second_opinion.status is OpinionStatus.TOO_LARGE
-    assert not a.second_opinion.confirmed and str(MAX_BASHLEX_BYTES) in a.second_opinion.detail
+    verdict = judge_bashlex(big, primary.walk(big))
+    assert verdict.opinion.status is OpinionStatus.TOO_LARGE
+    assert not verdict.opinion.confirmed and str(MAX_BASHLEX_BYTES) in verdict.opinion.detail
+    a = analyze(big, use_cache=False)  # mvdan/sh takes texts up to the analyser's own cap
+    assert a.denial is None and a.second_opinion.status is OpinionStatus.CONFIRMED_BY_SHFMT
+    assert "bashlex too_large" in a.second_opinion.detail
     small = analyze("echo " + "word " * 100, use_cache=False)
     assert small.second_opinion.status is OpinionStatus.AGREED
 
