@@ -10,6 +10,7 @@ whether it takes an argument could shift which word we take for the inner progra
 from __future__ import annotations
 
 import posixpath
+import re
 from dataclasses import dataclass, field, replace
 
 from gateway.analysis.model import Assignment, Command, Context, Expansion, Flag, Word
@@ -248,6 +249,22 @@ def _env_assignments(argv: tuple[Word, ...], start: int) -> tuple[int, tuple[Ass
     return i, tuple(assigns)
 
 
+_PREFIX_ASSIGNMENT = re.compile(r"([A-Za-z_][A-Za-z0-9_]*)(\+?)=")
+
+
+def _prefix_assignments(argv: tuple[Word, ...], start: int) -> tuple[int, tuple[Assignment, ...]]:
+    """Bash's assignment prefixes from `start`: words that begin, as written, with an unquoted
+    identifier and `=` (or `+=`)."""
+    assigns: list[Assignment] = []
+    i = start
+    while i < len(argv) and (m := _PREFIX_ASSIGNMENT.match(argv[i].raw)):
+        value = argv[i].value.split("=", 1)[1]
+        raw_value = argv[i].raw[m.end() :]
+        assigns.append(Assignment(m.group(1), Word(value, argv[i].expansions, raw_value), append=bool(m.group(2))))
+        i += 1
+    return i, tuple(assigns)
+
+
 def unwrap(cmd: Command) -> list[Command | ShellScript]:
     """What `cmd` runs if it is a wrapper: usually one command, several for find's -exec
     actions, a `ShellScript` for `bash -c`; empty if it is not a wrapper or runs nothing."""
@@ -288,8 +305,12 @@ def _unwrap_one(cmd: Command) -> Command | ShellScript | None:
             i = 2 if len(argv) > 1 and argv[1].literal and argv[1].value == "-p" else 1
             if i < len(argv) and argv[i].literal and argv[i].value == "--":
                 i += 1
-        else:  # the program: \time, 'time', /usr/bin/time, env time ...
-            i = _option_words(argv, 1, TIME_BIN, "time")
+            # `time FOO=1 ls`: the keyword times a simple command, whose assignment prefixes
+            # are assignments, not a program named FOO=1 (so `time PATH=/x ls` is a protected
+            # variable, as without `time`)
+            i, assigns = _prefix_assignments(argv, i)
+            return _inner(cmd, argv[i:], assigns) if i < len(argv) else None
+        i = _option_words(argv, 1, TIME_BIN, "time")  # the program: \time, 'time', /usr/bin/time ...
         return _inner(cmd, argv[i:]) if i < len(argv) else None
     if name in ("command", "exec", "builtin", "coproc") and cmd.argv[0].value == name:
         spec = {"command": COMMAND, "exec": EXEC, "builtin": Options(), "coproc": Options()}[name]

@@ -419,3 +419,14 @@ def test_commands(text: str, expected: list[list[str]] | Deny) -> None:
 
 def test_table_is_large_enough() -> None:
     assert len(CASES) >= 200
+
+
+def test_the_time_keyword_takes_assignment_prefixes_as_bash_does() -> None:
+    # not in CASES: the second opinion cannot compare `time` before assignments (shfmt.py)
+    timed = analyze("time FOO=1 ls")
+    assert [[w.value for w in c.argv] for c in timed.commands] == [["time", "FOO=1", "ls"], ["ls"]]
+    assert [a.name for a in timed.commands[1].assignments] == ["FOO"]
+    denial = analyze("time PATH=/tmp ls").denial
+    assert denial is not None and denial.code == "protected_variable"
+    quoted = analyze('time "A"=1 ls')  # a quoted name: a command name to bash
+    assert [[w.value for w in c.argv] for c in quoted.commands] == [["time", "A=1", "ls"], ["A=1", "ls"]]
