@@ -163,6 +163,8 @@ def _exec(
             call_id, "error", "SESSION_BUSY",
             "a command is still running: read its output, write input to it, or kill the session",
         )  # fmt: skip
+    # the policy's timeout bounds the wait, and the git write's own sandbox (red team O3: a day)
+    timeout_ms = min(timeout_ms, limits(policy, call.principal).get("timeout_ms") or 120_000)
     cwd = Path(session.cwd() or policy.workspace)
     # a startup command's record names it alone, not the whole list again
     given = {k: v for k, v in _arguments(call).items() if k != "startup_commands"}

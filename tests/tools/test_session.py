@@ -437,3 +437,19 @@ def test_ending_sessions_never_closes_another_threads_descriptor(gw: Gateway, tm
         stop.set()
         t.join()
     assert broken == []
+
+
+def test_an_exec_waits_no_longer_than_the_policys_timeout(ws: Path, tmp_path: Path) -> None:
+    """Red team (issue 12, O3): an exec's timeout_ms (up to a day) was not bounded by the
+    policy's timeout; it bounds the wait now (the command runs on in the session)."""
+    raw = {**POLICY, "roles": {**POLICY["roles"], "dev": {**POLICY["roles"]["dev"], "limits": {"timeout_ms": 1500}}}}
+    policy = compile_policy(Policy.model_validate(raw), ws.parent / "p2.yaml", ws, sha256="t2")
+    g = Gateway(policy, AuditLog(tmp_path / "audit2"))
+    try:
+        started = g.handle(SessionCall(principal="agent", action="start"))
+        sid = started["session_id"]
+        out = g.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="sleep 30",
+                                   timeout_ms=3_600_000))  # fmt: skip
+        assert out["running"] is True, out  # it stopped waiting at the policy's 1.5 s, not the hour asked for
+    finally:
+        g.close()
