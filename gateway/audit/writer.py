@@ -76,6 +76,8 @@ class _Tail:
 
     name: str
     last: dict[str, Any] | None
+    size: int = 0
+    """The file's size when its last record was read (under the lock, as the commit is)."""
 
 
 @dataclass
@@ -234,7 +236,7 @@ class AuditLog:
         chunks = [(canonical(record) + "\n").encode("utf-8") for _, record in made]
         data = b"".join(chunks)
         name = tail.name
-        if tail.last is not None and self._size(name) + len(data) > self.max_file_bytes:
+        if tail.last is not None and tail.size + len(data) > self.max_file_bytes:
             name = self._next_file(name)
         self._write(name, data)
         head = made[-1][1]
@@ -243,7 +245,7 @@ class AuditLog:
         if self.checkpoint is not None and self.key is not None:
             try:
                 checkpoints.write(
-                    self.checkpoint, checkpoints.Checkpoint.of(self._real_dir(), head, self.key.public.fingerprint)
+                    self.checkpoint, checkpoints.Checkpoint.of(self._dir.real(), head, self.key.public.fingerprint)
                 )
             except checkpoints.CheckpointError as exc:
                 # the records are on disk (harmless: nothing has run yet) but the head is not kept
@@ -292,21 +294,6 @@ class AuditLog:
     def _locked(self) -> _Flock:
         return _Flock(self._lock_fd)
 
-    def _real_dir(self) -> Path:
-        return Path(self._dir.real())
-
-    def _size(self, name: str) -> int:
-        try:
-            fd = self._dir.open_read(name)
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            raise AuditUnavailable(f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}") from exc
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-
     @staticmethod
     def _next_file(name: str) -> str:
         m = FILE_NAME.match(name)
@@ -324,11 +311,15 @@ class AuditLog:
                     f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}"
                 ) from exc
             try:
+                size = os.fstat(fd).st_size
                 last = last_record(fd, name)
+            except OSError as exc:
+                where = self.directory / name
+                raise AuditUnavailable(f"cannot use the audit log {where}: {exc.strerror or exc}") from exc
             finally:
                 os.close(fd)
             if last is not None:
-                return _Tail(name, last)
+                return _Tail(name, last, size)
         return _Tail(names[-1] if names else "audit-000001.jsonl", None)
 
     def _check_end(self, tail: _Tail, *, deep: bool) -> None:
