@@ -64,6 +64,9 @@ class _Pending:
     size_hint: int = 0
     record: dict[str, Any] | None = None
     error: AuditUnavailable | None = None
+    wake: threading.Condition | None = None
+    """Its appender's own condition (on the writer's lock): woken when this record is settled or
+    when it heads the queue, never for other threads' commits."""
 
     @property
     def settled(self) -> bool:
@@ -108,7 +111,7 @@ class AuditLog:
         # a log with records but no checkpoint is extended only when adopting it is said
         # outright (`gateway audit adopt`) or its key was made just now (a log from before signing)
         self._adopt = adopt or bool(key is not None and key.created)
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()  # the queue and whether a commit is in flight
         self._queue: list[_Pending] = []
         self._committing = False
         self._trusted = ""  # the hash of the last record this writer wrote or checked
@@ -150,22 +153,30 @@ class AuditLog:
                     size = len(canonical(body).encode("utf-8", "surrogatepass"))
         except (TypeError, ValueError, RecursionError) as exc:
             raise AuditUnavailable(f"audit record is not serialisable: {exc}") from exc
-        pending = _Pending(event, body, size)
-        with self._cond:
+        pending = _Pending(event, body, size, wake=threading.Condition(self._mutex))
+        wake = pending.wake
+        assert wake is not None
+        with self._mutex:
             self._queue.append(pending)
             while not pending.settled:
                 if self._committing:
-                    self._cond.wait()
+                    wake.wait()
                     continue
                 self._committing = True
                 batch = self._take()
-                self._cond.release()
+                self._mutex.release()
                 try:
                     self._commit(batch)
                 finally:
-                    self._cond.acquire()
+                    self._mutex.acquire()
                     self._committing = False
-                    self._cond.notify_all()
+                    # wake whose records this commit settled, and the queue's head (it commits
+                    # next): a commit does not wake every waiting thread to look and sleep again
+                    for p in batch:
+                        if p is not pending and p.wake is not None:
+                            p.wake.notify()
+                    if self._queue and self._queue[0].wake is not None:
+                        self._queue[0].wake.notify()
         self._health(pending.error)
         if pending.error is not None:
             raise pending.error
@@ -174,7 +185,7 @@ class AuditLog:
 
     def _health(self, error: AuditUnavailable | None) -> None:
         """Tell `on_health` when the log turns unwritable or writable again (changes only)."""
-        with self._cond:
+        with self._mutex:
             changed = (error is not None) != self._failing
             self._failing = error is not None
         if changed and self.on_health is not None:
