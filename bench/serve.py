@@ -310,7 +310,7 @@ def table(targets: list[Target], clients: list[int], rows: Rows) -> str:
     base = next(t for t in targets if t.baseline)
     out = [
         "| clients | target | calls/s min / median / max | p50 ms | p99 ms | server CPU ms/call | sandbox CPU ms/call "
-        f"| calls/s / `{base.name}` (same repeat) min / median / max |",
+        f"| calls/s / {base.name.replace('`', '')} (same repeat) min / median / max |",
         "|--:|---|--:|--:|--:|--:|--:|--:|",
     ]
     for c in clients:
@@ -360,9 +360,9 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="unmeasured calls per client before measuring")
     ap.add_argument("--clients", default="1,8", help="concurrency levels, comma-separated")
     ap.add_argument("--docs", action="store_true", help="write the table into docs/performance.md")
-    ap.add_argument("--baseline", type=Path, metavar="SOURCE_TREE", action="append", default=[],
+    ap.add_argument("--baseline", metavar="[LABEL=]SOURCE_TREE", action="append", default=[],
                     help="also measure the gateway of this source tree (`git archive REV` unpacked), side by side:"
-                         " an A/B of a change (repeatable)")  # fmt: skip
+                         " an A/B of a change (repeatable; LABEL names its row)")  # fmt: skip
     ap.add_argument("--bare-server", type=int, metavar="PORT", help=argparse.SUPPRESS)
     ap.add_argument("--sandbox-of", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -389,9 +389,11 @@ def main() -> None:
             url, token = start_gateway(tmp, "gateway", procs, dict(os.environ))
             gw_pid = procs[-1].pid
             others = []
-            for n, source in enumerate(args.baseline):
-                found = start_gateway(tmp, f"baseline{n}", procs, dict(os.environ), source.resolve())
-                others.append(Target(f"{source.name} `{ALLOWED}`", *found, ALLOWED, False, procs[-1].pid))
+            for n, given in enumerate(args.baseline):
+                label, _, where = given.rpartition("=")
+                source = Path(where).resolve()
+                found = start_gateway(tmp, f"baseline{n}", procs, dict(os.environ), source)
+                others.append(Target(f"{label or source.name} `{ALLOWED}`", *found, ALLOWED, False, procs[-1].pid))
             bare_url = start_bare(tmp, procs, False, dict(os.environ))
             bare_pid = procs[-1].pid
             boxed_url = start_bare(tmp, procs, True, dict(os.environ))
