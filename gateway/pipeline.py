@@ -442,14 +442,14 @@ def unsafe_setup(policy: CompiledPolicy, principal: str, audit_dir: Path, hidden
     """Why a gateway with this audit log and these private directories (`hidden`: the approvals
     queue, its state, ...) must not decide for `principal`: one of them, or the policy, lies
     inside the principal's write roots, so the agent could rewrite it. Empty when none does."""
-    roots = policy.grant(principal).write_roots
+    roots = [(root, str(root), os.path.join(str(root), "")) for root in policy.grant(principal).write_roots]
     sensitive = [("the audit log", audit_dir)]
     sensitive += [("the policy", f.parent) for f in policy.files]  # included files too
     sensitive += [("the approvals queue or the gateway's state", p) for p in hidden]
     for what, path in sensitive:
-        real = Path(os.path.realpath(path))
-        for root in roots:
-            if real == root or root in real.parents:
+        real = os.path.realpath(path)  # resolved on every call: a link changed since counts
+        for root, name, inside in roots:  # strings: Path.parents cost more than the check (every call)
+            if real == name or real.startswith(inside):
                 return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
     return ""
 

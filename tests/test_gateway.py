@@ -645,6 +645,21 @@ def test_an_audit_log_or_policy_inside_a_write_root_is_refused(
     assert out["error"]["code"] == "UNSAFE_SETUP" and "the policy" in out["error"]["message"]  # type: ignore[index]
 
 
+def test_the_setup_check_resolves_links_and_compares_whole_components(
+    policy: CompiledPolicy, tmp_path: Path, ws: Path
+) -> None:
+    """A private directory reached through a link into the write root is refused; a sibling
+    whose name merely starts with the root's (`ws-state` beside `ws`) is not inside it."""
+    (ws / "state").mkdir()
+    (tmp_path / "link").symlink_to(ws / "state")
+    out = Gateway(policy, AuditLog(tmp_path / "audit"), hidden=(tmp_path / "link",)).handle(
+        RunCall(principal="agent", command="echo x")
+    )
+    assert out["error"]["code"] == "UNSAFE_SETUP" and "gateway's state" in out["error"]["message"]  # type: ignore[index]
+    sibling = Gateway(policy, AuditLog(tmp_path / "ws-audit"), hidden=(tmp_path / "ws-state",))
+    assert run(sibling, "echo x")["status"] == "ok"
+
+
 def test_a_corrupt_audit_tail_is_an_envelope_not_an_exception(policy: CompiledPolicy, tmp_path: Path) -> None:
     gw = gateway(policy, tmp_path)
     run(gw, "echo first")

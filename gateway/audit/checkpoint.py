@@ -23,7 +23,7 @@ import contextlib
 import hashlib
 import json
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -42,10 +42,11 @@ class Checkpoint:
     key: str  # the signing key's fingerprint
 
     def line(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True, separators=(",", ":")) + "\n"
+        fields = {"log": self.log, "seq": self.seq, "hash": self.hash, "sig": self.sig, "ts": self.ts, "key": self.key}
+        return json.dumps(fields, sort_keys=True, separators=(",", ":")) + "\n"  # (asdict deep-copies: every commit)
 
     @classmethod
-    def of(cls, directory: Path, record: dict[str, Any], key: str) -> Checkpoint:
+    def of(cls, directory: Path | str, record: dict[str, Any], key: str) -> Checkpoint:
         return cls(str(directory), record["seq"], record["hash"], record.get("sig", ""), record["ts"], key)
 
 

@@ -64,6 +64,9 @@ class _Pending:
     size_hint: int = 0
     record: dict[str, Any] | None = None
     error: AuditUnavailable | None = None
+    wake: threading.Condition | None = None
+    """Its appender's own condition (on the writer's lock): woken when this record is settled or
+    when it heads the queue, never for other threads' commits."""
 
     @property
     def settled(self) -> bool:
@@ -76,6 +79,8 @@ class _Tail:
 
     name: str
     last: dict[str, Any] | None
+    size: int = 0
+    """The file's size when its last record was read (under the lock, as the commit is)."""
 
 
 @dataclass
@@ -106,7 +111,7 @@ class AuditLog:
         # a log with records but no checkpoint is extended only when adopting it is said
         # outright (`gateway audit adopt`) or its key was made just now (a log from before signing)
         self._adopt = adopt or bool(key is not None and key.created)
-        self._cond = threading.Condition()
+        self._mutex = threading.Lock()  # the queue and whether a commit is in flight
         self._queue: list[_Pending] = []
         self._committing = False
         self._trusted = ""  # the hash of the last record this writer wrote or checked
@@ -148,22 +153,30 @@ class AuditLog:
                     size = len(canonical(body).encode("utf-8", "surrogatepass"))
         except (TypeError, ValueError, RecursionError) as exc:
             raise AuditUnavailable(f"audit record is not serialisable: {exc}") from exc
-        pending = _Pending(event, body, size)
-        with self._cond:
+        pending = _Pending(event, body, size, wake=threading.Condition(self._mutex))
+        wake = pending.wake
+        assert wake is not None
+        with self._mutex:
             self._queue.append(pending)
             while not pending.settled:
                 if self._committing:
-                    self._cond.wait()
+                    wake.wait()
                     continue
                 self._committing = True
                 batch = self._take()
-                self._cond.release()
+                self._mutex.release()
                 try:
                     self._commit(batch)
                 finally:
-                    self._cond.acquire()
+                    self._mutex.acquire()
                     self._committing = False
-                    self._cond.notify_all()
+                    # wake whose records this commit settled, and the queue's head (it commits
+                    # next): a commit does not wake every waiting thread to look and sleep again
+                    for p in batch:
+                        if p is not pending and p.wake is not None:
+                            p.wake.notify()
+                    if self._queue and self._queue[0].wake is not None:
+                        self._queue[0].wake.notify()
         self._health(pending.error)
         if pending.error is not None:
             raise pending.error
@@ -172,7 +185,7 @@ class AuditLog:
 
     def _health(self, error: AuditUnavailable | None) -> None:
         """Tell `on_health` when the log turns unwritable or writable again (changes only)."""
-        with self._cond:
+        with self._mutex:
             changed = (error is not None) != self._failing
             self._failing = error is not None
         if changed and self.on_health is not None:
@@ -234,7 +247,7 @@ class AuditLog:
         chunks = [(canonical(record) + "\n").encode("utf-8") for _, record in made]
         data = b"".join(chunks)
         name = tail.name
-        if tail.last is not None and self._size(name) + len(data) > self.max_file_bytes:
+        if tail.last is not None and tail.size + len(data) > self.max_file_bytes:
             name = self._next_file(name)
         self._write(name, data)
         head = made[-1][1]
@@ -243,7 +256,7 @@ class AuditLog:
         if self.checkpoint is not None and self.key is not None:
             try:
                 checkpoints.write(
-                    self.checkpoint, checkpoints.Checkpoint.of(self._real_dir(), head, self.key.public.fingerprint)
+                    self.checkpoint, checkpoints.Checkpoint.of(self._dir.real(), head, self.key.public.fingerprint)
                 )
             except checkpoints.CheckpointError as exc:
                 # the records are on disk (harmless: nothing has run yet) but the head is not kept
@@ -292,21 +305,6 @@ class AuditLog:
     def _locked(self) -> _Flock:
         return _Flock(self._lock_fd)
 
-    def _real_dir(self) -> Path:
-        return Path(self._dir.real())
-
-    def _size(self, name: str) -> int:
-        try:
-            fd = self._dir.open_read(name)
-        except FileNotFoundError:
-            return 0
-        except OSError as exc:
-            raise AuditUnavailable(f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}") from exc
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
-
     @staticmethod
     def _next_file(name: str) -> str:
         m = FILE_NAME.match(name)
@@ -324,11 +322,15 @@ class AuditLog:
                     f"cannot use the audit log {self.directory / name}: {exc.strerror or exc}"
                 ) from exc
             try:
+                size = os.fstat(fd).st_size
                 last = last_record(fd, name)
+            except OSError as exc:
+                where = self.directory / name
+                raise AuditUnavailable(f"cannot use the audit log {where}: {exc.strerror or exc}") from exc
             finally:
                 os.close(fd)
             if last is not None:
-                return _Tail(name, last)
+                return _Tail(name, last, size)
         return _Tail(names[-1] if names else "audit-000001.jsonl", None)
 
     def _check_end(self, tail: _Tail, *, deep: bool) -> None:

@@ -18,7 +18,9 @@ policy denies anyway.
 
 import asyncio
 import contextlib
+import contextvars
 import json
+import queue
 import threading
 import time
 from dataclasses import dataclass, field
@@ -64,6 +66,7 @@ KEEP_FINISHED_MAX = 1024
 KEEP_FINISHED_BYTES = 64 << 20
 """A pending call's result stays for `await_call` to answer again for an hour, within these
 bounds (the oldest go first)."""
+WORKER_IDLE_S = 60.0
 _FAILED = ("denied", "error", "timeout")
 
 
@@ -107,6 +110,45 @@ class _Flight:
             self.loop.call_soon_threadsafe(self.changed.set)
 
 
+class Workers:
+    """The threads calls run on: one per call in flight, as many as there are, kept for the
+    next call when it ends instead of started anew (a new thread is started only when none is
+    idle; an idle one ends after `idle_s`). A call never waits for a thread, and each runs in a
+    fresh context; per-thread state is the callee's to set and reset (`serving`, `handling`)."""
+
+    def __init__(self, idle_s: float = WORKER_IDLE_S) -> None:
+        self.idle_s = idle_s
+        self._jobs: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._idle = 0  # threads waiting for a job that no submitted job has claimed yet
+
+    def submit(self, job: Any) -> None:
+        with self._lock:
+            claimed = self._idle > 0
+            if claimed:
+                self._idle -= 1
+        self._jobs.put(job)
+        if not claimed:
+            threading.Thread(target=self._loop, name="call", daemon=True).start()
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                job = self._jobs.get(timeout=self.idle_s)
+            except queue.Empty:
+                with self._lock:
+                    if self._idle > 0:  # an unclaimed waiter may leave (this one, or one as good)
+                        self._idle -= 1
+                        return
+                continue  # every waiter is claimed: a job is on its way to one of us
+            try:
+                contextvars.Context().run(job)
+            except Exception as exc:  # work() answers every call itself; this thread stays usable
+                log.error("call_worker_failed", error=f"{type(exc).__name__}: {exc}")
+            with self._lock:
+                self._idle += 1
+
+
 class GatewayServer:
     """An `MCPServer` whose tools are the gateway's. One per listening endpoint; several may
     share one `Gateway` (and so the principals' sessions, processes and env)."""
@@ -138,6 +180,7 @@ class GatewayServer:
         self.accepting = True
         self._answering = 0  # tool handlers that have not yet returned their reply to the SDK
         self._drained: dict[str, int] | None = None
+        self._workers = Workers()
         self.mcp: MCPServer[Any] = MCPServer(
             name,
             instructions=INSTRUCTIONS,
@@ -365,7 +408,7 @@ class GatewayServer:
 
         with self._lock:
             self._flights[id(flight)] = flight
-        threading.Thread(target=work, name=f"call-{tool}", daemon=True).start()
+        self._workers.submit(work)
         try:
             out = await self._wait(flight, self.pending_after_s)
         except BaseException:  # the client went away (cancelled): kill what the call runs

@@ -11,6 +11,7 @@ its file and line), the audit log turning unwritable (and writable again).
 
 import argparse
 import contextlib
+import gc
 import json
 import os
 import shlex
@@ -189,6 +190,10 @@ def main(args: argparse.Namespace) -> int:
     unsafe = [gateway.unsafe_setup(policy, p) for p in policy.grants]
     if any(unsafe):
         return _fail(next(u for u in unsafe if u))
+    # what start-up made (modules, the compiled policy, the SDK's models) lives as long as the
+    # server: kept out of the cyclic collector's passes, which otherwise walk all of it each
+    # time the oldest generation is collected (about 0.1 ms of every call under load)
+    gc.freeze()
     if args.stdio:
         server = GatewayServer(gateway, principal, pending_after_s=args.pending_after)
         started.append(True)
