@@ -23,6 +23,7 @@ from pathlib import Path
 
 import casbin
 
+from gateway import programs
 from gateway.policy.layers import load_layers, resolve_roots
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
@@ -163,6 +164,10 @@ def compile_policy(
     tests: Path | None = None,
     files: tuple[Path, ...] = (),
 ) -> CompiledPolicy:
+    try:  # a broken program model stops the policy from loading, like a broken rule
+        programs.models()
+    except programs.ProgramModelError as exc:
+        raise PolicyError(f"{source}: the program models (gateway/programs/) do not load:\n{exc}") from None
     ws = Path(workspace).expanduser().resolve()
     home = (ws / policy.home).resolve() if policy.home else None
     roles = _resolve_roles(policy, ws, source)

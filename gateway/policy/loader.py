@@ -135,14 +135,20 @@ def parse_policy_at(path: Path) -> tuple[Policy, Positions]:
     try:
         return Policy.model_validate(data), positions
     except ValidationError as exc:
-        lines = []
-        for err in exc.errors():
-            loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-            line, col = _nearest(positions, loc)
-            got = err.get("input")
-            got_text = "" if err["type"] == "missing" or isinstance(got, dict | list) else f"got {got!r}, "
-            lines.append(f"{path}:{line}:{col}: {_loc_text(loc)}: {got_text}{_expected(dict(err))}")
-        raise PolicyError("\n".join(lines)) from None
+        raise PolicyError(describe_errors(path, exc, positions)) from None
+
+
+def describe_errors(path: Path, exc: ValidationError, positions: Positions) -> str:
+    """One line per error: file, line, column, field, what was got and what was expected."""
+    lines = []
+    for err in exc.errors():
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union["))))
+        loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "list"))))
+        line, col = _nearest(positions, loc)
+        got = err.get("input")
+        got_text = "" if err["type"] == "missing" or isinstance(got, dict | list) else f"got {got!r}, "
+        lines.append(f"{path}:{line}:{col}: {_loc_text(loc)}: {got_text}{_expected(dict(err))}")
+    return "\n".join(lines)
 
 
 def _nearest(positions: dict[tuple[Any, ...], tuple[int, int]], loc: tuple[Any, ...]) -> tuple[int, int]:

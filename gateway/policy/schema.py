@@ -178,8 +178,14 @@ class Rule(_Model):
     when_options: list[str] = []
     """The rule matches only commands that use one of these options (for deny/ask rules such
     as `git push --force`)."""
-    path_args: PathArgs = PathArgs()
+    path_args: PathArgs | None = None
+    """Which positional arguments are paths. Unset, for a program with a model
+    (gateway/programs/) and no `path_options`: the model says which words are paths read or
+    written, patterns and scripts, and a use that runs code the model cannot check does not
+    match. Unset for a program without a model: no positional argument is a path. Written (even
+    `{}`), it overrides the model."""
     path_options: PathOptions = PathOptions()
+    """Options whose value is a path. Written, like `path_args`, it turns the model off."""
     env: list[str] = []
     """Variables that may be set for this command (`FOO=1 cmd`, `env FOO=1 cmd`, and for
     `export`: the names it may export). A trailing `*` matches a prefix."""
@@ -216,6 +222,17 @@ class Rule(_Model):
             if not p or ("/" in p and not p.startswith("/")):
                 raise ValueError(f"program {p!r} must be a name or an absolute path")
         return programs
+
+    @property
+    def uses_model(self) -> bool:
+        """Does the rule take its path handling from program models (no `path_args`,
+        `path_options` or `subcommands` written)?"""
+        return (
+            self.path_args is None
+            and not self.path_options.read
+            and not self.path_options.write
+            and (self.subcommands is None)
+        )
 
     @model_validator(mode="after")
     def _approval_only_on_ask(self) -> Rule:

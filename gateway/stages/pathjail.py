@@ -1,6 +1,7 @@
 """The path jail: every path a command touches must lie inside the principal's roots.
 
-Paths come from the deciding rules (`path_args`, `path_options`), from redirects (`>`/`>>` are
+Paths come from the deciding rules (`path_args`, `path_options`, or where a rule writes neither,
+the program's model: gateway/programs/), from redirects (`>`/`>>` are
 writes, `<` a read) and from the cwd. Each is made absolute against the cwd, `~` is the policy's
 `home`, and symlinks and `..` are resolved (`real_path`: like `os.path.realpath`, which also resolves the existing
 parent of a path that does not exist yet). Roots are compared by path components
@@ -33,6 +34,7 @@ from pathlib import Path
 from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
+from gateway.policy.schema import PathArgs
 from gateway.stages import decision_cache, globs, producers
 from gateway.stages.permissions import Match, option_values
 
@@ -272,7 +274,11 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
     writes: list[Word] = []
     argv = cmd.argv
     for m in found:
-        spec = m.rule.path_args
+        if m.reading is not None:  # the program's model says which words are paths (gateway/programs/)
+            reads += m.reading.reads
+            writes += m.reading.writes
+            continue
+        spec = m.rule.path_args or PathArgs()
         pos = list(m.positional)
         if spec.read == "all":
             reads += [argv[k] for k in pos]

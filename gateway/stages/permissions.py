@@ -17,6 +17,7 @@ from gateway.analysis import Command, Expansion, Flag
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
+from gateway.programs import Reading, reading_of
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 from gateway.stages import producers
 
@@ -28,6 +29,7 @@ _JAIL_EXPANDS = frozenset({Expansion.GLOB, Expansion.TILDE})
 class Match:
     rule: Rule
     positional: tuple[int, ...]  # argv indices of positional arguments after the subcommand
+    reading: Reading | None = None  # the command read through its program's model, when the rule uses it
 
 
 def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tuple[Decision, list[Match]]:
@@ -130,16 +132,28 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             return None, ""
         i = 2
     options, positional = _split(cmd, i)
+    reading = reading_of(cmd) if rule.uses_model else None
+    if reading is not None:
+        positional = reading.operands
     if rule.when_options and not any(_has_option(o, spec) for o in options for spec in rule.when_options):
         return None, ""
     strict = rule.decision is not RuleDecision.DENY
+    jails_paths = reading is not None or (
+        rule.path_args is not None and (rule.path_args.read != "none" or rule.path_args.write != "none")
+    )
     if strict:
         for o in options:
             for spec in rule.forbidden_options:
                 if _has_option(o, spec):
                     return None, f"option {o} is not allowed ({spec}): drop it"
+        if reading is not None and reading.refused:
+            return None, reading.refused
+        if reading is not None and reading.runs:
+            return None, (
+                f"{'; '.join(reading.runs)}: code the gateway cannot check (gateway/programs/{reading.model}.yaml)"
+            )
         if not rule.accept_unknown:
-            jailed = rule.path_args.read != "none" or rule.path_args.write != "none"
+            jailed = jails_paths
             for w in argv[i:]:
                 # a glob or ~ in a path argument is expanded and checked by the path jail
                 jail_checks = set(w.expansions) <= _JAIL_EXPANDS or producers.starting_points(w) is not None
@@ -150,7 +164,6 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     )
             if Flag.DYNAMIC_ARGS in cmd.flags:
                 return None, f"its arguments arrive at run time (from {cmd.wrapper}): run it on literal arguments"
-        jails_paths = rule.path_args.read != "none" or rule.path_args.write != "none"
         if Flag.DYNAMIC_ARGS in cmd.flags and jails_paths and not rule.accept_unknown_paths:
             return None, f"its arguments arrive at run time (from {cmd.wrapper}) and could be paths"
         for a in cmd.assignments:
@@ -179,7 +192,7 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                         or f"argument {_short(value)} matches none of the allowed patterns ({_listed(rule.args)})",
                     )
                 return None, ""
-    return Match(rule, positional), ""
+    return Match(rule, positional, reading), ""
 
 
 def _any_match(patterns: tuple[PolicyPattern, ...], value: str, strict: bool) -> bool | str:

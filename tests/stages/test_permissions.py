@@ -21,6 +21,7 @@ def rule(**fields: object) -> Rule:
         "decision": "allow",
         "justification": "j",
         "programs": ["sed"],
+        "path_args": {},  # written: these tables are about option spellings, not sed's model
         "examples": {"match": ["sed"]},
     }
     return Rule.model_validate(base | fields)

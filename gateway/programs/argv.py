@@ -1,0 +1,341 @@
+"""Read a command's argv through its program's model: which word is an option, a path read or
+written, a pattern, a script, a program to run.
+
+The reading fails closed. It is `refused` (so no allow or ask rule relying on the model matches)
+when a word cannot be placed: an option the model does not list, a long-option prefix that is
+ambiguous, an option value that takes no value, a word known only at run time where it could
+be an option, a script known only at run time or one the script parser cannot read, a glob
+where the shell would turn it into file names the model would take for a pattern. Code the
+gateway cannot check (sort --compress-program, sed's `e`, awk's system()) is listed in `runs`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from gateway.analysis import Command, Expansion, Word
+from gateway.programs import awk, sed
+from gateway.programs.schema import Kind, Option, ProgramModel
+
+_OPERATORS = frozenset({"(", ")", "!", ",", "-not", "-a", "-and", "-o", "-or"})
+_PATH_EXPANSIONS = frozenset({Expansion.GLOB, Expansion.TILDE})
+
+
+@dataclass(frozen=True, slots=True)
+class Role:
+    """What one word (or the value attached to an option word) is to the program."""
+
+    index: int
+    kind: str  # a Kind value, "option", "operand_assignment" or "end_of_options"
+    text: str
+
+
+@dataclass(frozen=True)
+class Reading:
+    """A command read through its model."""
+
+    model: str
+    roles: tuple[Role, ...] = ()
+    reads: tuple[Word, ...] = ()
+    writes: tuple[Word, ...] = ()
+    runs: tuple[str, ...] = ()
+    """Why the command runs code the gateway cannot check (empty: it does not)."""
+    refused: str = ""
+    """Why the model cannot read the command (empty: it can)."""
+    operands: tuple[int, ...] = ()
+    """argv indices of the operands (not options, not option values)."""
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"model": self.model}
+        if self.refused:
+            out["refused"] = self.refused
+        groups: dict[str, list[str]] = {}
+        for r in self.roles:
+            key = {"option": "options", "pattern": "patterns", "script": "scripts", "program": "programs"}.get(r.kind)
+            if key:
+                groups.setdefault(key, []).append(r.text)
+        out["options"] = groups.get("options", [])
+        out["read"] = [w.value for w in self.reads]
+        out["write"] = [w.value for w in self.writes]
+        out["patterns"] = groups.get("patterns", [])
+        out["scripts"] = groups.get("scripts", [])
+        if "programs" in groups:
+            out["programs"] = groups["programs"]
+        if self.runs:
+            out["runs_code"] = list(self.runs)
+        return out
+
+
+class _Refused(Exception):
+    pass
+
+
+def could_be_option(w: Word) -> bool:
+    """Could the word, known only at run time, begin with `-`? Only a word that starts with a
+    literal character other than `-` cannot (`x$y`); a leading expansion can be anything."""
+    if w.literal:
+        return w.value.startswith("-")
+    if set(w.expansions) <= _PATH_EXPANSIONS:
+        return w.value.startswith("-") or w.value[:1] in "*?[~"  # a glob: pathjail checks what it matches
+    return w.value[:1] in "$`-\\\"'" or not w.value
+
+
+class _Reader:
+    def __init__(self, model: ProgramModel, argv: tuple[Word, ...]) -> None:
+        self.model = model
+        self.argv = argv
+        self.roles: list[Role] = []
+        self.reads: list[Word] = []
+        self.writes: list[Word] = []
+        self.runs: list[str] = []
+        self.operands: list[int] = []
+        self.scripts: list[tuple[int, Word]] = []
+        self.first_replaced = False
+        self.writes_operands = False
+        self.backup: list[Word] = []  # backup suffixes (sed -i.bak)
+        self.short: dict[str, Option] = {}
+        self.long: dict[str, Option] = {}
+        self.leading: dict[str, Option] = {}  # find: the options before the starting points
+        self.primary: dict[str, Option] = {n: o for o in model.primaries for n in o.names}
+        for o in model.options:
+            for n in o.names:
+                if model.grammar == "find":
+                    self.leading[n] = o
+                elif len(n) == 2:
+                    self.short[n[1]] = o
+                else:
+                    self.long[n[2:]] = o
+
+    # --- the grammars ------------------------------------------------------------------------
+    def getopt(self) -> None:
+        argv = self.argv
+        i, ended = 1, False
+        while i < len(argv):
+            w = argv[i]
+            v = w.value
+            if ended or v == "-" or not could_be_option(w):
+                self.operands.append(i)
+                i += 1
+                continue
+            if not v.startswith("-"):
+                raise _Refused(
+                    f"{w.raw or v} is known only at run time and could be an option to {self.model.program}: "
+                    "put '--' before it, or write it literally"
+                )
+            if v == "--":
+                self.roles.append(Role(i, "end_of_options", v))
+                ended = True
+                i += 1
+                continue
+            i = self._long(i) if v.startswith("--") else self._short(i)
+
+    def _long(self, i: int) -> int:
+        w = self.argv[i]
+        name, eq, attached = w.value[2:].partition("=")
+        opt = self.long.get(name)
+        if opt is None:
+            found = {id(o): (n, o) for n, o in self.long.items() if n.startswith(name)} if name else {}
+            if len(found) != 1:
+                known = "ambiguous" if found else "not an option of"
+                raise _Refused(f"--{name} is {known} {self.model.program} (in its model, gateway/programs/)")
+            name, opt = next(iter(found.values()))
+        self.roles.append(Role(i, "option", f"--{name}"))
+        self._effects(opt)
+        kinds = opt.kinds
+        if not kinds:
+            if eq:
+                raise _Refused(f"{self.model.program}: --{name} takes no value")
+            return i + 1
+        if eq:
+            self._value(i, kinds[0], Word(attached, w.expansions, w.raw), opt)
+            return i + 1
+        if opt.optional:
+            return i + 1
+        return self._values(i + 1, kinds, opt)
+
+    def _short(self, i: int) -> int:
+        w = self.argv[i]
+        v = w.value
+        j = 1
+        while j < len(v):
+            c = v[j]
+            if c.isdigit() and self.model.digit_options:
+                k = j
+                while k < len(v) and v[k].isdigit():
+                    k += 1
+                self.roles.append(Role(i, "option", "-" + v[j:k]))
+                j = k
+                continue
+            opt = self.short.get(c)
+            if opt is None:
+                raise _Refused(
+                    f"-{c} (in {v!r}) is not an option of {self.model.program} (in its model, gateway/programs/)"
+                )
+            self.roles.append(Role(i, "option", "-" + c))
+            self._effects(opt)
+            kinds = opt.kinds
+            if kinds:
+                rest = v[j + 1 :]
+                if rest:
+                    self._value(i, kinds[0], Word(rest, w.expansions, w.raw), opt)
+                    return i + 1
+                if opt.optional:
+                    return i + 1
+                return self._values(i + 1, kinds, opt)
+            j += 1
+        return i + 1
+
+    def _values(self, i: int, kinds: tuple[Kind, ...], opt: Option) -> int:
+        for kind in kinds:
+            if i >= len(self.argv):
+                return i  # the program refuses a missing value; nothing runs
+            self._value(i, kind, self.argv[i], opt)
+            i += 1
+        return i
+
+    def find(self) -> None:
+        argv = self.argv
+        i = 1
+        while i < len(argv) and argv[i].literal and argv[i].value in self.leading:  # -H -L -P -D -O
+            opt = self.leading[argv[i].value]
+            self.roles.append(Role(i, "option", argv[i].value))
+            self._effects(opt)
+            i = self._values(i + 1, opt.kinds, opt)
+        while i < len(argv):
+            w = argv[i]
+            if w.literal and (w.value.startswith("-") or w.value in _OPERATORS):
+                break
+            if could_be_option(w):
+                raise _Refused(f"find: {w.raw or w.value} is known only at run time and could be an expression")
+            self.operands.append(i)
+            i += 1
+        while i < len(argv):
+            w = argv[i]
+            if not w.literal:
+                raise _Refused(f"find: {w.raw or w.value} is known only at run time and could be an action")
+            if w.value in _OPERATORS:
+                self.roles.append(Role(i, "option", w.value))
+                i += 1
+                continue
+            primary = self.primary.get(w.value)
+            if primary is None:
+                raise _Refused(f"find: {w.value} is not a test or action find's model knows (gateway/programs/)")
+            self.roles.append(Role(i, "option", w.value))
+            self._effects(primary)
+            if primary.kinds == (Kind.COMMAND,):
+                j = i + 1
+                while j < len(argv) and not (
+                    argv[j].value == ";" or (argv[j].value == "+" and j > i + 1 and argv[j - 1].value == "{}")
+                ):
+                    self.roles.append(Role(j, Kind.COMMAND.value, argv[j].value))
+                    j += 1
+                i = j + 1
+                continue
+            i = self._values(i + 1, primary.kinds, primary)
+
+    # --- what words are ----------------------------------------------------------------------
+    def _effects(self, opt: Option) -> None:
+        if opt.unsupported:
+            raise _Refused(f"{self.model.program} {opt.names[0]}: {opt.unsupported}")
+        if opt.runs_code:
+            self.runs.append(opt.runs_code)
+        if opt.writes_operands:
+            self.writes_operands = True
+        if opt.replaces_first:
+            self.first_replaced = True
+
+    def _value(self, i: int, kind: Kind, w: Word, opt: Option | None) -> None:
+        self.roles.append(Role(i, kind.value, w.value))
+        if opt is not None and opt.backup_suffix:
+            self.backup.append(w)
+        if kind is Kind.READ:
+            self.reads.append(w)
+        elif kind is Kind.WRITE:
+            self.writes.append(w)
+        elif kind is Kind.SCRIPT_FILE:
+            self.reads.append(w)
+            self.runs.append(f"the script in {w.value} cannot be checked (it may change before it runs)")
+        elif kind is Kind.PROGRAM:
+            self.runs.append(f"it runs the program {w.value!r}")
+        elif kind is Kind.SCRIPT:
+            if not w.literal:
+                raise _Refused(f"the {self.model.language} script {w.raw or w.value} is known only at run time")
+            self.scripts.append((i, w))
+        elif kind in (Kind.PATTERN, Kind.OTHER) and Expansion.GLOB in w.expansions and w is self.argv[i]:
+            raise _Refused(
+                f"the unquoted glob {w.value!r} would be expanded by the shell into file names, which "
+                f"{self.model.program} would take as a {kind.value} and files: quote it"
+            )
+
+    def finish(self) -> Reading:
+        model = self.model
+        ops = list(self.operands)
+        if model.operands.first is not None and not self.first_replaced and ops:
+            first = ops.pop(0)
+            self._value(first, model.operands.first, self.argv[first], None)
+        for k in ops:
+            w = self.argv[k]
+            if model.operands.assignments and w.literal and _is_assignment(w.value):
+                self.roles.append(Role(k, "operand_assignment", w.value))
+                continue
+            self._value(k, model.operands.rest, w, None)
+            if self.writes_operands and model.operands.rest is Kind.READ:
+                self.writes.append(w)
+                self.writes.extend(_backups(w, self.backup))
+        self._scripts()
+        return Reading(
+            model.program,
+            tuple(sorted(self.roles, key=lambda r: r.index)),
+            tuple(self.reads),
+            tuple(self.writes),
+            tuple(self.runs),
+            "",
+            tuple(self.operands),
+        )
+
+    def _scripts(self) -> None:
+        if not self.scripts:
+            return
+        text = "\n".join(w.value for _, w in self.scripts)  # sed joins -e fragments with newlines
+        facts = sed.analyse(text) if self.model.language == "sed" else awk.analyse(text)
+        if facts.error:
+            raise _Refused(f"{self.model.program}: {facts.error}")
+        self.runs.extend(facts.runs)
+        self.reads.extend(facts.reads)
+        self.writes.extend(facts.writes)
+
+
+def _is_assignment(value: str) -> bool:
+    name, eq, _ = value.partition("=")
+    return bool(eq) and name.isidentifier() and name.isascii()
+
+
+def _backups(w: Word, suffixes: list[Word]) -> list[Word]:
+    out: list[Word] = []
+    for s in suffixes:
+        if not s.literal or not w.literal:
+            out.append(Word(w.value + s.value, (Expansion.PARAMETER,), w.raw))  # unknown: the jail refuses it
+            continue
+        if "*" in s.value:
+            name = s.value.replace("*", os.path.basename(w.value))
+        else:
+            name = os.path.basename(w.value) + s.value
+        # in the file's directory (GNU sed), and for good measure relative to the cwd
+        out.append(Word(os.path.join(os.path.dirname(w.value), name)))
+        out.append(Word(name))
+    return out
+
+
+def read(model: ProgramModel, cmd: Command) -> Reading:
+    """`cmd` read through `model` (never raises: an unreadable command is `refused`)."""
+    reader = _Reader(model, cmd.argv)
+    try:
+        if model.grammar == "find":
+            reader.find()
+        else:
+            reader.getopt()
+        return reader.finish()
+    except _Refused as exc:
+        return Reading(model.program, tuple(reader.roles), refused=str(exc))

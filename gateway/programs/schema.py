@@ -1,0 +1,171 @@
+"""The format of a program model (`gateway/programs/<program>.yaml`), as pydantic models.
+
+A model says what a program does with each word of its argv: which options exist and whether
+they take a value, what that value is (a path read or written, a pattern, a script, a program to
+run...), and what the operands are. The permissions stage reads a command through its model
+(argv.py) when a rule names the program and writes no `path_args`: the path jail then checks
+exactly the words the program opens, and a rule never matches a use that runs code the gateway
+cannot check. Models are data for an admin to review; each carries examples, checked at load.
+
+Models are frozen and forbid unknown keys, like the policy format (gateway/policy/schema.py).
+"""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, field_validator, model_validator
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Kind(StrEnum):
+    """What a word is to the program."""
+
+    READ = "read"
+    """A path the program opens for reading (or lists, or stats)."""
+    WRITE = "write"
+    """A path the program creates, truncates, changes or deletes."""
+    PATTERN = "pattern"
+    """Text matched against data (a regular expression, a glob for names): never opened."""
+    SCRIPT = "script"
+    """Program text in the model's `language` (a sed script, an awk program): parsed, and what it
+    reads, writes and runs is taken from it."""
+    SCRIPT_FILE = "script_file"
+    """A file holding program text: a read, and code the gateway cannot see (it may change between
+    the check and the run), so a use of it runs code."""
+    PROGRAM = "program"
+    """A program the program starts: runs code."""
+    COMMAND = "command"
+    """find's -exec: the words up to `;` or `+` are a command, which the analyser reports as a
+    command of its own and the policy decides like any other. Nothing here."""
+    OTHER = "other"
+    """A number, a name, a format, a field separator: no file, no code."""
+
+
+class Option(_Model):
+    """One option of the program, with every spelling."""
+
+    names: list[str] = Field(min_length=1)
+    """Spellings: `-e` (a short option, clusters like `-ne`), `--regexp` (long: `--regexp=X`,
+    `--regexp X` and unique prefixes like `--reg`), or for find-style grammars `-name` (a
+    single-dash word, exact)."""
+    value: Kind | list[Kind] | None = None
+    """What the option's value is; a list for options taking several words (find's `-fprintf
+    FILE FORMAT`). Unset: the option takes no value."""
+    optional: StrictBool = False
+    """The value is optional, so it can only be attached: `-i.bak`, `--color=auto`."""
+    runs_code: str = ""
+    """Set (to why) when using the option runs code the gateway cannot check."""
+    unsupported: str = ""
+    """Set (to why) when the model cannot follow what the option does: a command using it is
+    not read, so no rule relying on the model matches it."""
+    writes_operands: StrictBool = False
+    """With this option the operands are written too (sed -i, find -delete)."""
+    backup_suffix: StrictBool = False
+    """The value is a backup suffix (sed -i.bak): each written operand is also written under its
+    name plus the suffix, or, where the suffix holds a `*`, the suffix with `*` made the file's
+    name (in the file's directory when the suffix has no `/`)."""
+    replaces_first: StrictBool = False
+    """With this option the first operand is no longer the pattern or script (grep -e, sed -e,
+    awk -f): it is like the others."""
+    note: str = ""
+    """For the reviewer: what the option does, where it matters."""
+
+    @field_validator("names")
+    @classmethod
+    def _spellings(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not re.fullmatch(r"-[A-Za-z0-9]|--[A-Za-z0-9][A-Za-z0-9-]*|-[A-Za-z][A-Za-z0-9_-]+", n):
+                raise ValueError(f"{n!r} is not an option spelling (-x, --long, or -long for find-style)")
+        return names
+
+    @model_validator(mode="after")
+    def _optional_needs_value(self) -> Option:
+        if self.optional and (self.value is None or isinstance(self.value, list)):
+            raise ValueError("optional: true needs a single value kind")
+        return self
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        if self.value is None:
+            return ()
+        return tuple(self.value) if isinstance(self.value, list) else (self.value,)
+
+
+class Operands(_Model):
+    """What the operands (the words that are not options or option values) are."""
+
+    first: Kind | None = None
+    """The first operand's kind, unless an option with `replaces_first` is given (grep: the
+    pattern; sed: the script; awk: the program). Unset: like the rest."""
+    rest: Kind = Kind.READ
+    """Every other operand (for find: the starting points)."""
+    assignments: StrictBool = False
+    """Operands written NAME=VALUE are variable assignments, not files (awk)."""
+
+
+class Example(_Model):
+    """A command and what the model must read in it: checked when the models load."""
+
+    command: str = Field(min_length=1)
+    read: list[str] = []
+    """Exactly the paths read (as written)."""
+    write: list[str] = []
+    """Exactly the paths written."""
+    patterns: list[str] = []
+    """Words taken as patterns (checked to be among them)."""
+    scripts: list[str] = []
+    """Words taken as scripts."""
+    runs_code: StrictBool = False
+    """The command runs code the gateway cannot check."""
+    refused: StrictBool = False
+    """The model cannot read the command (an unknown option, a script it cannot parse...)."""
+
+
+class ProgramModel(_Model):
+    """One program, as its data file describes it."""
+
+    program: str = Field(pattern=r"^[a-z0-9][a-z0-9_.+-]*$")
+    """The name; the file is `<program>.yaml`."""
+    names: list[str] = []
+    """Other names the same model applies to (egrep, fgrep for grep). The program is always one."""
+    summary: str = Field(min_length=1)
+    sources: list[str] = Field(min_length=1)
+    """Where the facts come from (the man page, `--help` of the version tested, a Fig spec);
+    the authority is the real program, under tests/programs/test_strace.py."""
+    grammar: Literal["getopt", "find"] = "getopt"
+    """How argv is read. `getopt`: GNU getopt_long with permutation (options anywhere before
+    `--`, short clusters, long options by unique prefix). `find`: leading options, starting
+    points, then an expression of `primaries`."""
+    digit_options: StrictBool = False
+    """`-NUM` is an option (grep -5, head -20)."""
+    language: Literal["sed", "awk"] | None = None
+    """The script language of `script` words."""
+    options: list[Option] = []
+    primaries: list[Option] = []
+    """find-style grammars: the expression's tests and actions."""
+    operands: Operands = Operands()
+    examples: list[Example] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ProgramModel:
+        seen: set[str] = set()
+        for o in (*self.options, *self.primaries):
+            for n in o.names:
+                if n in seen:
+                    raise ValueError(f"option {n!r} is listed twice")
+                seen.add(n)
+                if self.grammar == "getopt" and not re.fullmatch(r"-[A-Za-z0-9]|--[A-Za-z0-9-]+", n):
+                    raise ValueError(f"option {n!r}: a getopt program has -x or --long options only")
+        kinds = {k for o in (*self.options, *self.primaries) for k in o.kinds}
+        kinds |= {self.operands.rest} | ({self.operands.first} if self.operands.first else set())
+        if Kind.SCRIPT in kinds and self.language is None:
+            raise ValueError("a script value or operand needs `language`")
+        if self.primaries and self.grammar != "find":
+            raise ValueError("primaries are for grammar: find")
+        return self
