@@ -15,9 +15,10 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.analysis import Command, Expansion, Word
+from gateway.analysis import Command, Expansion, Word, analyze
 from gateway.programs import awk, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
+from gateway.stages import producers
 
 _OPERATORS = frozenset({"(", ")", "!", ",", "-not", "-a", "-and", "-o", "-or"})
 _PATH_EXPANSIONS = frozenset({Expansion.GLOB, Expansion.TILDE})
@@ -78,8 +79,21 @@ def could_be_option(w: Word) -> bool:
     if w.literal:
         return w.value.startswith("-")
     if set(w.expansions) <= _PATH_EXPANSIONS:
-        return w.value.startswith("-") or w.value[:1] in "*?[~"  # a glob: pathjail checks what it matches
-    return w.value[:1] in "$`-\\\"'" or not w.value
+        return w.value.startswith("-")  # a glob: the path jail refuses a match that would be an option
+    if w.value[:1] not in "$`-\\\"'" and w.value:
+        return False
+    return not _lists_under_find(w)
+
+
+def _lists_under_find(w: Word) -> bool:
+    """Is `w` a producer substitution (stages/producers.py) whose names are printed by `find
+    START...`, every START not starting with `-`? Each name then starts with a START, never
+    with `-`. (`ls` and `git ls-files` print bare names, which may.)"""
+    starts = producers.starting_points(w)
+    if not starts or any(s.startswith("-") for s in starts):
+        return False
+    inner = analyze(w.raw[2:-1], second_opinion_enabled=False)
+    return bool(inner.commands) and inner.commands[0].program == "find"
 
 
 class _Reader:

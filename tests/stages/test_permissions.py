@@ -95,7 +95,7 @@ DENIALS = [
     ("dd if=data.txt of=y", "the files tool reads, writes, lists and searches files"),
     ("git frobnicate", "no rule covers this use of git (its rules cover the subcommands"),
     ("cat $F", "write it literally"),
-    ("sort -o /x data.txt", "option -o is not allowed (-o): drop it"),
+    ("sort --compress-program=sh data.txt", "it runs the program 'sh'"),  # the model (programs/sort.yaml)
     ("FOO=1 ls", "setting FOO is not allowed (the rule allows no variables)"),
 ]
 
