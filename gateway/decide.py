@@ -19,7 +19,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gateway.analysis import Analysis, Assignment, OpinionStatus, Word, analyze
+from gateway import programs
+from gateway.analysis import Analysis, Assignment, Command, OpinionStatus, Word, analyze
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
@@ -31,10 +32,15 @@ from gateway.stages import decision_cache, pathjail, permissions
 class CheckResult:
     decision: Decision
     analysis: Analysis | None
+    models: tuple[dict[str, Any] | None, ...] = ()
+    """Per command: how its program's model read it (gateway/programs/), or None (no model)."""
 
     def to_json(self) -> dict[str, Any]:
         out = self.decision.to_json()
         out["commands"] = [c.to_json() for c in self.analysis.commands] if self.analysis else []
+        for entry, model in zip(out["commands"], self.models, strict=False):
+            if model is not None:
+                entry["model"] = model
         if self.analysis is not None:
             out["second_opinion"] = self.analysis.second_opinion.to_json()
         return out
@@ -93,6 +99,7 @@ def _evaluate(
         if family.verdict is not Verdict.ALLOW:  # an allow names no rule: the command's rule decides
             decisions.append(family)
         all_matches: list[list[permissions.Match]] = []
+        models: list[dict[str, Any] | None] = []
         extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items())
         for name in env or {}:
             if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES) or not name.isidentifier():
@@ -104,6 +111,7 @@ def _evaluate(
             decision, matches = permissions.decide_command(policy, principal, cmd)
             decisions.append(decision)
             all_matches.append(matches)
+            models.append(_model_json(cmd, matches))
         opinion = analysis.second_opinion
         if not opinion.confirmed:
             verdict = Verdict.parse(policy.policy.second_opinion.unconfirmed.value)
@@ -122,10 +130,20 @@ def _evaluate(
                 )
             )
         decisions.append(pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches))
-        return CheckResult(_strictest(decisions), analysis)
+        return CheckResult(_strictest(decisions), analysis, tuple(models))
     except Exception as exc:  # fail closed: a broken stage is a denial, never an allow
         reason = Reason("pipeline", "internal_error", f"{type(exc).__name__}: {exc}")
         return CheckResult(Decision(Verdict.DENY, None, (reason,)), analysis)
+
+
+def _model_json(cmd: Command, matches: list[permissions.Match]) -> dict[str, Any] | None:
+    """How the command's program model read it, and whether the deciding rules used that
+    reading for the path jail (`applied`) or their own `path_args`."""
+    used = next((m.reading for m in matches if m.reading is not None), None)
+    found = used or (programs.reading_of(cmd) if cmd.argv else None)
+    if found is None:
+        return None
+    return {**found.to_json(), "applied": used is not None}
 
 
 def tool_decision(policy: CompiledPolicy, principal: str, tool: Tool) -> Decision:

@@ -54,7 +54,8 @@ class Reading:
             out["refused"] = self.refused
         groups: dict[str, list[str]] = {}
         for r in self.roles:
-            key = {"option": "options", "pattern": "patterns", "script": "scripts", "program": "programs"}.get(r.kind)
+            key = {"option": "options", "pattern": "patterns", "script": "scripts", "program": "programs",
+                   "other": "values"}.get(r.kind)  # fmt: skip
             if key:
                 groups.setdefault(key, []).append(r.text)
         out["options"] = groups.get("options", [])
@@ -62,8 +63,9 @@ class Reading:
         out["write"] = [w.value for w in self.writes]
         out["patterns"] = groups.get("patterns", [])
         out["scripts"] = groups.get("scripts", [])
-        if "programs" in groups:
-            out["programs"] = groups["programs"]
+        for key in ("values", "programs"):
+            if key in groups:
+                out[key] = groups[key]
         if self.runs:
             out["runs_code"] = list(self.runs)
         return out

@@ -322,6 +322,17 @@ POLICY_ROUND = [
     "node --require=./x.js build.js",
     "node --import=data:text/javascript,x build.js",
     "cp -s /etc/passwd src/x",
+    # program models (gateway/programs/): allowed on the regex-based rules before them
+    "awk -W exec prog.awk",  # mawk/gawk: the program comes from a file nobody checked
+    "sort $(git ls-files)",  # a tracked file named --compress-program=... is an option to sort
+    "sed -e '2e uname' README.md",
+    "sed 's/x/id/e' README.md",
+    "sed 's/a/b/w /tmp/x' README.md",
+    "sed '1r /etc/passwd' README.md",
+    "sed -i'../../../../../tmp/*' s/a/b/ README.md",
+    'awk \'BEGIN {f = "system"; @f("id")}\'',
+    "grep -f /etc/passwd README.md",
+    "find . -fprint /tmp/list",
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 
@@ -444,6 +455,15 @@ HONEST = [
     "set -e; make; make test",
     "[ -f README.md ] && echo yes",
     "test -d src && ls src",
+    # read through their program models: patterns and scripts are not paths
+    "grep -n '/usr/local' README.md",
+    "grep -rn --include='*.py' '/api/' src",
+    "sed -n '/^class /,/^$/p' src/app.py",
+    "sed -n '/TODO/w todo.txt' src/app.py",
+    "sed -i 's/hello/bye/' README.md",
+    "sort -o sorted.txt README.md",
+    "awk '/a|b/ {print $1}' README.md",
+    "find . -name '*.md' -fprint docs.txt",
 ]
 
 

@@ -1,0 +1,160 @@
+"""Program models through the shipped policy: what each command decides, and why.
+
+Every row goes through `evaluate` (the whole decision, as `gateway check` and every run call
+make it). The rows marked `old:` were decided otherwise before the models: an honest command
+denied or asked about, or (for class 2) an option a run-time value could become.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from gateway.decision import Verdict
+from gateway.pipeline import evaluate
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.selftest import load_checked
+
+ALLOW, ASK, DENY = Verdict.ALLOW, Verdict.ASK, Verdict.DENY
+
+
+@pytest.fixture(scope="module")
+def ws(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "src").mkdir()
+    (ws / "src" / "app.py").write_text("class A:\n    pass\n\n# TODO x\n")
+    (ws / "README.md").write_text("hello\n")
+    (ws / "Makefile").write_text("PREFIX=/usr/local\n")
+    return ws
+
+
+@pytest.fixture(scope="module")
+def policy(ws: Path) -> CompiledPolicy:
+    return load_checked(Path("policies/default.yaml"), ws)
+
+
+# (command, verdict, the code of the first reason when not allowed)
+ROWS = [
+    # --- class 5: the pattern is not a path ----------------------------------------------
+    ("grep -n '/usr/local' Makefile", ALLOW, ""),  # old: deny, /usr/local outside the roots
+    ("grep -e /etc/passwd -e root README.md", ALLOW, ""),  # old: deny
+    ("grep -rn --include='*.py' '/api/v1' src", ALLOW, ""),  # old: deny
+    ("grep -c TODO $(find src -name '*.py')", ALLOW, ""),
+    ("grep x /etc/passwd", DENY, "outside_read_roots"),
+    ("grep -f /etc/passwd README.md", DENY, "outside_read_roots"),  # patterns read from a file
+    ("grep --exclude-from=/etc/passwd -r x .", DENY, "outside_read_roots"),
+    ("grep --exclude-fr=/etc/passwd -r x .", DENY, "outside_read_roots"),  # a unique prefix
+    ("grep -e x -- /etc/passwd", DENY, "outside_read_roots"),
+    ("grep -ef /etc/passwd README.md", DENY, "outside_read_roots"),  # -e takes 'f': /etc/passwd is a file
+    ("grep -R root .", DENY, "no_rule"),  # the policy's choice: -R follows every symlink
+    ("grep --frobnicate x README.md", DENY, "no_rule"),  # not in the model: nothing is guessed
+    ("grep --no x README.md", DENY, "no_rule"),  # an ambiguous prefix (--no-filename, --no-messages...)
+    # --- class 2: a word known only at run time where an option could be ------------------
+    ("grep $PAT README.md", DENY, "no_rule"),  # $PAT could be -f/etc/passwd
+    ('grep -e "$PAT" README.md', ALLOW, ""),  # the value of -e: only ever a pattern
+    ('grep -- "$PAT" README.md', ALLOW, ""),
+    ("sort $(git ls-files)", DENY, "no_rule"),  # a tracked file named --compress-program=...
+    ("wc -l $(find src -name '*.py')", ALLOW, ""),  # find prints names under src, never options
+    # --- sort -----------------------------------------------------------------------------
+    ("sort -o out.txt README.md", ALLOW, ""),  # old: deny (-o forbidden); now a jailed write
+    ("sort -o /etc/x README.md", DENY, "outside_write_roots"),
+    ("sort -T /tmp README.md", DENY, "outside_write_roots"),
+    ("sort --random-source=/etc/shadow -R README.md", DENY, "outside_read_roots"),
+    ("sort --compress-prog=sh README.md", DENY, "no_rule"),
+    ("sort --files0-from=/etc/x", DENY, "outside_read_roots"),
+    # --- class 6: sed scripts are parsed ----------------------------------------------------
+    ("sed -n '/^class /,/^$/p' src/app.py", ALLOW, ""),  # old: ask
+    ("sed -n '/TODO/w todo.txt' src/app.py", ALLOW, ""),  # old: ask; a w to a workspace file
+    ("sed -i 's/hello/bye/' README.md", ALLOW, ""),  # old: ask
+    ("sed '1a foo; 2e uname' README.md", ALLOW, ""),  # the e is appended text
+    ("sed 's/x/e/' README.md", ALLOW, ""),  # the e is replacement text
+    ("sed -e '2e uname' README.md", DENY, "no_rule"),  # old: ask
+    ("sed 's/x/id/e' README.md", DENY, "no_rule"),
+    ("sed -n -e p -e '$e id' README.md", DENY, "no_rule"),
+    ("sed '1!G;h;$!d;e' README.md", DENY, "no_rule"),
+    ("sed 's/a/b/w /etc/x' README.md", DENY, "outside_write_roots"),
+    ("sed -n 'w /tmp/x' README.md", DENY, "outside_write_roots"),
+    ("sed '1r /etc/passwd' README.md", DENY, "outside_read_roots"),
+    ("sed '1R /etc/passwd' README.md", DENY, "outside_read_roots"),
+    ("sed -n '/x/W .git/config' README.md", DENY, "protected_path"),
+    ("sed -i.bak 's/a/b/' README.md", ALLOW, ""),
+    ("sed -i'../../../../../../tmp/*' 's/a/b/' README.md", DENY, "outside_write_roots"),  # the backup
+    ("sed -i 's/a/b/' /etc/hosts", DENY, "outside_read_roots"),  # read first, and written
+    ("sed -f s.sed README.md", DENY, "no_rule"),  # a script file may change before it runs
+    ('sed "s/a/$X/" README.md', DENY, "no_rule"),  # a script known only at run time
+    ("sed 'k' README.md", DENY, "no_rule"),  # not sed: refused, not guessed
+    # --- class 6: awk programs ---------------------------------------------------------------
+    ("awk '/a|b/ {print $1}' README.md", ALLOW, ""),  # old: deny (the | in a regex)
+    ("awk '$3 > 10 {print > \"big.txt\"}' README.md", ALLOW, ""),  # old: deny; a jailed write
+    ("awk 'BEGIN { x = 4 / 2; s = \"/\"; print s, x }'", ALLOW, ""),
+    ("awk -v n=3 '$1 > n' OFS=, README.md", ALLOW, ""),
+    ("awk '{print > \"/etc/x\"}' README.md", DENY, "outside_write_roots"),
+    ("awk '{print $1 >> \"/tmp/log\"}' README.md", DENY, "outside_write_roots"),
+    ("awk '{print > $2}' README.md", DENY, "unknown_path"),
+    ("awk 'BEGIN {system(\"id\")}'", DENY, "no_rule"),
+    ('awk \'BEGIN {print "id" | "sh"}\'', DENY, "no_rule"),
+    ("awk 'BEGIN {\"id\" | getline x}'", DENY, "no_rule"),
+    ('awk \'BEGIN {f = "system"; @f("id")}\'', DENY, "no_rule"),
+    ('awk \'/"/ {print} ; BEGIN { system("id") }\'', DENY, "no_rule"),  # no string hides it
+    ("awk 'BEGIN{print ENVIRON[\"HOME\"]}'", DENY, "no_rule"),
+    ("awk -f prog.awk README.md", DENY, "no_rule"),
+    ("awk -W exec prog.awk", DENY, "no_rule"),
+    ("awk '{print}' /etc/passwd", DENY, "outside_read_roots"),
+    # --- find ---------------------------------------------------------------------------------
+    ("find . -name '*.md' -fprint list.txt", ALLOW, ""),  # old: deny (-fprint forbidden)
+    ("find . -fprintf /tmp/x '%p'", DENY, "outside_write_roots"),
+    ("find src -newer /etc/passwd", DENY, "outside_read_roots"),
+    ("find . -samefile /etc/shadow", DENY, "outside_read_roots"),
+    ("find . -delete", DENY, "no_rule"),  # the policy's choice: deleting asks, through rm
+    ("find . -exec rm {} \\;", DENY, "no_rule"),
+    ("find . -frobnicate", DENY, "no_rule"),
+    # --- cat, head, tail, wc --------------------------------------------------------------------
+    ("head -n 20 src/app.py", ALLOW, ""),
+    ("tail -n +2 README.md", ALLOW, ""),
+    ("wc -l src/*.py", ALLOW, ""),
+    ("cat -- $F", DENY, "no_rule"),  # the rule does not accept run-time values
+    ("head -c 10 /etc/shadow", DENY, "outside_read_roots"),
+]
+
+
+@pytest.mark.parametrize(("command", "verdict", "code"), ROWS, ids=[r[0][:70] for r in ROWS])
+def test_decision(policy: CompiledPolicy, ws: Path, command: str, verdict: Verdict, code: str) -> None:
+    decision = evaluate(policy, command, "agent", ws).decision
+    assert decision.verdict is verdict, decision
+    if code:
+        assert decision.reasons[0].code == code, decision
+
+
+def test_check_json_says_what_the_model_took(ws: Path) -> None:
+    text = "grep -n '/usr/local' Makefile && sed -n '/TODO/w todo.txt' src/app.py | sort -k2 -o out.txt"
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "check", "--json", "--workspace", str(ws), "--", text],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    result = json.loads(out.stdout)
+    assert result["decision"] == "allow", result
+    grep, sed, sort = (c["model"] for c in result["commands"])
+    assert grep == {"model": "grep", "options": ["-n"], "read": ["Makefile"], "write": [], "patterns": ["/usr/local"],
+                    "scripts": [], "applied": True}  # fmt: skip
+    assert sed["read"] == ["src/app.py"] and sed["write"] == ["todo.txt"]
+    assert sed["scripts"] == ["/TODO/w todo.txt"]
+    assert sort["write"] == ["out.txt"] and sort["options"] == ["-k", "-o"] and sort["values"] == ["2"]
+
+
+def test_check_json_shows_the_model_even_where_the_rule_overrides_it(tmp_path: Path) -> None:
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nworkspace: ws\nprincipals: {agent: {roles: [r]}}\n"
+        "roles: {r: {level: 1, read_roots: ['.']}}\ntools: {run: {allow_from: 1}}\nrules:\n"
+        "  - {id: g, decision: allow, justification: j, programs: [grep], path_args: {read: all},\n"
+        "     examples: {match: ['grep x f']}}\n"
+    )
+    (tmp_path / "ws").mkdir()
+    policy = load_checked(tmp_path / "p.yaml")
+    result = evaluate(policy, "grep -n '/usr/local' Makefile", "agent").to_json()
+    assert result["decision"] == "deny"  # the rule's path_args take the pattern for a path
+    assert result["commands"][0]["model"]["applied"] is False
+    assert result["commands"][0]["model"]["patterns"] == ["/usr/local"]
