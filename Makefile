@@ -24,6 +24,9 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 test: lint
+	@# tests/programs/test_strace.py checks each program model against the real program under strace
+	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
 	$(BIN)/pytest -q
 
 HOST ?= 127.0.0.1

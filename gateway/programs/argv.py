@@ -268,6 +268,9 @@ class _Reader:
             self.backup.append(w)
         if kind is Kind.READ:
             self.reads.append(w)
+            if opt is not None and opt.lists_files:
+                named = f"the files named in {w.value}"
+                self.reads.append(Word(named, (Expansion.PARAMETER,), named))  # known only at run time
         elif kind is Kind.WRITE:
             self.writes.append(w)
         elif kind is Kind.SCRIPT_FILE:

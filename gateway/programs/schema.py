@@ -61,6 +61,10 @@ class Option(_Model):
     """The value is optional, so it can only be attached: `-i.bak`, `--color=auto`."""
     runs_code: str = ""
     """Set (to why) when using the option runs code the gateway cannot check."""
+    lists_files: StrictBool = False
+    """The value (a file read) names more files, which the program reads too (`--files0-from`):
+    they are known only at run time, so the jail refuses them unless the rule accepts unknown
+    paths."""
     unsupported: str = ""
     """Set (to why) when the model cannot follow what the option does: a command using it is
     not read, so no rule relying on the model matches it."""

@@ -1,0 +1,226 @@
+"""Every model against the real program: each option that can lead to an allow is run, in the
+gateway's sandbox, under `strace -f`, and every file the program opens, creates, renames or
+removes (outside the system runtime) and every program it execs must be one its model reported.
+
+A model is data someone wrote from a man page; this is what keeps it honest. A value-taking
+option modelled as a flag, a file option modelled as a pattern, an operand taken for a pattern:
+each shows up here as a file the program opened that the model did not report, which the path
+jail would never have checked.
+
+Options whose use the model refuses, or which run code (so no rule relying on the model ever
+allows them), are not run. Each option is run in every spelling, with its value as a separate
+word and attached, so a getopt detail the model got wrong (a short spelling taking a value the
+long one does not) shows too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from gateway import sandbox
+from gateway.analysis import analyze
+from gateway.executors import shell
+from gateway.programs import model_for, read
+from gateway.programs.schema import Kind, Option, ProgramModel
+from gateway.sandbox.identity import hand_over
+from gateway.sandbox.quotas import Quotas
+
+STRACE = shutil.which("strace")
+pytestmark = pytest.mark.skipif(STRACE is None, reason="needs strace (make test installs it)")
+
+Q = Quotas(memory_bytes=1 << 30, pids=256, cpu_seconds=120, file_bytes=1 << 30, open_files=256, tmpfs_bytes=64 << 20)
+SYSTEM = ("/usr/", "/lib/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/")
+"""The system runtime the sandbox shows every command (docs/sandbox.md)."""
+SYSCALLS = "open,openat,openat2,creat,execve,execveat,rename,renameat,renameat2,unlink,unlinkat,rmdir,mkdir,mkdirat"
+
+# A value for each option whose value the model calls `other` (a number, a name, a format): the
+# model does not say what it must look like, so the test does. A new `other` option needs a row.
+OTHER = {
+    "grep": {"-X": "grep", "-m": "1", "--label": "x", "--binary-files": "text", "-d": "read", "-D": "read",
+             "-B": "1", "-A": "1", "-C": "1", "--group-separator": "--", "--color": "never"},
+    "sort": {"--sort": "numeric", "--batch-size": "2", "--check": "quiet", "-k": "1", "-S": "1M", "-t": ",",
+             "--parallel": "1"},
+    "head": {"-c": "5", "-n": "1"},
+    "tail": {"-c": "5", "--follow": "name", "-n": "1", "--max-unchanged-stats": "1", "--pid": "99999", "-s": "0.01"},
+    "sed": {"-i": ".bak", "-l": "5"},
+    "find": {"-D": "stat", "-regextype": "posix-extended", "-maxdepth": "1", "-mindepth": "0", "-amin": "-1",
+             "-atime": "-1", "-cmin": "-1", "-ctime": "-1", "-mmin": "-1", "-mtime": "-1", "-used": "1", "-gid": "0",
+             "-uid": "0", "-inum": "1", "-links": "1", "-size": "-1M", "-perm": "-000", "-type": "f", "-xtype": "f",
+             "-user": "root", "-group": "root", "-fstype": "ext4", "-context": "x",
+             "-printf": "%p\\n", "-fprintf": "%p\\n",
+             "-newerat": "2020-01-01", "-newerct": "2020-01-01", "-newermt": "2020-01-01", "-newerBt": "2020-01-01"},
+    "awk": {"-F": ",", "-v": "x=1", "-L": "fatal", "-D": "x"},
+}  # fmt: skip
+# what each program is given besides the option (its pattern or script first, where it has one)
+OPERANDS = {"grep": ["pat", "in.txt"], "sed": ["p", "in.txt"], "awk": ["{print}", "in.txt"], "find": ["dir"]}
+# tail's following options stop at once: the process --pid names does not exist in the sandbox
+FOLLOW = ["--pid=99999", "-s", "0.01"]
+
+
+@dataclass
+class Case:
+    argv: list[str]
+    trace: str
+
+
+def _value(model: ProgramModel, opt: Option, name: str, kind: Kind, n: int) -> str | None:
+    if kind is Kind.READ:
+        return f"r{n}.txt"
+    if kind is Kind.WRITE:
+        return f"w{n}.out"
+    if kind is Kind.PATTERN:
+        return "pat"
+    if kind is Kind.SCRIPT:
+        return "p" if model.language == "sed" else "{print}"
+    if kind is Kind.OTHER:
+        values = OTHER.get(model.program, {})
+        for spelling in opt.names:
+            if spelling in values:
+                return values[spelling]
+        raise AssertionError(f"{model.program} {name}: no test value for this option in OTHER")
+    return None  # program, script file, command: never allowed through the model
+
+
+def cases(model: ProgramModel) -> list[list[str]]:
+    out: list[list[str]] = []
+    n = 0
+    for opt in (*model.options, *model.primaries):
+        never_allowed = any(k in (Kind.PROGRAM, Kind.SCRIPT_FILE, Kind.COMMAND) for k in opt.kinds)
+        if opt.runs_code or opt.unsupported or never_allowed:
+            continue
+        if opt.names[0] in ("--help", "-help", "--version", "-version", "-V", "-h") and model.program != "grep":
+            continue
+        for name in opt.names:
+            n += 1
+            operands = list(OPERANDS.get(model.program, ["in.txt"]))
+            if opt.replaces_first:
+                operands = operands[1:]
+            extra = FOLLOW if model.program == "tail" and name in ("-f", "-F", "--follow", "--retry") else []
+            values = [_value(model, opt, name, k, n + i) for i, k in enumerate(opt.kinds)]
+            if any(v is None for v in values):
+                continue
+            words = [str(v) for v in values]
+            if model.grammar == "find":  # leading options before the starting points, primaries after
+                lead = opt in model.options
+                before, after = ([name, *words], []) if lead else ([], [name, *words])
+                out.append([model.program, *before, *operands, *after])
+                continue
+            if not words:
+                forms = [[name]]
+            elif opt.optional:
+                forms = [[name], [name + ("=" if name.startswith("--") else "") + words[0]]]
+            else:
+                forms = [[name, *words], [name + ("=" if name.startswith("--") else "") + words[0]]]
+            out += [[model.program, *f, *extra, *operands] for f in forms]
+    return out
+
+
+def _prepare(ws: Path, argv: list[str]) -> None:
+    """Every word is also a file (a pattern, a number, a name): if the program opens a word the
+    model took for something else, the trace shows it."""
+    (ws / "in.txt").write_text("pat\nb,2\na,1\n")
+    (ws / "dir").mkdir(exist_ok=True)
+    (ws / "dir" / "inner.txt").write_text("pat\n")
+    for w in argv[1:]:
+        plain = w and "/" not in w and w not in (".", "..") and w[0] != "-"
+        if plain and not re.fullmatch(r"w\d+\.out", w) and not (ws / w).exists():
+            (ws / w).write_text("pat\n")
+
+
+_CALL = re.compile(r"^(\d+)\s+(\w+)\((.*)\)\s+=\s+(-?\d+|\?)")
+_ARG = re.compile(r'(?:(\d+|AT_FDCWD)(?:<([^>]*)>)?,\s*)?"((?:[^"\\]|\\.)*)"')
+
+
+def _events(trace: str, cwd: str) -> list[tuple[str, list[str], str]]:
+    """(syscall, its absolute paths, its arguments) for each call in the trace, failed ones
+    included: an attempt to open a file the model did not report is the model's error too."""
+    out: list[tuple[str, list[str], str]] = []
+    for line in trace.splitlines():
+        m = _CALL.match(line)
+        if not m:
+            continue
+        call, args = m.group(2), m.group(3)
+        paths = []
+        for _fd, dirpath, path in _ARG.findall(args):
+            path = bytes(path, "utf-8").decode("unicode_escape")
+            paths.append(os.path.normpath(os.path.join(dirpath or cwd, path)))
+        if paths:
+            out.append((call, paths if call.startswith("rename") else paths[:1], args))
+    return out
+
+
+def _explained(path: str, allowed: list[str]) -> bool:
+    return any(path == a or path.startswith(a.rstrip("/") + "/") for a in allowed)
+
+
+MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk"]
+
+
+@pytest.mark.parametrize("program", MODELLED)
+def test_the_program_opens_only_what_its_model_reports(tmp_path: Path, program: str) -> None:
+    model = model_for(program)
+    assert model is not None
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    all_cases = cases(model)
+    assert all_cases, program
+    lines = []
+    for i, argv in enumerate(all_cases):
+        _prepare(ws, argv)
+        lines.append(f"strace -f -qq -y -o .t{i} -e trace={SYSCALLS} {shlex.join(argv)} </dev/null >/dev/null 2>&1")
+    hand_over(ws)
+    profile = sandbox.Profile(
+        principal="agent", read_roots=(ws,), write_roots=(ws,), protected=(), private=(), quotas=Q
+    )
+    out = shell.run("\n".join(lines), ws, profile, timeout_ms=300_000)
+    assert out["exit_code"] is not None and not out["timed_out"], out
+    problems: list[str] = []
+    binary = os.path.realpath(shutil.which(program) or program)
+    for i, argv in enumerate(all_cases):
+        trace = (ws / f".t{i}").read_text()
+        (cmd,) = analyze(shlex.join(argv), second_opinion_enabled=False).commands
+        reading = read(model, cmd)
+        if reading.refused or reading.runs:
+            why = reading.refused or reading.runs
+            problems.append(f"{shlex.join(argv)}: the model refuses it or says it runs code ({why})")
+            continue
+        unknown = any(not w.literal for w in reading.reads)  # --files0-from: the sandbox bounds them
+        reads = [os.path.normpath(ws / w.value) for w in reading.reads if w.literal]
+        writes = [os.path.normpath(ws / w.value) for w in reading.writes if w.literal]
+        events = _events(trace, str(ws))
+        if not any(c.startswith("exec") and os.path.realpath(p[0]) == binary for c, p, _ in events):
+            problems.append(f"{shlex.join(argv)}: the trace does not show {binary} starting: {trace[:300]!r}")
+        # a temporary renamed onto a written file (sed -i writes ./sedXXXXXX, then renames it)
+        temporaries = {p[0] for c, p, _ in events if c.startswith("rename") and _explained(p[-1], writes)}
+        for call, paths, args in events:
+            path = paths[0]
+            if call.startswith("rename"):
+                if not all(_explained(p, writes) or p in temporaries for p in paths):
+                    problems.append(f"{shlex.join(argv)}: {call} {paths}, not in the model's writes {writes}")
+                continue
+            if call.startswith("exec"):
+                if os.path.realpath(path) != binary and not path.endswith("/strace"):
+                    problems.append(f"{shlex.join(argv)}: execs {path}")
+                continue
+            if path.startswith(SYSTEM) or path == "/":
+                continue
+            if path.startswith(str(ws) + "/.t") or path == str(ws):
+                continue  # the trace itself, the cwd (always checked by the jail)
+            writing = call in ("creat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat") or bool(
+                re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args)
+            )
+            if writing:
+                ok = _explained(path, writes) or path in temporaries
+            else:
+                ok = unknown or _explained(path, reads) or _explained(path, writes)
+            if not ok:
+                access = "write" if writing else "read"
+                problems.append(f"{shlex.join(argv)}: {call} {path} ({access}), not in {reads} / writes {writes}")
+    assert not problems, "\n".join(problems[:30])
