@@ -60,6 +60,18 @@ OTHER = {
 }  # fmt: skip
 # what each program is given besides the option (its pattern or script first, where it has one)
 OPERANDS = {"grep": ["pat", "in.txt"], "sed": ["p", "in.txt"], "awk": ["{print}", "in.txt"], "find": ["dir"]}
+# scripts: what their parsers (gateway/programs/sed.py, awk.py) say they read and write
+SCRIPTS = {
+    "sed": [["sed", "-n", "w w1.out", "in.txt"], ["sed", "1r r2.txt", "in.txt"], ["sed", "s/pat/x/w w3.out", "in.txt"],
+            ["sed", "-n", "/pat/W w4.out", "in.txt"], ["sed", "1R r5.txt", "in.txt"],
+            ["sed", "-n", "w w6.out; p", "in.txt"],
+            ["sed", "1a r7.txt; w w7.out", "in.txt"], ["sed", "-e", "1{r r8.txt", "-e", "}", "in.txt"],
+            ["sed", "-s", "-n", "$w w9.out", "in.txt", "r10.txt"]],
+    "awk": [["awk", '{print > "w1.out"}', "in.txt"], ["awk", '{print $1 >> "w2.out"}', "in.txt"],
+            ["awk", '$1 > 0 {print ($1 > 2) > "w3.out"}', "in.txt"],
+            ["awk", "-F,", "{print $2}", "in.txt", "x=1", "r4.txt"],
+            ["awk", '{printf("%s\\n", $0) > "/dev/stderr"}', "in.txt"]],
+}  # fmt: skip
 # tail's following options stop at once: the process --pid names does not exist in the sandbox
 FOLLOW = ["--pid=99999", "-s", "0.01"]
 
@@ -119,7 +131,7 @@ def cases(model: ProgramModel) -> list[list[str]]:
             else:
                 forms = [[name, *words], [name + ("=" if name.startswith("--") else "") + words[0]]]
             out += [[model.program, *f, *extra, *operands] for f in forms]
-    return out
+    return out + SCRIPTS.get(model.program, [])
 
 
 def _prepare(ws: Path, argv: list[str]) -> None:
