@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from gateway.analysis import Command, Expansion, Word, analyze
+from gateway.analysis import Command, Expansion, Word
 from gateway.programs import awk, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
 from gateway.stages import producers
@@ -75,27 +75,20 @@ class _Refused(Exception):
     pass
 
 
-def could_be_option(w: Word) -> bool:
-    """Could the word, known only at run time, begin with `-`? Only a word that starts with a
-    literal character other than `-` cannot (`x$y`); a leading expansion can be anything."""
+def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
+    """Could the word, known only at run time, be (or be split into) an option? Only a word
+    that starts with a literal character other than `-` cannot (`x$y`); a leading expansion can
+    be anything. A producer's listing (`$(find lib)`, stages/producers.py) can too, since it is
+    split at blanks (a directory named `x --file=` gives the word `--file=...`), but where
+    every option of the program only reads (`model.only_reads`: grep, head, cat...) the sandbox
+    bounds what such an option reads, as it bounds the listing's paths (docs/analysis.md)."""
     if w.literal:
         return w.value.startswith("-")
     if set(w.expansions) <= _PATH_EXPANSIONS:
         return w.value.startswith("-")  # a glob: the path jail refuses a match that would be an option
     if w.value[:1] not in "$`-\\\"'" and w.value:
         return False
-    return not _lists_under_find(w)
-
-
-def _lists_under_find(w: Word) -> bool:
-    """Is `w` a producer substitution (stages/producers.py) whose names are printed by `find
-    START...`, every START not starting with `-`? Each name then starts with a START, never
-    with `-`. (`ls` and `git ls-files` print bare names, which may.)"""
-    starts = producers.starting_points(w)
-    if not starts or any(s.startswith("-") for s in starts):
-        return False
-    inner = analyze(w.raw[2:-1], second_opinion_enabled=False)
-    return bool(inner.commands) and inner.commands[0].program == "find"
+    return not (model is not None and model.only_reads and producers.starting_points(w) is not None)
 
 
 class _Reader:
@@ -131,7 +124,7 @@ class _Reader:
         while i < len(argv):
             w = argv[i]
             v = w.value
-            if ended or v == "-" or not could_be_option(w):
+            if ended or v == "-" or not could_be_option(w, self.model):
                 self.operands.append(i)
                 i += 1
                 continue
@@ -223,7 +216,7 @@ class _Reader:
             w = argv[i]
             if w.literal and (w.value.startswith("-") or w.value in _OPERATORS):
                 break
-            if could_be_option(w):
+            if could_be_option(w, self.model):
                 raise _Refused(f"find: {w.raw or w.value} is known only at run time and could be an expression")
             self.operands.append(i)
             i += 1

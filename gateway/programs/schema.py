@@ -156,6 +156,16 @@ class ProgramModel(_Model):
     operands: Operands = Operands()
     examples: list[Example] = Field(min_length=1)
 
+    @property
+    def only_reads(self) -> bool:
+        """Does every option and operand at most read (no writes, scripts, programs, nothing
+        refused)? An option injected into such a program can only make it read more."""
+        quiet = (Kind.READ, Kind.PATTERN, Kind.OTHER)
+        for o in (*self.options, *self.primaries):
+            if o.runs_code or o.unsupported or o.writes_operands or any(k not in quiet for k in o.kinds):
+                return False
+        return self.operands.rest in quiet and self.operands.first in (None, *quiet)
+
     @model_validator(mode="after")
     def _consistent(self) -> ProgramModel:
         seen: set[str] = set()

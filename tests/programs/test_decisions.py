@@ -58,7 +58,10 @@ ROWS = [
     ('grep -e "$PAT" README.md', ALLOW, ""),  # the value of -e: only ever a pattern
     ('grep -- "$PAT" README.md', ALLOW, ""),
     ("sort $(git ls-files)", DENY, "no_rule"),  # a tracked file named --compress-program=...
-    ("wc -l $(find src -name '*.py')", ALLOW, ""),  # find prints names under src, never options
+    ("sort $(find src -name '*.txt')", DENY, "no_rule"),  # split at blanks: 'src/x --compress-program=sh'
+    ("sort -- $(find src -name '*.txt')", ALLOW, ""),
+    ("wc -l $(find src -name '*.py')", ALLOW, ""),  # wc's options only read: the sandbox bounds them
+    ("sed -n p $(find src -name '*.py')", DENY, "no_rule"),  # 'x -i' would make sed write
     # --- sort -----------------------------------------------------------------------------
     ("sort -o out.txt README.md", ALLOW, ""),  # old: deny (-o forbidden); now a jailed write
     ("sort -o /etc/x README.md", DENY, "outside_write_roots"),
