@@ -86,8 +86,8 @@ def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
         return w.value.startswith("-")
     if set(w.expansions) <= _PATH_EXPANSIONS:
         return w.value.startswith("-")  # a glob: the path jail refuses a match that would be an option
-    if w.value[:1] not in "$`-\\\"'" and w.value:
-        return False
+    if w.value[:1] not in "$`-" and w.value:
+        return False  # the value is quote-removed: a leading character other than these is literal
     return not (model is not None and model.only_reads and producers.starting_points(w) is not None)
 
 
