@@ -126,6 +126,7 @@ class _Reader:
             v = w.value
             if ended or v == "-" or not could_be_option(w, self.model):
                 self.operands.append(i)
+                ended = ended or not self.model.permutes  # awk: the first operand ends the options
                 i += 1
                 continue
             if not v.startswith("-"):

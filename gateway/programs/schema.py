@@ -146,6 +146,10 @@ class ProgramModel(_Model):
     """How argv is read. `getopt`: GNU getopt_long with permutation (options anywhere before
     `--`, short clusters, long options by unique prefix). `find`: leading options, starting
     points, then an expression of `primaries`."""
+    permutes: StrictBool = True
+    """getopt: options may follow operands (GNU's default). False: the first operand ends the
+    options, and every word after it is an operand (awk: `awk '{print}' -v f` reads a file
+    named `-v`)."""
     digit_options: StrictBool = False
     """`-NUM` is an option (grep -5, head -20)."""
     language: Literal["sed", "awk"] | None = None

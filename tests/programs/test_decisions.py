@@ -107,6 +107,7 @@ ROWS = [
     ("awk -f prog.awk README.md", DENY, "no_rule"),
     ("awk -W exec prog.awk", DENY, "no_rule"),
     ("awk '{print}' /etc/passwd", DENY, "outside_read_roots"),
+    ("awk '{print}' -v /etc/passwd", DENY, "outside_read_roots"),  # awk does not permute: two files
     # --- find ---------------------------------------------------------------------------------
     ("find . -name '*.md' -fprint list.txt", ALLOW, ""),  # old: deny (-fprint forbidden)
     ("find . -fprintf /tmp/x '%p'", DENY, "outside_write_roots"),
