@@ -132,7 +132,9 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             return None, ""
         i = 2
     options, positional = _split(cmd, i)
-    reading = reading_of(cmd) if rule.uses_model else None
+    # allow and ask rules read the command through its program's model; deny rules match on
+    # the words as before, so a model can never make a deny rule miss
+    reading = reading_of(cmd) if rule.uses_model and rule.decision is not RuleDecision.DENY else None
     if reading is not None:
         positional = reading.operands
     if rule.when_options and not any(_has_option(o, spec) for o in options for spec in rule.when_options):
