@@ -57,9 +57,11 @@ OTHER = {
              "-printf": "%p\\n", "-fprintf": "%p\\n",
              "-newerat": "2020-01-01", "-newerct": "2020-01-01", "-newermt": "2020-01-01", "-newerBt": "2020-01-01"},
     "awk": {"-F": ",", "-v": "x=1", "-L": "fatal", "-D": "x"},
+    "uniq": {"--all-repeated": "separate", "-f": "1", "--group": "append", "-s": "1", "-w": "2"},
 }  # fmt: skip
 # what each program is given besides the option (its pattern or script first, where it has one)
-OPERANDS = {"grep": ["pat", "in.txt"], "sed": ["p", "in.txt"], "awk": ["{print}", "in.txt"], "find": ["dir"]}
+OPERANDS = {"grep": ["pat", "in.txt"], "sed": ["p", "in.txt"], "awk": ["{print}", "in.txt"], "find": ["dir"],
+            "uniq": ["in.txt", "w0.out"]}
 # scripts: what their parsers (gateway/programs/sed.py, awk.py) say they read and write
 SCRIPTS = {
     "sed": [["sed", "-n", "w w1.out", "in.txt"], ["sed", "1r r2.txt", "in.txt"], ["sed", "s/pat/x/w w3.out", "in.txt"],
@@ -172,7 +174,7 @@ def _explained(path: str, allowed: list[str]) -> bool:
     return any(path == a or path.startswith(a.rstrip("/") + "/") for a in allowed)
 
 
-MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk"]
+MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk", "uniq"]
 
 
 @pytest.mark.parametrize("program", MODELLED)
