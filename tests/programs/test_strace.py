@@ -60,8 +60,13 @@ OTHER = {
     "uniq": {"--all-repeated": "separate", "-f": "1", "--group": "append", "-s": "1", "-w": "2"},
 }  # fmt: skip
 # what each program is given besides the option (its pattern or script first, where it has one)
-OPERANDS = {"grep": ["pat", "in.txt"], "sed": ["p", "in.txt"], "awk": ["{print}", "in.txt"], "find": ["dir"],
-            "uniq": ["in.txt", "w0.out"]}
+OPERANDS = {
+    "grep": ["pat", "in.txt"],
+    "sed": ["p", "in.txt"],
+    "awk": ["{print}", "in.txt"],
+    "find": ["dir"],
+    "uniq": ["in.txt", "w0.out"],
+}
 # scripts: what their parsers (gateway/programs/sed.py, awk.py) say they read and write
 SCRIPTS = {
     "sed": [["sed", "-n", "w w1.out", "in.txt"], ["sed", "1r r2.txt", "in.txt"], ["sed", "s/pat/x/w w3.out", "in.txt"],
