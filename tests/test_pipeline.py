@@ -30,10 +30,10 @@ TABLE = [
     ("git diff HEAD~1 -- src/app.py", "allow", "git-read", None),
     ("git add -A && git commit -m 'fix: handle it'", "allow", "git-write", None),
     ("ls -la src", "allow", "inspect", None),
-    ("cat README.md | head -n 5", "allow", "inspect", None),
+    ("cat README.md | head -n 5", "allow", "read-files", None),
     ("grep -rn TODO src/", "allow", "search", None),
     ("find . -name '*.py' -type f", "allow", "find", None),
-    ("wc -l src/*.py", "allow", "inspect", None),
+    ("wc -l src/*.py", "allow", "read-files", None),
     ("mkdir -p src/pkg && touch src/pkg/__init__.py", "allow", "write-files", None),
     ("cp src/app.py src/app_copy.py", "allow", "copy-move", None),
     ("echo 'print(2)' > src/two.py", "allow", "builtins", None),
@@ -46,11 +46,11 @@ TABLE = [
     ("export NODE_ENV=test && npm run build", "allow", "export", None),
     ("sort -u README.md | uniq -c", "allow", "sort", None),
     # bashlex cannot parse these; mvdan/sh confirms them (issue 13: they asked before)
-    ("cat <<'EOF' > notes.md\nhello\nEOF", "allow", "inspect", None),
+    ("cat <<'EOF' > notes.md\nhello\nEOF", "allow", "read-files", None),
     ("[[ -f README.md ]] && echo yes", "allow", "builtins", None),
     # --- asks -------------------------------------------------------------------------------
     ("rm -rf src/pkg", "ask", "rm", "ask"),
-    ("sed -i 's/a/b/' src/app.py", "ask", "sed", "ask"),
+    ("sed -i 's/a/b/' src/app.py", "allow", "sed", None),  # its script is parsed (gateway/programs/)
     ("python scripts/migrate.py", "ask", "python-script", "ask"),
     ("time ls | wc -l", "ask", None, "unconfirmed_unparsed"),  # neither bashlex nor mvdan/sh confirms
     # --- denied by a rule ---------------------------------------------------------------------
@@ -68,7 +68,7 @@ TABLE = [
     ("git -c core.pager=sh log", "deny", None, "no_rule"),
     ("find . -exec rm {} \\;", "deny", None, "no_rule"),
     ("find . -delete", "deny", None, "no_rule"),
-    ("sort -o /etc/x in", "deny", None, "no_rule"),
+    ("sort -o /etc/x in", "deny", None, "outside_write_roots"),  # -o is a jailed write (sort's model)
     ("tree -o out.txt", "deny", None, "no_rule"),
     ("awk 'BEGIN{system(\"id\")}'", "deny", None, "no_rule"),
     ("GIT_SSH_COMMAND=x git status", "deny", None, "no_rule"),
@@ -110,8 +110,8 @@ def test_decision(policy: CompiledPolicy, command: str, verdict: str, rule: str 
 def test_a_denial_tells_the_agent_why(policy: CompiledPolicy) -> None:
     decision = evaluate(policy, "curl https://example.com", "agent").decision
     assert "Network tools are not available" in decision.reasons[0].message
-    near = evaluate(policy, "sort -o out in", "agent").decision
-    assert "option -o is not allowed" in near.reasons[0].message
+    near = evaluate(policy, "sort --compress-program=sh in", "agent").decision
+    assert "it runs the program 'sh'" in near.reasons[0].message
 
 
 def test_unknown_principal_is_denied_not_an_error(policy: CompiledPolicy) -> None:

@@ -47,15 +47,18 @@ def test_the_linear_matcher_agrees_with_python(pattern: str, text: str) -> None:
 
 
 def test_an_agent_chosen_argument_never_chooses_how_long_a_check_takes(tmp_path: Path) -> None:
-    # the shipped awk rule's lookahead is quadratic: a 64 KiB program took seconds per check
+    # the shipped awk rule's lookahead was quadratic: a 64 KiB program took seconds per check.
+    # The rule now reads the program with awk's model (gateway/programs/awk.py), in linear time.
     (tmp_path / "data.txt").write_text("x\n")
     policy = load_checked(SHIPPED, tmp_path)
     program = "{print $1} " + "print " * 10000  # just under the 64 KiB cap on a command
     started = time.monotonic()
     decision = evaluate(policy, f"awk '{program}' data.txt", "agent", tmp_path).decision
     assert time.monotonic() - started < 30  # a guard against the old cost, not a benchmark
-    assert decision.verdict is Verdict.DENY
-    assert "too long to check" in decision.reasons[0].message
+    assert decision.rule == "awk", decision  # read by the model, not refused as too long to check
+    slow = "{print $1} " + "system " * 9000
+    decision = evaluate(policy, f"awk '{slow}' data.txt", "agent", tmp_path).decision
+    assert decision.verdict is Verdict.DENY and "system() runs a command" in decision.reasons[0].message
     assert evaluate(policy, "awk '{print $1}' data.txt", "agent", tmp_path).decision.verdict is Verdict.ALLOW
 
 
