@@ -19,11 +19,11 @@ from mcp.types import CallToolResult, ElicitResult
 
 from gateway import approval_queue
 from gateway.audit import verify
-from gateway.server.profiles import PROFILES, ProfileError, specs_for
+from gateway.server.profiles import PROFILES, ProfileError, methings, specs_for
 from tests.server.conftest import GATEWAY, POLICY, audit_records, env_without_state, gateway_cmd
 
 
-def profile_policy(tmp_path: Path, ws: Path, **tools: dict[str, int]) -> Path:
+def profile_policy(tmp_path: Path, ws: Path, shells: tuple[str, ...] = ("bash",), **tools: dict[str, int]) -> Path:
     """The server tests' policy, plus a rule that lets commands take APP_* variables and a rule
     that runs any program under `bin-*` names (so a missing one reaches the shell: exit 127)."""
     p: dict[str, Any] = copy.deepcopy(POLICY)
@@ -37,6 +37,7 @@ def profile_policy(tmp_path: Path, ws: Path, **tools: dict[str, int]) -> Path:
         "programs": ["nosuchprogram"], "accept_unknown": True, "examples": {"match": ["nosuchprogram"]},
     })  # fmt: skip
     p["tools"].update(tools)
+    p["shells"] = list(shells)
     d = tmp_path / "policies"
     d.mkdir(exist_ok=True)
     f = d / "p.yaml"
@@ -274,3 +275,82 @@ def test_system_ops_supervisor_level_waits_for_a_supervisor_then_answers_in_the_
     assert no_channel["success"] is False and no_channel["error"]["code"] == "NO_USER_CHANNEL" and asked.is_error
     approval = [r for r in audit_records(tmp_path / "audit") if r["event"] == "approval"]
     assert len(approval) == 1 and approval[0]["data"]["by"] == "alice" and approval[0]["tool"] == "run"
+
+
+# --- methings (seed 000): the one-shot shells ------------------------------------------------------
+def test_methings_run_shell_examples_and_error_cases(tmp_path: Path, ws: Path) -> None:
+    f = profile_policy(tmp_path, ws, shells=("bash", "sh"))
+
+    async def scenario() -> tuple[dict[str, Any], dict[str, CallToolResult]]:
+        async with Client(serve(tmp_path, f, ws, "methings")) as c:
+            tools = {t.name: t.input_schema for t in (await c.list_tools()).tools}
+            calls: list[tuple[str, str, dict[str, Any]]] = [
+                ("sh", "local_run_shell", {"command": "echo hi"}),
+                ("bash", "termux_run_shell", {"command": "echo hi", "cwd": ".", "env": {}}),
+                ("exit", "termux_run_shell", {"command": "echo out; echo err >&2; false"}),
+                ("timeout", "local_run_shell", {"command": "sleep 30", "timeout_ms": 300}),
+                ("too_long", "termux_run_shell", {"command": "echo x", "timeout_ms": 300_001}),
+                ("denied", "local_run_shell", {"command": "curl https://example.com"}),
+                ("missing", "termux_run_shell", {"command": "nosuchprogram"}),
+            ]
+            return tools, {k: await c.call_tool(name, args) for k, name, args in calls}
+
+    tools, r = asyncio.run(scenario())
+    assert set(tools) == {"local_run_shell", "termux_run_shell", "await_call"}
+    for name in ("local_run_shell", "termux_run_shell"):
+        schema = tools[name]
+        assert set(schema["properties"]) == {"command", "cwd", "timeout_ms", "env"}
+        assert schema["properties"]["timeout_ms"]["default"] == 60000
+        assert schema["properties"]["timeout_ms"]["maximum"] == 300000
+    out = {k: reply(v) for k, v in r.items()}
+    for k in ("sh", "bash"):
+        assert set(out[k]) == {"status", "exit_code", "stdout", "stderr", "call_id"}
+        assert (out[k]["status"], out[k]["exit_code"], out[k]["stdout"], out[k]["stderr"]) == ("ok", 0, "hi\n", "")
+    assert (out["exit"]["status"], out["exit"]["exit_code"]) == ("ok", 1) and not r["exit"].is_error
+    assert out["exit"]["stdout"] == "out\n" and out["exit"]["stderr"] == "err\n"
+    timeout = out["timeout"]
+    assert (timeout["status"], timeout["exit_code"], timeout["stderr"]) == (
+        "timeout",
+        -1,
+        "Command timed out after 0.3s",
+    )
+    assert r["timeout"].is_error
+    assert out["too_long"]["status"] == "error" and out["too_long"]["error"]["code"] == "INVALID_INPUT"
+    assert "timeout_ms" in out["too_long"]["error"]["message"] and out["too_long"]["exit_code"] == -1
+    denied = out["denied"]
+    assert (denied["status"], denied["exit_code"], denied["stdout"]) == ("error", -1, "") and r["denied"].is_error
+    assert denied["error"]["code"] == "POLICY_DENIED" and denied["error"]["rule"] == "no-curl"
+    assert "no network" in denied["stderr"]
+    missing = out["missing"]
+    assert (missing["status"], missing["exit_code"], missing["error"]["code"]) == ("error", 127, "COMMAND_NOT_FOUND")
+    assert "nosuchprogram" in missing["stderr"]
+
+    decisions = {d["call_id"]: d for d in audit_records(tmp_path / "audit") if d["event"] == "decision"}
+    assert decisions[out["sh"]["call_id"]]["arguments"]["shell"] == "sh"  # local_run_shell: bash in POSIX mode
+    assert decisions[out["bash"]["call_id"]]["arguments"]["shell"] == "bash"
+    assert decisions[out["sh"]["call_id"]]["arguments"]["timeout_ms"] == 60000  # the seed's default
+    d = decisions[denied["call_id"]]
+    assert (d["tool"], d["decision"], d["rule"]) == ("run", "deny", "no-curl")
+    assert verify(tmp_path / "audit").ok
+
+
+def test_methings_sh_needs_the_policys_leave(tmp_path: Path, ws: Path) -> None:
+    """local_run_shell is bash in POSIX mode: a policy that lists only bash denies it, like run's sh."""
+
+    async def scenario() -> CallToolResult:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "methings")) as c:
+            return await c.call_tool("local_run_shell", {"command": "echo hi"})
+
+    out = reply(asyncio.run(scenario()))
+    assert out["status"] == "error" and out["error"]["code"] == "POLICY_DENIED" and "sh" in out["stderr"]
+
+
+def test_methings_timeout_names_the_limit_in_seconds() -> None:
+    envelope = {
+        "status": "timeout", "call_id": "c1", "exit_code": None, "stdout": "partial", "stderr": "",
+        "timeout_ms": 60000, "error": {"code": "COMMAND_TIMEOUT", "message": "killed after 60000 ms"},
+    }  # fmt: skip
+    assert methings.run_reply(envelope) == {
+        "status": "timeout", "exit_code": -1, "stdout": "partial", "stderr": "Command timed out after 60s",
+        "call_id": "c1",
+    }  # fmt: skip
