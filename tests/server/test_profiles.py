@@ -20,7 +20,7 @@ from mcp.types import CallToolResult, ElicitResult
 from gateway import approval_queue
 from gateway.audit import verify
 from gateway.server.profiles import PROFILES, ProfileError, methings, specs_for
-from tests.server.conftest import GATEWAY, POLICY, audit_records, env_without_state, gateway_cmd
+from tests.server.conftest import GATEWAY, POLICY, HttpGateway, audit_records, env_without_state, gateway_cmd
 
 
 def profile_policy(tmp_path: Path, ws: Path, shells: tuple[str, ...] = ("bash",), **tools: dict[str, int]) -> Path:
@@ -354,3 +354,21 @@ def test_methings_timeout_names_the_limit_in_seconds() -> None:
         "status": "timeout", "exit_code": -1, "stdout": "partial", "stderr": "Command timed out after 60s",
         "call_id": "c1",
     }  # fmt: skip
+
+
+def test_http_serves_the_profile_chosen(tmp_path: Path, ws: Path) -> None:
+    """`--profile` over HTTP (what `make serve PROFILE=...` runs): the seed's tools, behind the token."""
+    from tests.server.test_transports import call_http
+
+    server = HttpGateway(tmp_path, profile_policy(tmp_path, ws), ws, extra=("--profile", "system-ops"))
+    try:
+        token = server.token("agent")
+        ok, denied = asyncio.run(
+            call_http(server.url, token, "auto", ("run", {"command": "echo hi"}), ("run", {"command": "curl x"}))
+        )
+        assert "profile system-ops" in server.stderr.read_text()
+    finally:
+        server.stop()
+    assert reply(ok)["success"] is True and reply(ok)["data"]["stdout"] == "hi\n"
+    assert reply(denied)["error"]["code"] == "POLICY_DENIED" and denied.is_error
+    assert verify(server.audit).ok
