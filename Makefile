@@ -31,11 +31,13 @@ test: lint
 
 HOST ?= 127.0.0.1
 PORT ?= 8765
+PROFILE ?= gateway
 
 # The gateway on localhost with the shipped policy: creates workspace/ and audit/, issues a
 # fresh token and prints the URL, the token and client configuration to copy.
 serve: $(STAMP)
-	$(BIN)/gateway serve --http $(HOST):$(PORT) --quickstart --policy policies/default.yaml --audit-dir audit
+	$(BIN)/gateway serve --http $(HOST):$(PORT) --quickstart --policy policies/default.yaml --audit-dir audit \
+		--profile $(PROFILE)
 
 bench: $(STAMP)
 	$(BIN)/python bench/analysis.py

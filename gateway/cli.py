@@ -591,6 +591,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="BYTES",
         help="HTTP: largest request body, answered 413 above it (default: %(default)s, 16 MiB)",
     )
+    sv.add_argument(
+        "--profile",
+        default="gateway",
+        metavar="NAME[,NAME...]",
+        help="the tool set: gateway (default), system-ops, methings: a seed's own tool names and replies, "
+        "over the same gate (docs/tools.md)",
+    )
     sv.add_argument("--quickstart", action="store_true",
                     help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip
     sv.set_defaults(func=_cmd_serve)

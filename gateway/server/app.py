@@ -23,6 +23,7 @@ import json
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -36,7 +37,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from gateway.approval import Answer, ApprovalRequest, visible
 from gateway.audit import AuditUnavailable
-from gateway.calls import AskUserCall
+from gateway.calls import AskUserCall, ProcessCall, RunCall
 from gateway.log import log
 from gateway.pipeline import Gateway, error, evaluate, new_call_id, tool_decision
 from gateway.policy.schema import Tool
@@ -163,7 +164,10 @@ class GatewayServer:
         pending_after_s: float = PENDING_AFTER_S,
         max_in_flight: int = MAX_IN_FLIGHT,
         name: str = "agent-gateway",
+        specs: Sequence[Spec] = SPECS,
     ) -> None:
+        """`specs`: the tools served (`gateway/server/profiles/`: `gateway serve --profile`);
+        the gateway's own by default. Every one is an adapter over `gateway.handle`."""
         if principal is None and token_verifier is None:
             raise ValueError("a server needs a fixed principal (stdio) or a token verifier (HTTP)")
         self.gw = gateway
@@ -189,7 +193,11 @@ class GatewayServer:
             middleware=[self._filter_listing],
             log_level="WARNING",  # the SDK configures logging; INFO would print every casbin enforce
         )
-        for spec in SPECS:
+        self.specs: dict[str, Spec] = {}
+        for spec in specs:
+            if spec.name in self.specs:
+                raise ValueError(f"two tools named {spec.name!r}: serve profiles whose tool names differ")
+            self.specs[spec.name] = spec
             self._register(spec)
 
     # --- who calls ---------------------------------------------------------------------------
@@ -209,7 +217,7 @@ class GatewayServer:
         except Exception:
             return set()
         out = set()
-        for spec in SPECS:
+        for spec in self.specs.values():
             if spec.family is None or policy.tool_decision(principal, spec.family).value != "deny":
                 out.add(spec.name)
         return out
@@ -230,7 +238,7 @@ class GatewayServer:
                 return await self._await_call(ctx)
 
             fn: Any = await_fn
-        elif spec.name == "ask_user":
+        elif spec.resolver == "user":
 
             async def ask_fn(
                 ctx: Context, user: Annotated[ElicitationResult[UserAnswer], Resolve(self._ask_user_form)]
@@ -238,7 +246,7 @@ class GatewayServer:
                 return await self._call(ctx, spec, user=user)
 
             fn = ask_fn
-        elif spec.name in ("run", "process"):  # a session's cwd is the shell's: only a supervisor answers there
+        elif spec.resolver == "client":
 
             async def gated_fn(
                 ctx: Context, client: Annotated[ElicitationResult[ClientApproval], Resolve(self._client_approval)]
@@ -266,17 +274,26 @@ class GatewayServer:
             return NotAsked(approve=False)
         principal = self.caller()
         args = _arguments(ctx)
-        tool = str((ctx.request_context.params or {}).get("name", ""))
-        command, family = args.get("command"), Tool.RUN if tool == "run" else Tool.PROCESSES
-        if principal is None or not isinstance(command, str) or (tool == "process" and args.get("action") != "start"):
-            return NotAsked(approve=False)
-        if _smuggled(args):
+        spec = self.specs.get(str((ctx.request_context.params or {}).get("name", "")))
+        if principal is None or spec is None or _smuggled(args):
             return NotAsked(approve=False)  # the body refuses the call
         try:
-            cwd = self.gw.resolve_cwd(policy, args.get("cwd") if isinstance(args.get("cwd"), str) else None)
+            call = spec.call(args, principal)  # what the body will run, whichever profile's names it came in
+        except (ValidationError, ValueError):
+            return NotAsked(approve=False)  # the body reports the invalid input
+        if isinstance(call, RunCall):
+            family = Tool.RUN
+        elif isinstance(call, ProcessCall) and call.action == "start" and call.command is not None:
+            family = Tool.PROCESSES
+        else:
+            return NotAsked(approve=False)
+        command, env = call.command, dict(call.env)
+        if command is None:
+            return NotAsked(approve=False)
+        try:
+            cwd = self.gw.resolve_cwd(policy, call.cwd)
         except PathRefused:
             return NotAsked(approve=False)  # the body refuses the call
-        env = args.get("env") if isinstance(args.get("env"), dict) else {}
         result = await asyncio.to_thread(evaluate, policy, command, principal, cwd, env, family)
         d = result.decision
         if d.verdict.label != "ask" or not client_may_answer(policy, tuple(r.rule for r in d.reasons) or (None,)):
@@ -291,12 +308,15 @@ class GatewayServer:
     async def _ask_user_form(self, ctx: Context) -> UserAnswer | Elicit[BaseModel]:
         principal = self.caller()
         args = _arguments(ctx)
-        if _smuggled(args):
+        spec = self.specs.get(str((ctx.request_context.params or {}).get("name", "")))
+        if _smuggled(args) or spec is None:
             return NoUserChannel()  # the body refuses the call: ask nobody
         try:
-            call = AskUserCall.model_validate({**args, "principal": principal or "-"})
-        except ValidationError:
+            call = spec.call(args, principal or "-")
+        except (ValidationError, ValueError):
             return NoUserChannel()  # the body reports the invalid input
+        if not isinstance(call, AskUserCall):
+            return NoUserChannel()
         verdict = tool_decision(self.gw.policy, principal, Tool.ASK_USER).verdict.label if principal else "deny"
         if verdict == "ask":  # a supervisor decides first, and a resolver runs before that: nobody asks
             return NoUserChannel(answer="the policy makes ask_user wait for a supervisor, which MCP cannot do first")
@@ -337,9 +357,9 @@ class GatewayServer:
         try:
             if smuggled:
                 raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
-            call = spec.model.model_validate({**raw, "principal": principal})
+            call = spec.call(raw, principal)
         except (ValidationError, ValueError) as exc:
-            return _result(self._reject(principal, spec.name, exc))
+            return _result(self._reject(principal, spec.name, exc), spec.reply)
         ticket = Ticket(principal)
         policy = self.gw.policy
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
@@ -350,12 +370,12 @@ class GatewayServer:
             except PathRefused:
                 cwd = policy.workspace  # the body refuses the call; no attestation can hold for it
             ticket.attestation = Attestation(
-                approved, principal, spec.name, str(raw.get("command")), str(cwd), dict(getattr(call, "env", {})),
-                policy.sha256,
+                approved, principal, str(getattr(call, "tool", spec.name)), str(getattr(call, "command", None)),
+                str(cwd), dict(getattr(call, "env", {})), policy.sha256,
             )  # fmt: skip
         if user is not None:
             ticket.user_answer = _user_answer(user, principal)
-        return _result(await self._run(principal, spec.name, call, ticket))
+        return _result(await self._run(principal, spec.name, call, ticket), spec.reply)
 
     def _reject(self, principal: str, tool: str, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, ValidationError):
@@ -470,7 +490,9 @@ class GatewayServer:
         if flight.loop is not asyncio.get_running_loop():
             flight.loop, flight.changed = asyncio.get_running_loop(), asyncio.Event()  # a later connection waits
         out = await self._wait(flight, args.wait_ms / 1000)
-        return _result(out)  # kept: a second await_call (a retry, a lost reply) answers the same
+        spec = self.specs.get(flight.tool)  # the result in the shape of the tool that was called
+        # kept: a second await_call (a retry, a lost reply) answers the same
+        return _result(out, spec.reply if spec is not None else None)
 
     def _forget_old(self) -> None:
         """Drop finished results older than KEEP_FINISHED_S, then the oldest beyond the bounds."""
@@ -601,20 +623,29 @@ def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
     return Answer(None, f"client of {principal}", "elicitation")  # declined or cancelled
 
 
-def _result(envelope: dict[str, Any]) -> CallToolResult:
+Reply = Callable[[dict[str, Any]], dict[str, Any]]
+
+
+def _result(envelope: dict[str, Any], reply: Reply | None = None) -> CallToolResult:
     """The MCP result of an envelope: a summary line an agent can act on, then the envelope as
     JSON; images as image content; `isError` when the call was denied or failed.
 
     The envelope is sent once, as text, and not again as `structuredContent`: every client
     reads the text (some, Claude Code among them, read nothing else), while structured content
     is what a tool with an `outputSchema` owes, and the spec asks such a tool to repeat it as
-    text anyway. Sending both doubled every reply (2.6 MB for one `seq 1 400000`)."""
+    text anyway. Sending both doubled every reply (2.6 MB for one `seq 1 400000`).
+
+    `reply`: a profile's tool answers in its seed's shape, as JSON text alone (no summary line);
+    `isError` still follows the gateway's status."""
     content: list[TextContent | ImageContent] = []
     image = envelope.get("image")
     if isinstance(image, dict) and isinstance(image.get("data"), str):
         envelope = {**envelope, "image": {"mime_type": image.get("mime_type"), "bytes": len(image["data"]) * 3 // 4}}
         content.append(ImageContent(type="image", data=image["data"], mime_type=str(image.get("mime_type"))))
-    text = _summary(envelope) + "\n" + json.dumps(envelope, ensure_ascii=False, default=str)
+    if reply is not None:  # a profile's tool: the seed's reply alone, as its clients parse it
+        text = json.dumps(reply(envelope), ensure_ascii=False, default=str)
+    else:
+        text = _summary(envelope) + "\n" + json.dumps(envelope, ensure_ascii=False, default=str)
     content.insert(0, TextContent(type="text", text=text))
     failed = envelope.get("status") in _FAILED
     if failed:

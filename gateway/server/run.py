@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import uvicorn
@@ -45,6 +45,7 @@ from gateway.server.front import (
     refusal_recorder,
 )
 from gateway.server.limits import FrontLimits
+from gateway.server.specs import SPECS, Spec
 from gateway.server.tokens import TokenStore
 
 SCOPE = "gateway"
@@ -221,6 +222,7 @@ def serve_http(
     ready: Callable[[str], None] | None = None,
     limits: FrontLimits | None = None,
     sock: socket.socket | None = None,
+    specs: Sequence[Spec] = SPECS,
 ) -> int:
     """Serve until a signal. `sock`: the socket `listen_socket` bound (else it is bound here,
     before anything is recorded)."""
@@ -246,7 +248,9 @@ def serve_http(
         except (OSError, ValueError) as exc:
             print(f"gateway serve: {exc}", file=sys.stderr)
             return 2
-    server = GatewayServer(gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port))
+    server = GatewayServer(
+        gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port), specs=specs
+    )
     if not _record(gateway.audit, "server_started", data={"transport": "http", "host": host, "port": port}):
         return 2
     throttle = ThrottledLog()

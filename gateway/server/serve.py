@@ -36,6 +36,7 @@ from gateway.sandbox.identity import IdentityUnavailable, hand_over
 from gateway.server import tokens
 from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
+from gateway.server.profiles import ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
 
 EXIT_USAGE = 2
@@ -130,6 +131,10 @@ def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...]) -> Approv
 
 
 def main(args: argparse.Namespace) -> int:
+    try:
+        specs = specs_for(args.profile)
+    except ProfileError as exc:
+        return _fail(str(exc))
     policy_file = Path(args.policy)
     workspace = Path(args.workspace) if args.workspace else None
     host, port = "", 0
@@ -195,7 +200,7 @@ def main(args: argparse.Namespace) -> int:
     # time the oldest generation is collected (about 0.1 ms of every call under load)
     gc.freeze()
     if args.stdio:
-        server = GatewayServer(gateway, principal, pending_after_s=args.pending_after)
+        server = GatewayServer(gateway, principal, pending_after_s=args.pending_after, specs=specs)
         started.append(True)
         _watch_policy(holder)
         return serve_stdio(server, args.grace)
@@ -222,7 +227,10 @@ def main(args: argparse.Namespace) -> int:
         return _fail(store.error)
 
     def ready(url: str) -> None:
-        print(f"gateway serve: listening on {url} (policy {policy_file}, audit {args.audit_dir})", file=sys.stderr)
+        print(
+            f"gateway serve: listening on {url} (policy {policy_file}, audit {args.audit_dir}, profile {args.profile})",
+            file=sys.stderr,
+        )
         if args.quickstart and kept is not None:
             key = audit.key.public.fingerprint if audit.key else "none"
             _print_quickstart(url, token, kept, str(who), args, key)
@@ -232,7 +240,7 @@ def main(args: argparse.Namespace) -> int:
 
     return serve_http(
         gateway, store, host, port, grace_s=args.grace, allow_remote=args.allow_remote, ready=ready, limits=limits,
-        sock=sock,
+        sock=sock, specs=specs,
     )  # fmt: skip
 
 

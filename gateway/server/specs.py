@@ -4,13 +4,19 @@ description an LLM can act on, and MCP's behaviour hints.
 
 `family` names the policy's tool family; a principal whose policy denies that family never sees
 the tool listed. Tools without a family (`format_output`, `await_call`) run nothing.
+
+A profile's tool (`gateway/server/profiles/`) is a `Spec` too: its `model` holds the seed's own
+arguments, `adapt` turns them into one of the gateway's call models (so the call meets the same
+gate: decision, sandbox, approvals, audit), and `reply` turns the gateway's envelope into the
+seed's reply shape.
 """
 
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from mcp.types import ToolAnnotations
 from pydantic import BaseModel, Field
@@ -39,6 +45,20 @@ class Spec:
     title: str
     description: str
     annotations: ToolAnnotations
+    resolver: Literal["client", "user"] | None = None
+    """What the server asks before the call's body runs: `client` (the client may approve a
+    command of a rule that opts in: run, process start), `user` (ask_user's form), or nothing."""
+    adapt: Callable[[Any, str], BaseModel] | None = None
+    """A profile's tool: (the seed's validated arguments, the principal) -> the gateway's call.
+    None: `model` is the gateway's call model itself."""
+    reply: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    """A profile's tool: the gateway's envelope -> the seed's reply. None: the envelope itself."""
+
+    def call(self, arguments: dict[str, Any], principal: str) -> BaseModel:
+        """The gateway's call for these arguments (raises ValidationError or ValueError)."""
+        if self.adapt is None:
+            return self.model.model_validate({**arguments, "principal": principal})
+        return self.adapt(self.model.model_validate(arguments), principal)
 
     def input_schema(self) -> dict[str, Any]:
         return input_schema(self.model)
@@ -74,6 +94,7 @@ SPECS: tuple[Spec, ...] = (
         "and inspection. State does not persist between calls: use `session` for a shell that keeps "
         "cwd and variables, `process` for servers and watchers." + _DENIALS,
         ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        resolver="client",
     ),
     Spec(
         "session",
@@ -107,6 +128,7 @@ SPECS: tuple[Spec, ...] = (
         "keep_alive to restart on exit), list, get, output (tail of its log), stop, stop_all. Each start "
         "is decided like `run`." + _DENIALS,
         ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        resolver="client",  # a session's cwd is the shell's: only a supervisor answers there
     ),
     Spec(
         "env",
@@ -126,6 +148,7 @@ SPECS: tuple[Spec, ...] = (
         "choices and missing information, not to ask permission for commands: the gateway's policy does "
         "that. `validation` constrains the answer; `password` keeps it out of the logs.",
         ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+        resolver="user",
     ),
     Spec(
         "format_output",

@@ -94,6 +94,8 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             return made
         gated.append(made)
     outcome = shape(outcome, call, started_at, t0, str(cwd))
+    if outcome.get("status") == "timeout":
+        outcome["timeout_ms"] = timeout  # the limit that ended it, after the policy's cap
     outcome = fit_reply(gw, call.principal, call_id, outcome, lim.get("reply_bytes") or DEFAULT_REPLY_BYTES)
     return gw.record_result(gated[0], outcome)
 
