@@ -9,6 +9,7 @@ gateway / by hand is the gateway's own cost; also decisions with audit appends p
 
 from __future__ import annotations
 
+import gc
 import statistics
 import subprocess
 import tempfile
@@ -82,6 +83,7 @@ def main() -> None:
     hand_over(ws)
     policy = compile_policy(Policy.model_validate(POLICY), Path(tempfile.mkdtemp()) / "p.yaml", ws, sha256="bench")
     gw = Gateway(policy, AuditLog(Path(tempfile.mkdtemp())))
+    gc.freeze()  # as `gateway serve` does once the gateway is built (gateway/server/serve.py)
     for text in ("true", "echo hi", "yes | head -c 1000000"):
         bare = median_ms(lambda t=text: subprocess.run(["bash", "--noprofile", "--norc", "-c", t], capture_output=True))
         boxed, full = side_by_side(gw, ws, text)
