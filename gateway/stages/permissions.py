@@ -156,9 +156,18 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             )
         if not rule.accept_unknown:
             jailed = jails_paths
-            for w in argv[i:]:
+            for k in range(i, len(argv)):
+                w = argv[k]
                 # a glob or ~ in a path argument is expanded and checked by the path jail
-                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or producers.starting_points(w) is not None
+                listing = producers.starting_points(w) is not None
+                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or listing
+                if listing and reading is None and not any(x.literal and x.value == "--" for x in argv[i:k]):
+                    # split at blanks, a listed name can be an option (a directory named
+                    # 'x --target-directory=y'); with no model to say which options are harmless,
+                    # only `--` before it keeps it an operand (a model's reading decides itself)
+                    return None, (
+                        f"argument {w.raw} lists names at run time, and one could be an option: put -- before it"
+                    )
                 if not w.literal and not (jailed and jail_checks):
                     return None, (
                         f"argument {w.raw or w.value} is only known at run time: write it literally "

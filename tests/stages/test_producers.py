@@ -78,6 +78,10 @@ def shipped(tmp_path_factory: pytest.TempPathFactory) -> tuple[CompiledPolicy, P
         ("grep -c TODO $(find / -name '*.rb')", Verdict.DENY),
         ("grep x $(find .. -name '*.rb')", Verdict.DENY),
         ("rm $(find .git -name index)", Verdict.DENY),  # a write under .git
+        # split at blanks, a listed name can be an option (a directory 'x --target-directory=y'):
+        # a program without a model takes the listing only after --
+        ("cp $(find lib -name '*.rb') lib", Verdict.DENY),
+        ("cp -- $(find lib -name '*.rb') lib", Verdict.ALLOW),
         ("cat $(find lib | sed s/lib/etc/)", Verdict.DENY),
     ],
 )
