@@ -416,8 +416,7 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
     if support.version is None:
         return None, "rlimits"
     if plan.die_with_parent:
-        name = quotas.owned_name(secrets.token_hex(6))
-        group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(name, plan.quotas)
+        group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(quotas.owned_name(secrets.token_hex(6)), plan.quotas)
     else:
         group = quotas.Cgroup.create(f"d-{secrets.token_hex(6)}", plan.quotas)
     if group is None:

@@ -595,7 +595,14 @@ def owned_name(token: str) -> str:
     pid and start time, so a later gateway can tell the group of a gateway that is gone
     (`kill_abandoned`) from one of a gateway still running on this host."""
     pid = os.getpid()
-    return f"s-{_pid_namespace()}-{pid}-{_start_ticks(pid) or 0}-{token}"
+    if _OWNER[0] != pid:  # read once per process (a fork is a new owner): a call's launch pays nothing
+        _OWNER[:] = [pid, f"s-{_pid_namespace()}-{pid}-{_start_ticks(pid) or 0}-"]
+    return f"{_OWNER[1]!s}{token}"
+
+
+_OWNER: list[int | str] = [0, ""]
+"""(pid, name prefix) of the process that last named a group: a process's pid namespace and start
+time never change while it runs."""
 
 
 def _owner_state(name: str) -> str:
