@@ -468,7 +468,9 @@ def _read_json(ctx: _Ctx) -> dict[str, Any]:
             raise _Fail("FILE_TOO_LARGE", f"{shown} is {st.st_size} bytes, over the {cap}-byte read limit")
         data = _read_all(fd, cap, shown)
     try:
-        text = data.decode("utf-8-sig")
+        text = data.removeprefix(codecs.BOM_UTF8).decode(
+            "utf-8"
+        )  # no codec lookup: "utf-8-sig" may not import under serve
     except UnicodeDecodeError as exc:
         raise _Fail("NOT_TEXT", f"{shown}: byte {exc.start} is not UTF-8") from None
     return {"path": shown, "json": _parse_json(text, shown)}

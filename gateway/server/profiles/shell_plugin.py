@@ -554,7 +554,9 @@ def _tail(envelope: dict[str, Any], stream: str) -> tuple[str, str | None]:
     if cut:  # the gateway kept a head and a tail: only the tail is the stream's end
         text = text.rsplit(f" bytes of {stream} not shown ...]\n", 1)[-1]
         dropped = int(cut.get("bytes", 0)) - len(text.encode())
-    dropped += int((envelope.get("dropped_bytes") or {}).get(stream) or 0)
+    lost = int((envelope.get("dropped_bytes") or {}).get(stream) or 0)
+    if lost:  # the executor's own cut: what it dropped, less the marker it put in the stream's place
+        dropped += lost - (len(f"\n[... {lost} bytes dropped ...]\n") if cut else 0)
     text = text.rstrip()
     if len(text) > EXEC_STREAM_CHARS:
         dropped += len(text) - EXEC_STREAM_CHARS
