@@ -23,6 +23,7 @@ MAX_ENV_VALUE_CHARS = 128 * 1024  # the kernel's limit on one argument or variab
 MAX_CONTENT_CHARS = 16 << 20  # a 10 MiB file as base64 (docs/tools.md), with room
 MAX_STARTUP_COMMANDS = 64
 MAX_CHOICES = 256
+MAX_EDITS = 100
 
 ShellText = Annotated[str, Field(min_length=1, max_length=MAX_SHELL_CHARS)]
 PathText = Annotated[str, Field(max_length=MAX_PATH_CHARS)]
@@ -32,7 +33,7 @@ EnvMap = Annotated[dict[EnvName, Annotated[str, Field(max_length=MAX_ENV_VALUE_C
 Content = Annotated[str, Field(max_length=MAX_CONTENT_CHARS)]
 
 
-_DATA_FIELDS = frozenset({"content", "input", "old", "new"})
+_DATA_FIELDS = frozenset({"content", "input", "old", "new", "edits"})
 """Fields that are data (a file's bytes, a program's input), where a NUL byte is a byte like any other."""
 
 
@@ -191,6 +192,18 @@ class EnvCall(_Call):
         return self
 
 
+class FileEdit(BaseModel):
+    """One replacement of a files `edit` with `edits`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+    old: Content = Field(min_length=1)
+    """The exact text to replace."""
+    new: Content
+    """Its replacement."""
+    replace: Literal["once", "first", "all"] = "once"
+    """`once`: `old` must occur exactly once; `first`: its first occurrence; `all`: every one."""
+
+
 class FilesCall(_Call):
     """File tools (the `files` tool), implemented in the gateway: no program runs."""
 
@@ -215,16 +228,22 @@ class FilesCall(_Call):
     """edit: the exact text to replace; it must occur exactly once."""
     new: Content | None = None
     """edit: its replacement."""
+    edits: Annotated[list[FileEdit], Field(min_length=1, max_length=MAX_EDITS)] | None = None
+    """edit, instead of old/new: replacements applied in order, all or none."""
+    append: bool = False
+    """write: add the content at the end of the file (created if missing)."""
     show_hidden: bool = False
     """list: include names starting with a dot."""
     parents: bool = False
-    """mkdir: create missing parents too."""
+    """mkdir and write: create missing parent directories too."""
     recursive: bool = False
     """delete: a directory and all it holds (without it, only files and empty directories)."""
     pattern: Pattern | None = None
     """grep: a regular expression. find: a glob (`**/*.py`)."""
     glob: Pattern | None = None
     """grep: only files whose path matches this glob."""
+    context: int = Field(default=0, ge=0, le=10)
+    """grep: lines of context before and after each match (`before`, `after`)."""
     max_results: int = Field(default=200, ge=1, le=10_000)
     ignored: bool = False
     """grep/find: search what ignore rules leave out too (`.gitignore` files, `node_modules`);
@@ -239,7 +258,10 @@ class FilesCall(_Call):
         path_needed = ("read", "read_json", "write", "edit", "list", "stat", "mkdir", "delete")
         needs: dict[str, tuple[str, ...]] = {a: ("path",) for a in path_needed}
         needs["write"] += ("content",)
-        needs["edit"] += ("old", "new")
+        if self.edits is None:
+            needs["edit"] += ("old", "new")
+        elif self.old is not None or self.new is not None:
+            raise ValueError("edits: give either old/new or edits, not both")
         needs["grep"] = ("pattern",)
         needs["find"] = ("pattern",)
         needs["write_output"] = ("content",)

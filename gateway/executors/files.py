@@ -468,7 +468,9 @@ def _read_json(ctx: _Ctx) -> dict[str, Any]:
             raise _Fail("FILE_TOO_LARGE", f"{shown} is {st.st_size} bytes, over the {cap}-byte read limit")
         data = _read_all(fd, cap, shown)
     try:
-        text = data.decode("utf-8-sig")
+        text = data.removeprefix(codecs.BOM_UTF8).decode(
+            "utf-8"
+        )  # no codec lookup: "utf-8-sig" may not import under serve
     except UnicodeDecodeError as exc:
         raise _Fail("NOT_TEXT", f"{shown}: byte {exc.start} is not UTF-8") from None
     return {"path": shown, "json": _parse_json(text, shown)}
@@ -570,23 +572,43 @@ def _kept_mode(st: os.stat_result | None) -> int | None:
 
 
 def _write(ctx: _Ctx) -> dict[str, Any]:
-    data = _content(ctx.call, ctx.limits.write_bytes)
+    call = ctx.call
+    limit = ctx.limits.write_bytes
+    data = _content(call, limit)
     real = ctx.target()
     ctx.check(real, "write")
     shown = ctx.show(real)
+    if call.parents:  # each missing directory made in its verified parent, checked for write
+        parent = os.path.dirname(real)
+        _make_dirs(parent, ctx.grant, True, ctx.show(parent))
     with _parent(real, "write", ctx.grant) as (dfd, dpath, name):
         st = _existing(dfd, name, shown)
+        added = len(data)
+        if call.append and st is not None:  # the old content, read from the same verified directory
+            with _open(name, _READ, "read", ctx.grant, dir_fd=dfd) as (fd, _):
+                _regular(fd, shown)
+                data = _read_all(fd, limit, shown) + data
+            if len(data) > limit:
+                raise _Fail("FILE_TOO_LARGE", f"{shown} would be {len(data)} bytes, over the {limit}-byte write limit")
         _replace(dfd, dpath, name, data, _kept_mode(st), ctx.grant)
-    return {"path": shown, "bytes": len(data), "created": st is None}
+    out: dict[str, Any] = {"path": shown, "bytes": len(data), "created": st is None}
+    if call.append:
+        out["appended"] = added
+    return out
 
 
 def _edit(ctx: _Ctx) -> dict[str, Any]:
     call = ctx.call
-    old, new = call.old or "", call.new or ""
-    if not old:
-        raise _Fail("INVALID_INPUT", "old: must not be empty")
-    _encode(old, "old")
-    _encode(new, "new")
+    if call.edits is not None:
+        steps = [(e.old, e.new, e.replace) for e in call.edits]
+    else:
+        steps = [(call.old or "", call.new or "", "once")]
+    for i, (old, new, _) in enumerate(steps):
+        where = f"edits[{i}]." if call.edits is not None else ""
+        if not old:
+            raise _Fail("INVALID_INPUT", f"{where}old: must not be empty")
+        _encode(old, f"{where}old")
+        _encode(new, f"{where}new")
     real = ctx.target()
     ctx.check(real, "write")
     shown = ctx.show(real)
@@ -602,23 +624,37 @@ def _edit(ctx: _Ctx) -> dict[str, Any]:
             text = data.decode("utf-8")
         except UnicodeDecodeError as exc:
             raise _Fail("NOT_TEXT", f"{shown}: byte {exc.start} is not UTF-8, so it cannot be edited as text") from None
-        at = text.find(old)
-        if at < 0:
-            hint = ""
-            if "\n" in old and "\r\n" not in old and old.replace("\n", "\r\n") in text:
-                hint = " (the file has CRLF line endings)"
-            raise _Fail("EDIT_NOT_FOUND", f"{shown}: the text to replace was not found{hint}")
-        if text.find(old, at + 1) >= 0:
-            count = max(2, text.count(old))
-            raise _Fail(
-                "EDIT_NOT_UNIQUE",
-                f"{shown}: the text to replace occurs {count} times; include more context so it occurs once",
-            )
-        out = _encode(text[:at] + new + text[at + len(old) :], "new")
+        first_line = 0
+        counts: list[int] = []
+        for i, (old, new, how) in enumerate(steps):
+            which = f" (edits[{i}])" if call.edits is not None else ""
+            at = text.find(old)
+            if at < 0:
+                hint = ""
+                if "\n" in old and "\r\n" not in old and old.replace("\n", "\r\n") in text:
+                    hint = " (the file has CRLF line endings)"
+                raise _Fail("EDIT_NOT_FOUND", f"{shown}: the text to replace{which} was not found{hint}")
+            if how == "once" and text.find(old, at + 1) >= 0:
+                count = max(2, text.count(old))
+                raise _Fail(
+                    "EDIT_NOT_UNIQUE",
+                    f"{shown}: the text to replace{which} occurs {count} times; include more context so it occurs once",
+                )
+            if not first_line:
+                first_line = text.count("\n", 0, at) + 1
+            n = text.count(old) if how == "all" else 1
+            if len(text) + n * (len(new) - len(old)) > limit:  # characters, before any is made: no
+                raise _Fail("FILE_TOO_LARGE", f"the edited file would be over the {limit}-byte limit")  # blow-up
+            counts.append(n)
+            text = text.replace(old, new) if how == "all" else text[:at] + new + text[at + len(old) :]
+        out = _encode(text, "new")
         if len(out) > limit:
             raise _Fail("FILE_TOO_LARGE", f"the edited file would be {len(out)} bytes, over the {limit}-byte limit")
         _replace(dfd, dpath, name, out, _kept_mode(st), ctx.grant)
-    return {"path": shown, "bytes": len(out), "line": text.count("\n", 0, at) + 1}
+    result: dict[str, Any] = {"path": shown, "bytes": len(out), "line": first_line}
+    if call.edits is not None:
+        result["replacements"] = counts
+    return result
 
 
 # list, stat -------------------------------------------------------------------------------------
@@ -991,12 +1027,20 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
             binary += 1
             return True
         searched += 1
-        for number, line in enumerate(data.decode("utf-8", "replace").split("\n"), 1):
+        lines = data.decode("utf-8", "replace").split("\n")
+        around = call.context
+        for number, line in enumerate(lines, 1):
             line = line.removesuffix("\r")
             if regex.search(line):
                 if len(matches) == cap:
                     return False
-                matches.append({"path": shown, "line": number, "text": line[:MAX_MATCH_CHARS]})
+                match: dict[str, Any] = {"path": shown, "line": number, "text": line[:MAX_MATCH_CHARS]}
+                if around:
+                    match["before"] = [
+                        x.removesuffix("\r")[:MAX_MATCH_CHARS] for x in lines[max(0, number - 1 - around) : number - 1]
+                    ]
+                    match["after"] = [x.removesuffix("\r")[:MAX_MATCH_CHARS] for x in lines[number : number + around]]
+                matches.append(match)
         return True
 
     with _search_root(ctx) as (rfd, rpath, rst):

@@ -1,7 +1,9 @@
 """Durable background processes: the manager behind the `process` tool.
 
 Each process has a folder `<state_dir>/<id>/` (mode 0700) holding `record.json` (the
-`ProcessRecord`, written atomically) and `process.log` (stdout and stderr, opened with O_APPEND).
+`ProcessRecord`, written atomically), `sandbox.json` (the sandbox configuration its last start or
+restart was launched with, written before it runs) and `process.log` (stdout and stderr, opened
+with O_APPEND).
 The record, with the pid, is on disk before the command can run: the child starts as
 `agw-init hold FD -- argv`, which execs the command only when the gateway sends a byte after the
 write, and exits at end-of-file if the gateway dies first.
@@ -51,6 +53,10 @@ KILL_WAIT_SECONDS = 5.0
 POLL_SECONDS = 0.02
 LIVE_STATES = ("running", "backoff")
 RECORD = "record.json"
+SANDBOX = "sandbox.json"
+"""The sandbox configuration the last launch (start or restart) used: written before it runs, for
+people and tools to read. A restart never reads it back: its sandbox is built anew from the
+policy that decided the restart."""
 START_SETTLE_S = 30.0
 """A folder without a record this old is an interrupted start (`rehydrate` removes it)."""
 LOG = "process.log"
@@ -71,6 +77,9 @@ class Spawnable:
     """Where Popen starts it (the sandbox changes into the call's cwd itself, by its own view)."""
     summary: dict[str, Any] = field(default_factory=dict)
     """What holds it (Landlock, quotas, uid): on its started/restarted records."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """The sandbox configuration it is launched with (mounts, Landlock, quotas, network, argv):
+    written to the process folder's `sandbox.json` before it starts."""
 
 
 Build = Callable[["ProcessRecord"], Spawnable]
@@ -313,15 +322,21 @@ class ProcessManager:
         return self._dir(process_id) / LOG
 
     def _persist(self, rec: ProcessRecord) -> None:
-        folder = self._dir(rec.id)
-        tmp = folder / f".{RECORD}.{secrets.token_hex(4)}.tmp"
+        self._write_json(rec.id, RECORD, asdict(rec))
+
+    def _write_json(self, process_id: str, name: str, value: Any) -> None:
+        """Atomically write `value` as `name` in the process's folder, fsynced."""
+        folder = self._dir(process_id)
+        tmp = folder / f".{name}.{secrets.token_hex(4)}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         try:
-            os.write(fd, json.dumps(asdict(rec), ensure_ascii=False, indent=1).encode())
+            data = json.dumps(value, ensure_ascii=False, indent=1, default=str).encode()
+            while data:
+                data = data[os.write(fd, data) :]
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, folder / RECORD)
+        os.replace(tmp, folder / name)
         dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
         try:
             os.fsync(dfd)
@@ -352,6 +367,11 @@ class ProcessManager:
             spawn = self._build(rec)
         except Exception as exc:  # e.g. the sandbox is unavailable: no start, and say why
             return f"cannot build the sandbox: {exc}"
+        try:  # what it is launched with, on disk before it runs (a start or restart without it does not run)
+            self._write_json(rec.id, SANDBOX, {"launched_at": _now_iso(), **spawn.config})
+        except OSError as exc:
+            spawn.started()
+            return f"cannot write the sandbox configuration: {exc}"
         try:
             holder = helper.helper_path()
             logfd = os.open(
@@ -489,7 +509,7 @@ class ProcessManager:
             rec = self._find(principal, process_id)
             if rec is None:
                 return _not_found(process_id)
-            return {"status": "ok", "process": {**self._view(rec), "log_path": str(self.log_path(rec.id))}}
+            return {"status": "ok", "process": self._view(rec)}
 
     def output(self, principal: str, process_id: str, max_bytes: int) -> dict[str, Any]:
         """The tail of the log (reaching into the rotated one when the current one is short)."""
@@ -842,9 +862,9 @@ class ProcessManager:
 
     # --- views -------------------------------------------------------------------------------
 
-    @staticmethod
-    def _view(rec: ProcessRecord) -> dict[str, Any]:
-        """What the agent sees (the env's names only: values may be secrets)."""
+    def _view(self, rec: ProcessRecord) -> dict[str, Any]:
+        """What the agent sees (the env's names only: values may be secrets), with the absolute
+        path of its log."""
         return {
             "id": rec.id,
             "name": rec.name,
@@ -860,6 +880,7 @@ class ProcessManager:
             "exit_code": rec.exit_code,
             "restarts": rec.restarts,
             "next_restart_at": rec.next_restart_at,
+            "log_path": str(self.log_path(rec.id)),
         }
 
 

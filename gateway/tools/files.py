@@ -151,11 +151,15 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     decision, paths = decide(policy, call, with_saved_outputs(gw, policy.grant(call.principal), call))
     # content and edit text may hold secrets: the audit log keeps their sizes
-    arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new"}, exclude_none=True)
+    arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new", "edits"}, exclude_none=True)
     for name in ("content", "old", "new"):
         value = getattr(call, name)
         if value is not None:
             arguments[f"{name}_bytes"] = len(value.encode())
+    if call.edits is not None:
+        arguments["edits"] = [
+            {"old_bytes": _size(e.old), "new_bytes": _size(e.new), "replace": e.replace} for e in call.edits
+        ]
     subject = f"files {call.action} " + " ".join(p for p, _ in paths)
     if decision.verdict is not Verdict.DENY:
         decision = _keep_out_of_private(gw, call, paths) or decision
@@ -185,3 +189,7 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     except identity.ActAsUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
     return gw.record_result(gated, outcome)
+
+
+def _size(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))

@@ -64,7 +64,18 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
         gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,
     )  # fmt: skip
-    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started, summary=launch.summary(plan))
+    summary = launch.summary(plan)
+    config = {
+        "command": [*SHELL, rec.command],
+        "cwd": rec.cwd,
+        "env_names": sorted(plan.env),
+        "die_with_parent": plan.die_with_parent,
+        "landlock_mode": plan.landlock_mode,
+        **plan.describe(),
+        "held_by": summary,
+        "policy_sha256": policy.sha256,
+    }
+    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started, summary=summary, config=config)
 
 
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:

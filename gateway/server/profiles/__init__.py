@@ -13,7 +13,7 @@ docs/tools.md has a section per profile mapping each seed tool to the gate.
 
 from __future__ import annotations
 
-from gateway.server.profiles import methings, system_ops
+from gateway.server.profiles import methings, shell_plugin, system_ops
 from gateway.server.specs import BY_NAME, SPECS, Spec
 
 GATEWAY = "gateway"
@@ -21,6 +21,7 @@ PROFILES: dict[str, tuple[Spec, ...]] = {
     GATEWAY: SPECS,
     system_ops.NAME: system_ops.SPECS,
     methings.NAME: methings.SPECS,
+    shell_plugin.NAME: shell_plugin.SPECS,
 }
 """Every profile's tools, by profile name."""
 
