@@ -60,6 +60,7 @@ bench: $(STAMP)
 	$(BIN)/python bench/corpus.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/hooks.py
 
 clean:
