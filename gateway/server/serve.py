@@ -272,14 +272,20 @@ def _print_quickstart(
   {which}
   Another token (one per client is best): {another}
 
-  Only the gateway's tools (the clients' own shell and file tools bypass the policy; docs/serve.md#clients-the-gateway-as-the-only-path):
-  Codex:         export AGW_TOKEN={shown}   (in every shell that runs codex), then in ~/.codex/config.toml:
+  Only the gateway's tools: the clients' own shell and file tools bypass the policy
+  (docs/serve.md#clients-the-gateway-as-the-only-path).
+  Codex:         export AGW_TOKEN={shown}   (in every shell that runs codex)
+                 and in ~/.codex/config.toml:
                    web_search = "disabled", sandbox_mode = "read-only", approval_policy = "never",
-                   [features] shell_tool = false, goals = false, [tools.experimental_request_user_input] enabled = false,
+                   [features] shell_tool = false, goals = false,
+                   [tools.experimental_request_user_input] enabled = false,
                    [mcp_servers.agent-gateway] url = "{url}", bearer_token_env_var = "AGW_TOKEN",
                    required = true, default_tools_approval_mode = "approve"
-  Claude Code:   claude --tools "" --strict-mcp-config --allowedTools mcp__agent-gateway --mcp-config '{claude_json}'
-  Check:         codex features list | grep shell_tool  (false);  claude ... -p ok --output-format stream-json --verbose | head -1  (tools: mcp__agent-gateway__* only)
+  Claude Code:   claude --tools "" --strict-mcp-config --allowedTools mcp__agent-gateway \\
+                   --mcp-config '{claude_json}'
+  Check:         codex features list | grep shell_tool   says false
+                 claude ...the flags above... -p ok --output-format stream-json --verbose | head -1
+                   lists "tools": mcp__agent-gateway__* only
   JSON config (Claude Desktop via mcp-remote, Cursor, VS Code take the same block):
     {json.dumps(desktop)}
 
