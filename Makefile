@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: test lint serve bench clean
+.PHONY: test lint serve bench clean clients
 
 $(BIN)/python:
 	@$(PYTHON) -c 'import sys; assert sys.version_info >= (3, 11), "agent-gateway needs Python >= 3.11, got " + sys.version' 
@@ -23,11 +23,27 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check gateway tests bench
 	$(BIN)/mypy
 
-test: lint
+# The real agent clients tests/server/test_clients.py drives offline (pinned; about 800 MB; once).
+CLIENTS_DIR ?= .cache/clients
+CODEX_VERSION := 0.169.0
+CLAUDE_VERSION := 2.1.332
+CLIENTS_STAMP := $(CLIENTS_DIR)/.installed-$(CODEX_VERSION)-$(CLAUDE_VERSION)
+
+$(CLIENTS_STAMP):
+	@command -v npm >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq nodejs npm >/dev/null; } || { echo "npm is needed to install the clients the tests drive"; exit 2; }
+	mkdir -p $(CLIENTS_DIR)
+	npm install --prefix $(CLIENTS_DIR) --no-audit --no-fund --loglevel=error \
+		@openai/codex@$(CODEX_VERSION) @anthropic-ai/claude-code@$(CLAUDE_VERSION)
+	@touch $@
+
+clients: $(CLIENTS_STAMP)
+
+test: lint $(CLIENTS_STAMP)
 	@# tests/programs/test_strace.py checks each program model against the real program under strace
 	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
-	$(BIN)/pytest -q
+	AGW_CLIENTS_DIR=$(abspath $(CLIENTS_DIR)) $(BIN)/pytest -q
 
 HOST ?= 127.0.0.1
 PORT ?= 8765
@@ -44,7 +60,8 @@ bench: $(STAMP)
 	$(BIN)/python bench/corpus.py
 	$(BIN)/python bench/sessions.py
 	$(BIN)/python bench/serve.py
+	$(BIN)/python bench/startup.py
 	$(BIN)/python bench/hooks.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis .cache

@@ -250,6 +250,7 @@ def _print_quickstart(
     shown = token or "agw_..."
     desktop = {"mcpServers": {"agent-gateway": {"type": "http", "url": url,
                                                 "headers": {"Authorization": f"Bearer {shown}"}}}}  # fmt: skip
+    claude_json = json.dumps(desktop)
     tokens_opt = "" if args.tokens == DEFAULT_TOKENS else f" --tokens {shlex.quote(args.tokens)}"
     another = f"gateway token create --principal {principal}{tokens_opt}"
     if token is not None:
@@ -271,7 +272,20 @@ def _print_quickstart(
   {which}
   Another token (one per client is best): {another}
 
-  Claude Code:   claude mcp add --transport http agent-gateway {url} --header "Authorization: Bearer {shown}"
+  Only the gateway's tools: the clients' own shell and file tools bypass the policy
+  (docs/serve.md#clients-the-gateway-as-the-only-path).
+  Codex:         export AGW_TOKEN={shown}   (in every shell that runs codex)
+                 and in ~/.codex/config.toml:
+                   web_search = "disabled", sandbox_mode = "read-only", approval_policy = "never",
+                   [features] shell_tool = false, goals = false,
+                   [tools.experimental_request_user_input] enabled = false,
+                   [mcp_servers.agent-gateway] url = "{url}", bearer_token_env_var = "AGW_TOKEN",
+                   required = true, default_tools_approval_mode = "approve"
+  Claude Code:   claude --tools "" --strict-mcp-config --allowedTools mcp__agent-gateway \\
+                   --mcp-config '{claude_json}'
+  Check:         codex features list | grep shell_tool   says false
+                 claude ...the flags above... -p ok --output-format stream-json --verbose | head -1
+                   lists "tools": mcp__agent-gateway__* only
   JSON config (Claude Desktop via mcp-remote, Cursor, VS Code take the same block):
     {json.dumps(desktop)}
 

@@ -452,7 +452,11 @@ def test_quickstart_creates_dirs_and_prints_how_to_connect(tmp_path: Path, polic
     try:
         text = server.stderr.read_text()
         token = next(line.split()[1] for line in text.splitlines() if line.strip().startswith("token:"))
-        assert server.url in text and "claude mcp add --transport http" in text and '"mcpServers"' in text
+        assert server.url in text and '"mcpServers"' in text
+        # a line per client with what leaves it only the gateway's tools (docs/serve.md, test_clients.py)
+        assert 'claude --tools "" --strict-mcp-config --allowedTools mcp__agent-gateway' in text
+        assert "--mcp-config '" in text
+        assert "shell_tool = false" in text and "required = true" in text and f"export AGW_TOKEN={token}" in text
         assert ws.is_dir() and server.audit.is_dir()
         (ok,) = asyncio.run(call_http(server.url, token, "auto", ("run", {"command": "echo quick"})))
         assert envelope(ok)["stdout"] == "quick\n"
