@@ -359,7 +359,7 @@ class GatewayServer:
                 raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
             call = spec.call(raw, principal)
         except (ValidationError, ValueError) as exc:
-            return _result(self._reject(principal, spec.name, exc), spec.reply)
+            return _result(self._reject(principal, spec.name, exc), spec.replier(principal), spec.render)
         ticket = Ticket(principal)
         policy = self.gw.policy
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
@@ -375,7 +375,7 @@ class GatewayServer:
             )  # fmt: skip
         if user is not None:
             ticket.user_answer = _user_answer(user, principal)
-        return _result(await self._run(principal, spec.name, call, ticket), spec.reply)
+        return _result(await self._run(principal, spec.name, call, ticket), spec.replier(principal), spec.render)
 
     def _reject(self, principal: str, tool: str, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, ValidationError):
@@ -492,7 +492,9 @@ class GatewayServer:
         out = await self._wait(flight, args.wait_ms / 1000)
         spec = self.specs.get(flight.tool)  # the result in the shape of the tool that was called
         # kept: a second await_call (a retry, a lost reply) answers the same
-        return _result(out, spec.reply if spec is not None else None)
+        if spec is None:
+            return _result(out)
+        return _result(out, spec.replier(principal), spec.render)
 
     def _forget_old(self) -> None:
         """Drop finished results older than KEEP_FINISHED_S, then the oldest beyond the bounds."""
@@ -626,7 +628,9 @@ def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
 Reply = Callable[[dict[str, Any]], dict[str, Any]]
 
 
-def _result(envelope: dict[str, Any], reply: Reply | None = None) -> CallToolResult:
+def _result(
+    envelope: dict[str, Any], reply: Reply | None = None, render: Callable[[dict[str, Any]], str] | None = None
+) -> CallToolResult:
     """The MCP result of an envelope: a summary line an agent can act on, then the envelope as
     JSON; images as image content; `isError` when the call was denied or failed.
 
@@ -635,15 +639,17 @@ def _result(envelope: dict[str, Any], reply: Reply | None = None) -> CallToolRes
     is what a tool with an `outputSchema` owes, and the spec asks such a tool to repeat it as
     text anyway. Sending both doubled every reply (2.6 MB for one `seq 1 400000`).
 
-    `reply`: a profile's tool answers in its seed's shape, as JSON text alone (no summary line);
-    `isError` still follows the gateway's status."""
+    `reply`: a profile's tool answers in its seed's shape, as JSON text alone (no summary line),
+    or as the text `render` makes of it (seed 001's YAML); `isError` still follows the gateway's
+    status."""
     content: list[TextContent | ImageContent] = []
     image = envelope.get("image")
     if isinstance(image, dict) and isinstance(image.get("data"), str):
         envelope = {**envelope, "image": {"mime_type": image.get("mime_type"), "bytes": len(image["data"]) * 3 // 4}}
         content.append(ImageContent(type="image", data=image["data"], mime_type=str(image.get("mime_type"))))
     if reply is not None:  # a profile's tool: the seed's reply alone, as its clients parse it
-        text = json.dumps(reply(envelope), ensure_ascii=False, default=str)
+        shaped = reply(envelope)
+        text = render(shaped) if render is not None else json.dumps(shaped, ensure_ascii=False, default=str)
     else:
         text = _summary(envelope) + "\n" + json.dumps(envelope, ensure_ascii=False, default=str)
     content.insert(0, TextContent(type="text", text=text))

@@ -53,12 +53,25 @@ class Spec:
     None: `model` is the gateway's call model itself."""
     reply: Callable[[dict[str, Any]], dict[str, Any]] | None = None
     """A profile's tool: the gateway's envelope -> the seed's reply. None: the envelope itself."""
+    reply_for: Callable[[dict[str, Any], str], dict[str, Any]] | None = None
+    """Instead of `reply`, for a seed whose reply depends on who called: (the envelope, the
+    principal) -> the seed's reply (seed 001 numbers each principal's daemons)."""
+    render: Callable[[dict[str, Any]], str] | None = None
+    """A profile's tool whose seed replies in another text than JSON: the seed's reply -> the
+    text sent (seed 001's YAML). None: JSON."""
 
     def call(self, arguments: dict[str, Any], principal: str) -> BaseModel:
         """The gateway's call for these arguments (raises ValidationError or ValueError)."""
         if self.adapt is None:
             return self.model.model_validate({**arguments, "principal": principal})
         return self.adapt(self.model.model_validate(arguments), principal)
+
+    def replier(self, principal: str) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+        """The reply for `principal`'s calls (None: the envelope itself)."""
+        reply_for = self.reply_for
+        if reply_for is not None:
+            return lambda envelope: reply_for(envelope, principal)
+        return self.reply
 
     def input_schema(self) -> dict[str, Any]:
         return input_schema(self.model)

@@ -13,7 +13,7 @@ docs/tools.md has a section per profile mapping each seed tool to the gate.
 
 from __future__ import annotations
 
-from gateway.server.profiles import methings, shell_plugin, system_ops
+from gateway.server.profiles import methings, os_tools, shell_plugin, system_ops, terminal
 from gateway.server.specs import BY_NAME, SPECS, Spec
 
 GATEWAY = "gateway"
@@ -22,6 +22,8 @@ PROFILES: dict[str, tuple[Spec, ...]] = {
     system_ops.NAME: system_ops.SPECS,
     methings.NAME: methings.SPECS,
     shell_plugin.NAME: shell_plugin.SPECS,
+    os_tools.NAME: os_tools.SPECS,
+    terminal.NAME: terminal.SPECS,
 }
 """Every profile's tools, by profile name."""
 

@@ -1,0 +1,463 @@
+"""The `os` profile (seed 001): `shell_cmd`, `stop_daemon`, `get_daemon_output`, `env_get`,
+`env_set`, `env_unset`, every reply in the seed's YAML output contract (`status` first, then the
+fields; an error is `status: error`, `error_code`, `message`), emitted with pyyaml's safe_dump:
+
+    status: success                      status: error
+    exit_code: 0                         error_code: DAEMON_NOT_FOUND
+    stdout: |                            message: no daemon 7 of yours ...
+      hi                                 call_id: 3f2a...
+    ...
+
+A command still running after `timeoutSeconds` is tracked as a daemon rather than killed: the
+call is a `run` with `background_after_ms`, so the gateway's durable background processes take
+it over (decided like any `run`, sandboxed, audited), and the reply names it by a number. Each
+principal's daemons are numbered 1, 2, 3... in the order they were tracked; the number maps to
+the gateway's process id for this principal only (another principal's number 1 is another
+process, and a number that maps to nothing of yours is DAEMON_NOT_FOUND, decided and audited
+like any process call). The numbers last for the gateway's life.
+
+A `shell` other than bash or sh is refused (INVALID_INPUT, recorded): the gateway's analyser
+reads bash, so no other shell's text can be checked.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from typing import Any
+
+import yaml
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.calls import EnvCall, EnvName, ProcessCall, RunCall, ShellText
+from gateway.policy.schema import Tool
+from gateway.server.specs import Spec
+
+NAME = "os"
+DEFAULT_BUFFER_LINES = 1000
+MAX_BUFFER_LINES = 100_000
+MAX_TIMEOUT_SECONDS = 24 * 3600
+SHELLS = ("bash", "sh")
+DAEMON_OUTPUT_BYTES = 1 << 20
+"""How much of a daemon's log get_daemon_output reads (its last `bufferSize` lines are kept)."""
+MAX_NUMBERED = 10_000
+"""Daemon numbers kept per principal (the oldest go first)."""
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+class Daemons:
+    """Each principal's daemon numbers: 1, 2, 3... in the order tracked, each naming one of the
+    gateway's process ids, with the `bufferSize` its shell_cmd asked for. Process ids are random
+    and global, so the id alone finds its number; a number is looked up with its principal."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._next: dict[str, int] = {}
+        self._by_number: dict[str, OrderedDict[int, tuple[str, int]]] = {}
+        self._by_id: dict[str, tuple[str, int]] = {}
+
+    def number(self, principal: str, process_id: str, buffer_lines: int) -> int:
+        """The number of `principal`'s process `process_id` (a new one the first time)."""
+        with self._lock:
+            known = self._by_id.get(process_id)
+            if known is not None and known[0] == principal:
+                return known[1]
+            n = self._next.get(principal, 0) + 1
+            self._next[principal] = n
+            mine = self._by_number.setdefault(principal, OrderedDict())
+            mine[n] = (process_id, buffer_lines)
+            self._by_id[process_id] = (principal, n)
+            while len(mine) > MAX_NUMBERED:
+                _, (old, _) = mine.popitem(last=False)
+                self._by_id.pop(old, None)
+            return n
+
+    def find(self, principal: str, number: int) -> tuple[str, int] | None:
+        """(process id, bufferSize) of `principal`'s daemon `number`, or None."""
+        with self._lock:
+            mine = self._by_number.get(principal)
+            return mine.get(number) if mine is not None else None
+
+    def number_of(self, principal: str, process_id: str) -> int | None:
+        with self._lock:
+            known = self._by_id.get(process_id)
+            return known[1] if known is not None and known[0] == principal else None
+
+
+DAEMONS = Daemons()
+_BUFFER: ContextVar[int] = ContextVar("os_buffer_lines", default=DEFAULT_BUFFER_LINES)
+"""The bufferSize of the shell_cmd call this request makes: its adapter sets it, its reply reads
+it (one MCP request is one task). A result fetched later by `await_call` keeps the default."""
+_ASKED: ContextVar[int | None] = ContextVar("os_daemon_asked", default=None)
+"""The daemon number this request's stop_daemon or get_daemon_output asked for (for its reply)."""
+
+
+def _nowhere(number: int) -> str:
+    """The process id asked for when a number names nothing: no process has it (ids are hex),
+    so the gateway answers PROCESS_NOT_FOUND through the same gate, recorded."""
+    return f"daemon-{number}"
+
+
+# --- arguments ----------------------------------------------------------------------------------
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class ShellCmd(_Args):
+    """Arguments of seed 001's `shell_cmd`."""
+
+    command: ShellText
+    """The shell command."""
+    shell: str = Field(default="bash", max_length=100)
+    """`bash` (default) or `sh` (bash in POSIX mode, where the policy's `shells` lists it).
+    Any other shell is refused: the gateway can only check bash."""
+    bufferSize: int = Field(default=DEFAULT_BUFFER_LINES, ge=1, le=MAX_BUFFER_LINES)  # the seed's name
+    """Lines of stdout and of stderr kept in the reply (the last ones), and of a daemon's output."""
+    timeoutSeconds: int | None = Field(default=None, gt=0, le=MAX_TIMEOUT_SECONDS)  # the seed's name
+    """Seconds after which a still-running command is tracked as a daemon (its id is in the reply)
+    instead of killed. Without it, the command is killed at the policy's time limit."""
+
+
+class DaemonId(_Args):
+    """Arguments of seed 001's `stop_daemon` and `get_daemon_output`."""
+
+    id: int = Field(ge=1)
+    """The daemon's number, as shell_cmd returned it."""
+
+
+class EnvGet(_Args):
+    """Arguments of seed 001's `env_get` and `env_unset`."""
+
+    name: EnvName = Field(min_length=1)
+    """The variable's name."""
+
+
+class EnvSet(_Args):
+    """Arguments of seed 001's `env_set`."""
+
+    name: EnvName = Field(min_length=1)
+    """The variable's name (the policy's environment.allow must list it; PATH, LD_* and the like never)."""
+    value: str = Field(max_length=128 * 1024)
+    """Its value, for later shell_cmd calls."""
+
+
+# --- adapters -----------------------------------------------------------------------------------
+def _shell_call(args: ShellCmd, principal: str) -> RunCall:
+    if args.shell not in SHELLS:
+        raise ValueError(
+            f"shell: {args.shell!r} is refused: the gateway's analyser reads bash, so only bash and sh "
+            "(bash in POSIX mode) commands can be checked; use bash"
+        )
+    after = args.timeoutSeconds * 1000 if args.timeoutSeconds is not None else None
+    return RunCall(principal=principal, command=args.command, shell=args.shell, background_after_ms=after)  # type: ignore[arg-type]
+
+
+def _daemon(action: str) -> Any:
+    def adapt(args: DaemonId, principal: str) -> ProcessCall:
+        _ASKED.set(args.id)
+        found = DAEMONS.find(principal, args.id)
+        process_id = found[0] if found is not None else _nowhere(args.id)
+        if action == "output":
+            return ProcessCall(
+                principal=principal, action="output", process_id=process_id, max_bytes=DAEMON_OUTPUT_BYTES
+            )
+        return ProcessCall(principal=principal, action="stop", process_id=process_id)
+
+    return adapt
+
+
+def _env_get(args: EnvGet, principal: str) -> EnvCall:
+    return EnvCall(principal=principal, action="get", name=args.name)
+
+
+def _env_set(args: EnvSet, principal: str) -> EnvCall:
+    return EnvCall(principal=principal, action="set", name=args.name, value=args.value)
+
+
+def _env_unset(args: EnvGet, principal: str) -> EnvCall:
+    return EnvCall(principal=principal, action="unset", name=args.name)
+
+
+# --- replies ------------------------------------------------------------------------------------
+CODES = {"PROCESS_NOT_FOUND": "DAEMON_NOT_FOUND", "ENV_NOT_SET": "ENV_NOT_FOUND"}
+"""The gateway's codes under the seed's names; every other code comes through unchanged."""
+
+
+class _Dumper(yaml.SafeDumper):
+    """safe_dump's dumper, with multi-line text as a literal block (`|`), as a human writes it."""
+
+
+def _text(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    style = "|" if "\n" in value else None  # the emitter falls back to quoting where a block cannot hold it
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
+
+
+_Dumper.add_representer(str, _text)
+
+
+def render(reply: dict[str, Any]) -> str:
+    """A reply as the seed's YAML: `status` first, the fields in order (pyyaml's safe dumper: plain
+    YAML types only, so any YAML reader loads it safely)."""
+    return yaml.dump(
+        reply, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1 << 16
+    )
+
+
+def _last_lines(text: str, keep: int) -> tuple[str, int]:
+    """The last `keep` lines of `text`, and how many were dropped."""
+    lines = text.splitlines(keepends=True)
+    if len(lines) <= keep:
+        return text, 0
+    return "".join(lines[-keep:]), len(lines) - keep
+
+
+def _error(envelope: dict[str, Any], **fields: Any) -> dict[str, Any]:
+    err = envelope.get("error") or {}
+    code = str(err.get("code", "INTERNAL_ERROR"))
+    code = CODES.get(code, code)
+    message = str(err.get("message", ""))
+    asked = _ASKED.get()
+    if code == "DAEMON_NOT_FOUND" and asked is not None:
+        message = f"no daemon {asked} of yours: the ids are the daemon_id values shell_cmd returned"
+    elif code == "DAEMON_NOT_RUNNING" and asked is not None:
+        message = f"daemon {asked} is not running (it is {(envelope.get('process') or {}).get('state', 'ended')})"
+    out: dict[str, Any] = {"status": "error", "error_code": code, "message": message}
+    out |= {k: v for k, v in fields.items() if v is not None}
+    out |= {k: envelope[k] for k in ("rule", "reasons") if envelope.get(k) is not None}
+    return out
+
+
+def _call_id(envelope: dict[str, Any]) -> dict[str, Any]:
+    return {"call_id": envelope.get("call_id")}
+
+
+def _pending(envelope: dict[str, Any]) -> dict[str, Any]:
+    out = {"status": "pending", "call_id": envelope.get("call_id")}
+    return out | {k: envelope[k] for k in ("approval", "next") if k in envelope}
+
+
+def _tail_fields(out: dict[str, Any], envelope: dict[str, Any], keep: int) -> None:
+    for stream in ("stdout", "stderr"):
+        if stream in envelope:
+            out[stream], dropped = _last_lines(str(envelope[stream]), keep)
+            if dropped:
+                out[f"{stream}_lines_dropped"] = dropped
+
+
+def shell_reply(keep: int) -> Any:
+    def reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
+        status = envelope.get("status")
+        if status == "pending":
+            return _pending(envelope)
+        if envelope.get("backgrounded") is True and status == "ok":
+            pid = str(envelope.get("process_id"))
+            n = DAEMONS.number(principal, pid, keep)
+            output, dropped = _last_lines(str(envelope.get("output", "")), keep)
+            out: dict[str, Any] = {
+                "status": "daemon", "daemon_id": n, "output": output, "tracked_at": _now(), "cwd": envelope.get("cwd"),
+                "message": f"still running after timeoutSeconds: tracked as daemon {n} (get_daemon_output, stop_daemon "
+                f"with id {n})",
+            }  # fmt: skip
+            if dropped:
+                out["output_lines_dropped"] = dropped
+            out["call_id"] = envelope.get("call_id")
+            return out
+        if status != "ok":
+            code = envelope.get("exit_code")
+            out = _error(envelope, exit_code=code)
+            if code is not None:  # it ran: what it printed belongs with the error
+                _tail_fields(out, envelope, keep)
+            for k_in, k_out in (("started_at", "started_at"), ("ended_at", "finished_at")):
+                if k_in in envelope:
+                    out[k_out] = envelope[k_in]
+            out["call_id"] = envelope.get("call_id")
+            return out
+        out = {"status": "success", "exit_code": envelope.get("exit_code")}
+        if "backgrounded" in envelope:  # ran as a tracked process and ended in time: one merged stream
+            out["stdout"], dropped = _last_lines(str(envelope.get("output", "")), keep)
+            out["stderr"] = ""
+            out["merged_output"] = True
+            if dropped:
+                out["stdout_lines_dropped"] = dropped
+            out["finished_at"] = _now()
+        else:
+            _tail_fields(out, envelope, keep)
+            out["started_at"] = envelope.get("started_at")
+            out["finished_at"] = envelope.get("ended_at")
+            out["duration_ms"] = envelope.get("duration_ms")
+        out["cwd"] = envelope.get("cwd")
+        out |= {k: envelope[k] for k in ("notice", "reply_cut") if k in envelope}
+        out["call_id"] = envelope.get("call_id")
+        return out
+
+    return reply
+
+
+def _shell_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
+    shaped: dict[str, Any] = shell_reply(_BUFFER.get())(envelope, principal)
+    return shaped
+
+
+def _number(envelope: dict[str, Any], principal: str) -> int | None:
+    pid = envelope.get("process_id") or (envelope.get("process") or {}).get("id")
+    return DAEMONS.number_of(principal, str(pid)) if pid else None
+
+
+def stop_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
+    status = envelope.get("status")
+    if status == "pending":
+        return _pending(envelope)
+    n = _number(envelope, principal)
+    proc = envelope.get("process") or {}
+    if status != "ok":
+        return _error(envelope, daemon_id=n or _ASKED.get(), state=proc.get("state")) | _call_id(envelope)
+    return {
+        "status": "success", "daemon_id": n, "state": proc.get("state"), "exit_code": proc.get("exit_code"),
+        "started_at": proc.get("started_at"), "stopped_at": proc.get("ended_at") or _now(),
+        "call_id": envelope.get("call_id"),
+    }  # fmt: skip
+
+
+def output_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
+    status = envelope.get("status")
+    if status == "pending":
+        return _pending(envelope)
+    n = _number(envelope, principal)
+    if status != "ok":
+        return _error(envelope, daemon_id=n or _ASKED.get()) | _call_id(envelope)
+    found = DAEMONS.find(principal, n) if n is not None else None
+    keep = found[1] if found is not None else DEFAULT_BUFFER_LINES
+    output, dropped = _last_lines(str(envelope.get("output", "")), keep)
+    out: dict[str, Any] = {
+        "status": "success", "daemon_id": n, "state": envelope.get("state"),
+        "running": envelope.get("state") in ("running", "backoff"), "output": output,
+    }  # fmt: skip
+    if dropped or envelope.get("truncated"):
+        out["output_lines_dropped"] = dropped
+        out["truncated"] = True
+    out["retrieved_at"] = _now()
+    out["call_id"] = envelope.get("call_id")
+    return out
+
+
+def env_reply(stamp: str) -> Any:
+    def reply(envelope: dict[str, Any]) -> dict[str, Any]:
+        status = envelope.get("status")
+        if status == "pending":
+            return _pending(envelope)
+        if status != "ok":
+            return _error(envelope) | _call_id(envelope)
+        out: dict[str, Any] = {"status": "success", "name": envelope.get("name")}
+        if "value" in envelope:
+            out["value"] = envelope["value"]
+        if "was_set" in envelope:
+            out["was_set"] = envelope["was_set"]
+        out[stamp] = _now()
+        out["call_id"] = envelope.get("call_id")
+        return out
+
+    return reply
+
+
+_GATE = (
+    " Every call is decided by the gateway's policy and recorded; a denial is `status: error` with "
+    "`error_code: POLICY_DENIED` and the rule's justification (follow it; do not retry unchanged). A "
+    "call a supervisor must approve is `status: pending` with a call_id: call `await_call` with it. "
+    "Replies are YAML."
+)
+_RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+_READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+_ENV = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+
+def _shell_spec() -> Spec:
+    def adapt(args: ShellCmd, principal: str) -> RunCall:
+        _BUFFER.set(args.bufferSize)  # for this request's reply (the same task, after the call)
+        return _shell_call(args, principal)
+
+    return Spec(
+        "shell_cmd",
+        ShellCmd,
+        Tool.RUN,
+        "Run a shell command",
+        "Run one command (bash, or sh) in a sandbox and reply in YAML: status success with exit_code, "
+        "stdout, stderr (their last bufferSize lines, default 1000), started_at, finished_at. With "
+        "timeoutSeconds, a command still running then is tracked as a daemon: status daemon with a "
+        "numeric daemon_id for get_daemon_output and stop_daemon. Errors: status error, error_code "
+        "(COMMAND_TIMEOUT, COMMAND_NOT_FOUND, ...), message." + _GATE,
+        _RUNS,
+        resolver="client",
+        adapt=adapt,
+        reply_for=_shell_reply,
+        render=render,
+    )
+
+
+SPECS: tuple[Spec, ...] = (
+    _shell_spec(),
+    Spec(
+        "stop_daemon",
+        DaemonId,
+        Tool.PROCESSES,
+        "Stop a daemon",
+        "Stop the daemon shell_cmd tracked with this id: status success with state and stopped_at; "
+        "DAEMON_NOT_FOUND for an id that is not one of yours, DAEMON_NOT_RUNNING if it already ended." + _GATE,
+        _RUNS,
+        adapt=_daemon("stop"),
+        reply_for=stop_reply,
+        render=render,
+    ),
+    Spec(
+        "get_daemon_output",
+        DaemonId,
+        Tool.PROCESSES,
+        "A daemon's output",
+        "The output of the daemon shell_cmd tracked with this id (its last bufferSize lines), its state "
+        "and whether it still runs; DAEMON_NOT_FOUND for an id that is not one of yours." + _GATE,
+        _READS,
+        adapt=_daemon("output"),
+        reply_for=output_reply,
+        render=render,
+    ),
+    Spec(
+        "env_get",
+        EnvGet,
+        Tool.ENV,
+        "Read a variable",
+        "The value of a variable you set for later shell_cmd calls (status success, name, value, "
+        "retrieved_at); ENV_NOT_FOUND if it is not set." + _GATE,
+        _READS,
+        adapt=_env_get,
+        reply=env_reply("retrieved_at"),
+        render=render,
+    ),
+    Spec(
+        "env_set",
+        EnvSet,
+        Tool.ENV,
+        "Set a variable",
+        "Set a variable that later shell_cmd calls inherit (status success, name, set_at). Only names "
+        "the policy allows; PATH, HOME, LD_* and the like never." + _GATE,
+        _ENV,
+        adapt=_env_set,
+        reply=env_reply("set_at"),
+        render=render,
+    ),
+    Spec(
+        "env_unset",
+        EnvGet,
+        Tool.ENV,
+        "Unset a variable",
+        "Remove a variable you set (status success, name, was_set, unset_at)." + _GATE,
+        _ENV,
+        adapt=_env_unset,
+        reply=env_reply("unset_at"),
+        render=render,
+    ),
+)

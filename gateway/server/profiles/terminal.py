@@ -1,0 +1,407 @@
+"""The `terminal-interface` profile (seed 003): `run_terminal_command`,
+`format_terminal_output`, `start_interactive_shell`, and the tools that use the shell it starts
+(`execute_in_shell`, `send_shell_input`, `read_shell_output`, `close_shell`, `list_shells`).
+
+    {"command": "ls", "working_directory": "src", "timeout_seconds": 30}
+    {"success": true, "return_code": 0, "stdout": "...", "stderr": "", "execution_time": 0.012,
+     "working_directory": "/srv/ws/src", "call_id": "..."}
+
+An interactive shell is one of the gateway's sessions, on a pseudo-terminal: every line sent to
+it as a command (`startup_commands`, `execute_in_shell`, each line `send_shell_input` writes to
+the idle shell) is decided by the policy before the shell sees it, and audited with its own
+call_id. Only bash (and sh, bash in POSIX mode) can be checked, so a `shell_type` of zsh, fish,
+python or anything else is refused with the reason (INVALID_INPUT, recorded): nothing runs
+unchecked. `format_terminal_output` is pure formatting (`format_output`): no shell.
+
+Every reply has `success`; a failure adds `error_code` and `error` (the message), and for a
+denial the deciding `rule` and `reasons`. A call a supervisor must approve is `success: false`
+with `status: pending` and a `call_id` for `await_call`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from mcp.types import ToolAnnotations
+from pydantic import BaseModel, ConfigDict, Field
+
+from gateway.calls import (
+    MAX_SHELL_CHARS,
+    MAX_STARTUP_COMMANDS,
+    FormatOutputCall,
+    PathText,
+    RunCall,
+    SessionCall,
+    ShellText,
+)
+from gateway.policy.schema import Tool
+from gateway.server.specs import Spec
+
+NAME = "terminal-interface"
+DEFAULT_TIMEOUT_S = 30
+MAX_TIMEOUT_S = 3600
+SHELL_TYPES = ("bash", "sh")
+SHELL_TOOLS = ("execute_in_shell", "send_shell_input", "read_shell_output", "close_shell", "list_shells")
+"""What `available_commands` lists: the tools that use a started shell."""
+
+Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
+ShellId = Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class _Args(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, use_attribute_docstrings=True)
+
+
+class RunTerminalCommand(_Args):
+    """Arguments of seed 003's `run_terminal_command`."""
+
+    command: ShellText
+    """The command (bash)."""
+    working_directory: PathText | None = None
+    """Directory to run in (default: the workspace; relative: against it). Must lie in your roots."""
+    timeout_seconds: Seconds = DEFAULT_TIMEOUT_S
+    """Seconds before the command is killed (the policy's limit caps it)."""
+    capture_output: bool = True
+    """False: the output is discarded, never read (stdout and stderr come back empty)."""
+
+
+FormatType = Literal["success", "error", "warning", "info", "table", "json"]
+
+
+class FormatTerminalOutput(_Args):
+    """Arguments of seed 003's `format_terminal_output`."""
+
+    content: Any
+    """success / error / warning / info: the text. table: a list of objects, or of rows (lists)
+    with `headers`. json: any value, or JSON text."""
+    format_type: FormatType
+    """How to format it."""
+    headers: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=100)] | None = None
+    """table: the column names, when `content` is a list of rows."""
+    terminal_codes: bool = True
+    """Use ANSI terminal codes (colours, bold); false gives plain text."""
+
+
+class StartInteractiveShell(_Args):
+    """Arguments of seed 003's `start_interactive_shell`."""
+
+    shell_type: str = Field(default="bash", max_length=100)
+    """`bash` (default) or `sh`. zsh, fish, python and other shells are refused: the gateway can only check bash."""
+    working_directory: PathText | None = None
+    """Directory the shell starts in (default: the workspace)."""
+    prompt: str | None = Field(default=None, max_length=200)
+    """Text shown after each command's output, like PS1."""
+    startup_commands: Annotated[list[ShellText], Field(max_length=MAX_STARTUP_COMMANDS)] = []
+    """Commands run first, in order, each decided like any other (the first that fails stops the rest)."""
+
+
+class ExecuteInShell(_Args):
+    """Arguments of `execute_in_shell`."""
+
+    shell_id: ShellId
+    """The shell_id start_interactive_shell returned."""
+    command: ShellText
+    """The command."""
+    timeout_seconds: Seconds = DEFAULT_TIMEOUT_S
+    """How long to wait for it (it keeps running after: read_shell_output, send_shell_input)."""
+
+
+class SendShellInput(_Args):
+    """Arguments of `send_shell_input`."""
+
+    shell_id: ShellId
+    input: Annotated[str, Field(min_length=1, max_length=MAX_SHELL_CHARS)]
+    """Text to send as typed (add "\\n" to press enter). To a running program it is input; to the
+    idle shell each line is a command, decided like execute_in_shell. "\\u0003" is Ctrl-C."""
+
+
+class ShellOnly(_Args):
+    """Arguments of `read_shell_output` and `close_shell`."""
+
+    shell_id: ShellId
+
+
+class NoArgs(_Args):
+    """`list_shells` takes no arguments."""
+
+
+# --- adapters -------------------------------------------------------------------------------------
+def _run(args: RunTerminalCommand, principal: str) -> RunCall:
+    return RunCall(
+        principal=principal, command=args.command, cwd=args.working_directory,
+        timeout_ms=max(1, round(args.timeout_seconds * 1000)), capture_output=args.capture_output,
+    )  # fmt: skip
+
+
+def _format(args: FormatTerminalOutput, principal: str) -> FormatOutputCall:
+    if args.format_type in ("table", "json"):
+        data = args.content
+        if args.format_type == "table":
+            if not isinstance(data, list):
+                raise ValueError("content: a table is a list of objects, or of rows (lists) with headers")
+            if args.headers is not None:
+                data = [list(args.headers), *data]
+        message = data if args.format_type == "json" and isinstance(data, str) else None
+        return FormatOutputCall(
+            principal=principal, kind=args.format_type, data=None if message is not None else data, message=message,
+            color=args.terminal_codes,
+        )  # fmt: skip
+    if not isinstance(args.content, str):
+        raise ValueError(f"content: {args.format_type} formats text: give a string")
+    return FormatOutputCall(principal=principal, kind=args.format_type, message=args.content, color=args.terminal_codes)
+
+
+def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
+    if args.shell_type not in SHELL_TYPES:
+        raise ValueError(
+            f"shell_type: {args.shell_type!r} is refused: the gateway decides every command a shell runs, and "
+            "its analyser reads bash only (sh is bash in POSIX mode); a zsh, fish or python line could not be "
+            "checked, so it is not run unchecked either. Use bash"
+        )
+    return SessionCall(
+        principal=principal, action="start", pty=True, shell_type=args.shell_type,  # type: ignore[arg-type]
+        cwd=args.working_directory, prompt=args.prompt, startup_commands=list(args.startup_commands),
+    )  # fmt: skip
+
+
+def _exec(args: ExecuteInShell, principal: str) -> SessionCall:
+    return SessionCall(
+        principal=principal, action="exec", session_id=args.shell_id, command=args.command,
+        timeout_ms=max(1, round(args.timeout_seconds * 1000)),
+    )  # fmt: skip
+
+
+def _write(args: SendShellInput, principal: str) -> SessionCall:
+    return SessionCall(principal=principal, action="write", session_id=args.shell_id, input=args.input)
+
+
+def _session(action: Literal["read", "kill"]) -> Any:
+    def adapt(args: ShellOnly, principal: str) -> SessionCall:
+        return SessionCall(principal=principal, action=action, session_id=args.shell_id)
+
+    return adapt
+
+
+def _list(args: NoArgs, principal: str) -> SessionCall:
+    return SessionCall(principal=principal, action="list")
+
+
+# --- replies --------------------------------------------------------------------------------------
+def _failure(envelope: dict[str, Any]) -> dict[str, Any]:
+    err = envelope.get("error") or {}
+    out: dict[str, Any] = {"success": False, "error_code": err.get("code", "INTERNAL_ERROR")}
+    out["error"] = err.get("message", "")
+    return out | {k: envelope[k] for k in ("rule", "reasons") if envelope.get(k) is not None}
+
+
+def _shaped(envelope: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
+    """success or the failure, then `fields`, then `call_id`."""
+    status = envelope.get("status")
+    if status == "pending":
+        out = {"success": False, "status": "pending"} | {k: envelope[k] for k in ("approval", "next") if k in envelope}
+    elif status == "ok":
+        out = {"success": True}
+    else:
+        out = _failure(envelope)
+    out |= {k: v for k, v in fields.items() if v is not None}
+    out |= {k: envelope[k] for k in ("notice", "reply_cut") if k in envelope}
+    out["call_id"] = envelope.get("call_id")
+    return out
+
+
+def run_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    ran = "exit_code" in envelope
+    code = envelope.get("exit_code")
+    duration = envelope.get("duration_ms")
+    return _shaped(envelope, {
+        "return_code": code if code is not None else (-1 if not ran or envelope.get("status") == "timeout" else None),
+        "stdout": envelope.get("stdout", "") if ran else None,
+        "stderr": envelope.get("stderr", "") if ran else None,
+        "execution_time": round(duration / 1000, 3) if isinstance(duration, int | float) else None,
+        "working_directory": envelope.get("cwd"),
+    })  # fmt: skip
+
+
+def format_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    return _shaped(envelope, {
+        "formatted_output": envelope.get("text"),
+        "terminal_codes": envelope.get("ansi_codes"),
+    })  # fmt: skip
+
+
+def _startup(envelope: dict[str, Any]) -> list[dict[str, Any]]:
+    done = []
+    for r in envelope.get("startup") or []:
+        item = {"status": "ok" if r.get("status") == "ok" else r.get("status"), "return_code": r.get("exit_code")}
+        item["output"] = r.get("output", "")
+        if r.get("status") != "ok":
+            item["error_code"] = (r.get("error") or {}).get("code")
+        done.append(item | {"call_id": r.get("call_id")})
+    return done
+
+
+def start_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    shell_id = envelope.get("session_id")
+    startup = _startup(envelope)
+    return _shaped(envelope, {
+        "shell_id": shell_id,
+        "status": ("active" if envelope.get("alive") else "closed") if shell_id else None,
+        "working_directory": envelope.get("cwd"),
+        "output": envelope.get("output") if shell_id else None,
+        "startup_commands_executed": sum(1 for s in startup if s["status"] == "ok") if shell_id else None,
+        "startup_results": startup or None,
+        "available_commands": list(SHELL_TOOLS) if shell_id else None,
+    })  # fmt: skip
+
+
+def exec_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    return _shaped(envelope, {
+        "shell_id": envelope.get("session_id"),
+        "output": envelope.get("output"),
+        "return_code": envelope.get("exit_code"),
+        "running": envelope.get("running"),
+        "alive": envelope.get("alive"),
+        "working_directory": envelope.get("cwd"),
+    })  # fmt: skip
+
+
+def write_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    return _shaped(envelope, {
+        "shell_id": envelope.get("session_id"),
+        "sent": envelope.get("sent"),
+        "output": envelope.get("output"),
+        "running": envelope.get("running"),
+    })  # fmt: skip
+
+
+def read_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    return _shaped(envelope, {
+        "shell_id": envelope.get("session_id"),
+        "output": envelope.get("output"),
+        "running": envelope.get("running"),
+        "alive": envelope.get("alive"),
+        "return_code": envelope.get("exit_code"),
+    })  # fmt: skip
+
+
+def close_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    ok = envelope.get("status") == "ok"
+    return _shaped(envelope, {"shell_id": envelope.get("session_id"), "status": "closed" if ok else None})
+
+
+def list_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    shells = [
+        {
+            "shell_id": s.get("session_id"),
+            "status": "active" if s.get("alive") else "closed",
+            "working_directory": s.get("cwd"),
+            "running": s.get("running"),
+            "idle_seconds": s.get("idle_seconds"),
+        }
+        for s in envelope.get("sessions") or []
+        if s.get("pty")  # the shells this profile starts (a gateway `session` over pipes is not one)
+    ]
+    return _shaped(envelope, {"shells": shells if envelope.get("status") == "ok" else None})
+
+
+_GATE = (
+    " Every command is decided by the gateway's policy, runs in a sandbox and is recorded; a denial "
+    "is success false with error_code POLICY_DENIED and the rule's justification (follow it; do not "
+    "retry unchanged). A call a supervisor must approve returns status `pending` and a call_id: call "
+    "`await_call` with it."
+)
+_RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+_READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+
+SPECS: tuple[Spec, ...] = (
+    Spec(
+        "run_terminal_command",
+        RunTerminalCommand,
+        Tool.RUN,
+        "Run a terminal command",
+        "Run one bash command and reply {success, return_code, stdout, stderr, execution_time (seconds), "
+        "working_directory}. timeout_seconds defaults to 30; capture_output false discards the output." + _GATE,
+        _RUNS,
+        resolver="client",
+        adapt=_run,
+        reply=run_reply,
+    ),
+    Spec(
+        "format_terminal_output",
+        FormatTerminalOutput,
+        None,
+        "Format text for a terminal",
+        "Format content as a success, error, warning or info message, a table or JSON, with ANSI terminal "
+        "codes or without (terminal_codes false): {success, formatted_output, terminal_codes (the codes "
+        "used)}. Runs nothing.",
+        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        adapt=_format,
+        reply=format_reply,
+    ),
+    Spec(
+        "start_interactive_shell",
+        StartInteractiveShell,
+        Tool.SESSION,
+        "Start an interactive shell",
+        "Start a persistent bash on a terminal (keeps cwd and variables) and run startup_commands in it: "
+        "{success, shell_id, status, startup_commands_executed, available_commands}. Use the shell with "
+        "execute_in_shell, send_shell_input, read_shell_output, close_shell, list_shells. shell_type bash "
+        "or sh only." + _GATE,
+        _RUNS,
+        adapt=_start,
+        reply=start_reply,
+    ),
+    Spec(
+        "execute_in_shell",
+        ExecuteInShell,
+        Tool.SESSION,
+        "Run a command in a shell",
+        "Run a command in a shell start_interactive_shell started and wait for it (timeout_seconds, "
+        "default 30; it keeps running after): {success, output, return_code, running, working_directory}." + _GATE,
+        _RUNS,
+        adapt=_exec,
+        reply=exec_reply,
+    ),
+    Spec(
+        "send_shell_input",
+        SendShellInput,
+        Tool.SESSION,
+        "Type into a shell",
+        "Send text to a shell as typed: input to the program running in it, or, to the idle shell, "
+        "commands (each line decided like execute_in_shell). {success, sent, output, running}." + _GATE,
+        _RUNS,
+        adapt=_write,
+        reply=write_reply,
+    ),
+    Spec(
+        "read_shell_output",
+        ShellOnly,
+        Tool.SESSION,
+        "Read a shell's output",
+        "The shell's output since the last read: {success, output, running, alive, return_code}." + _GATE,
+        _READS,
+        adapt=_session("read"),
+        reply=read_reply,
+    ),
+    Spec(
+        "close_shell",
+        ShellOnly,
+        Tool.SESSION,
+        "Close a shell",
+        "End a shell and everything it started: {success, shell_id, status: closed}." + _GATE,
+        _RUNS,
+        adapt=_session("kill"),
+        reply=close_reply,
+    ),
+    Spec(
+        "list_shells",
+        NoArgs,
+        Tool.SESSION,
+        "List your shells",
+        "Your interactive shells: {success, shells: [{shell_id, status, working_directory, running, "
+        "idle_seconds}]}." + _GATE,
+        _READS,
+        adapt=_list,
+        reply=list_reply,
+    ),
+)
