@@ -165,9 +165,12 @@ class GatewayServer:
         max_in_flight: int = MAX_IN_FLIGHT,
         name: str = "agent-gateway",
         specs: Sequence[Spec] = SPECS,
+        mcp: MCPServer[Any] | None = None,
     ) -> None:
         """`specs`: the tools served (`gateway/server/profiles/`: `gateway serve --profile`);
-        the gateway's own by default. Every one is an adapter over `gateway.handle`."""
+        the gateway's own by default. Every one is an adapter over `gateway.handle`. `mcp`:
+        register them on this existing server, beside its own tools, instead of a new one
+        (`gateway/server/register.py`)."""
         if principal is None and token_verifier is None:
             raise ValueError("a server needs a fixed principal (stdio) or a token verifier (HTTP)")
         self.gw = gateway
@@ -185,14 +188,18 @@ class GatewayServer:
         self._answering = 0  # tool handlers that have not yet returned their reply to the SDK
         self._drained: dict[str, int] | None = None
         self._workers = Workers()
-        self.mcp: MCPServer[Any] = MCPServer(
-            name,
-            instructions=INSTRUCTIONS,
-            token_verifier=token_verifier,
-            auth=auth,
-            middleware=[self._filter_listing],
-            log_level="WARNING",  # the SDK configures logging; INFO would print every casbin enforce
-        )
+        if mcp is not None:
+            self.mcp: MCPServer[Any] = mcp
+            mcp.middleware.append(self._filter_listing)
+        else:
+            self.mcp = MCPServer(
+                name,
+                instructions=INSTRUCTIONS,
+                token_verifier=token_verifier,
+                auth=auth,
+                middleware=[self._filter_listing],
+                log_level="WARNING",  # the SDK configures logging; INFO would print every casbin enforce
+            )
         self.specs: dict[str, Spec] = {}
         for spec in specs:
             if spec.name in self.specs:
@@ -227,7 +234,9 @@ class GatewayServer:
         if ctx.method == "tools/list" and isinstance(result, dict) and isinstance(result.get("tools"), list):
             principal = self.caller()
             shown = self.visible_tools(principal) if principal else set()
-            result = {**result, "tools": [t for t in result["tools"] if t.get("name") in shown]}
+            # a tool that is not ours (a server register_tools added ours to) is its owner's to list
+            listed = [t for t in result["tools"] if t.get("name") in shown or t.get("name") not in self.specs]
+            result = {**result, "tools": listed}
         return result
 
     # --- registration ------------------------------------------------------------------------

@@ -1,0 +1,117 @@
+"""`register_tools()`: the gateway's gated tools on someone else's MCP server (seed 003's API).
+
+An existing MCP server built with the official SDK gains the tools of any profile without
+running `gateway serve`: each tool call still becomes a gateway call handled by
+`Gateway.handle` (the same decision, sandbox, approvals and audit record as through `gateway
+serve`), and the server's own tools stay as they are.
+
+    from mcp.server import MCPServer
+    from gateway.server.register import register_tools
+
+    server = MCPServer("my-tools")                      # or a low-level mcp.server.lowlevel.Server
+
+    @server.tool()
+    def add(a: int, b: int) -> int: ...
+
+    gated = register_tools(server, gateway, principal="agent", profile="terminal-interface")
+    server.run("stdio")
+    ...
+    gated.shutdown(grace_s=5)                           # stop, withdraw waiting approvals, kill leftovers
+
+`gateway` is a `gateway.pipeline.Gateway` (its policy, audit log, approver and state directory:
+docs/serve.md shows how `gateway serve` builds one). `principal` is who every call made through
+this server is, as the policy names principals; or a function returning the principal of the
+current request (e.g. from the server's own authentication), None refusing the call
+(UNAUTHENTICATED). The agent never names it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from mcp.server import MCPServer
+from mcp.server.lowlevel import Server
+from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
+
+from gateway.pipeline import Gateway
+from gateway.server.app import PENDING_AFTER_S, GatewayServer
+from gateway.server.profiles import specs_for
+from gateway.server.specs import Spec
+
+Principal = str | Callable[[], str | None]
+
+
+class GatewayTools(GatewayServer):
+    """The gated tools as registered on another server: a `GatewayServer` whose caller is the
+    `principal` given to `register_tools` (its `shutdown` and `drain` stop its calls)."""
+
+    def __init__(self, gateway: Gateway, principal: Principal, specs: Sequence[Spec], **kw: Any) -> None:
+        self._principal_of = principal
+        super().__init__(gateway, principal if isinstance(principal, str) else "-", specs=specs, **kw)
+
+    def caller(self) -> str | None:
+        who = self._principal_of
+        return who if isinstance(who, str) else who()
+
+
+def register_tools(
+    server: MCPServer[Any] | Server[Any],
+    gateway: Gateway,
+    *,
+    principal: Principal,
+    profile: str | list[str] = "gateway",
+    pending_after_s: float = PENDING_AFTER_S,
+) -> GatewayTools:
+    """Register the tools of `profile` (`gateway`, `os`, `terminal-interface`, ...: docs/tools.md)
+    on `server`, an `MCPServer` (the SDK's high-level server, FastMCP's successor) or a low-level
+    `Server`. Returns the registration, whose `shutdown(grace_s)` ends its calls.
+
+    A tool name the server already has is refused (ValueError), so no call meant for the server's
+    own tool reaches the gateway, nor the reverse. A principal whose policy denies a tool's
+    family does not see it listed; the server's own tools are listed as before."""
+    specs = specs_for(profile)
+    if isinstance(server, MCPServer):
+        taken = sorted(s.name for s in specs if server._tool_manager.get_tool(s.name) is not None)
+        if taken:
+            raise ValueError(f"register_tools: {server.name} already has tools named {', '.join(taken)}")
+        return GatewayTools(gateway, principal, specs, mcp=server, pending_after_s=pending_after_s)
+    if isinstance(server, Server):
+        gated = GatewayTools(gateway, principal, specs, pending_after_s=pending_after_s, name=f"{server.name}-gated")
+        _wrap_lowlevel(server, gated)
+        return gated
+    raise TypeError(f"register_tools: expected an mcp MCPServer or low-level Server, not {type(server).__name__}")
+
+
+def _wrap_lowlevel(server: Server[Any], gated: GatewayTools) -> None:
+    """Put the gated tools in front of a low-level server's tools/list and tools/call handlers:
+    listing adds them (to the first page), a call of one of their names goes to the gateway's
+    server (its resolvers, approvals and audit), any other to the server's own handler."""
+    own_list = server.get_request_handler("tools/list")
+    own_call = server.get_request_handler("tools/call")
+    inner = gated.mcp
+
+    async def list_tools(ctx: Any, params: PaginatedRequestParams) -> ListToolsResult:
+        theirs = await own_list.handler(ctx, params) if own_list is not None else ListToolsResult(tools=[])
+        taken = sorted(t.name for t in theirs.tools if t.name in gated.specs)
+        if taken:  # a collision is refused at every listing: neither side's tool could be called reliably
+            raise ValueError(f"register_tools: {server.name} lists tools named {', '.join(taken)}, as the gateway does")
+        if params is not None and params.cursor is not None:
+            return theirs
+        who = gated.caller()
+        shown = gated.visible_tools(who) if who else set()
+        ours = [t for t in await inner.list_tools() if t.name in shown]
+        return theirs.model_copy(update={"tools": [*theirs.tools, *ours]})
+
+    async def call_tool(ctx: Any, params: CallToolRequestParams) -> Any:
+        if params.name in gated.specs:
+            return await inner._handle_call_tool(ctx, params)
+        if own_call is None:
+            return CallToolResult(content=[TextContent(type="text", text=f"no tool {params.name}")], is_error=True)
+        return await own_call.handler(ctx, params)
+
+    server.add_request_handler("tools/list", PaginatedRequestParams, list_tools)
+    server.add_request_handler("tools/call", CallToolRequestParams, call_tool)
+
+
+__all__ = ["GatewayTools", "register_tools"]
