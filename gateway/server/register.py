@@ -91,8 +91,9 @@ def _wrap_lowlevel(server: Server[Any], gated: GatewayTools) -> None:
     own_call = server.get_request_handler("tools/call")
     inner = gated.mcp
 
-    async def list_tools(ctx: Any, params: PaginatedRequestParams) -> ListToolsResult:
-        theirs = await own_list.handler(ctx, params) if own_list is not None else ListToolsResult(tools=[])
+    async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
+        got = await own_list.handler(ctx, params) if own_list is not None else None
+        theirs = ListToolsResult.model_validate(got if got is not None else {"tools": []}, from_attributes=True)
         taken = sorted(t.name for t in theirs.tools if t.name in gated.specs)
         if taken:  # a collision is refused at every listing: neither side's tool could be called reliably
             raise ValueError(f"register_tools: {server.name} lists tools named {', '.join(taken)}, as the gateway does")

@@ -34,7 +34,7 @@ def third_party() -> MCPServer[Any]:
 
 
 def lowlevel_third_party() -> Server[Any]:
-    async def list_tools(ctx: Any, params: PaginatedRequestParams) -> ListToolsResult:
+    async def list_tools(ctx: Any, params: PaginatedRequestParams | None) -> ListToolsResult:
         schema = {"type": "object", "properties": {"text": {"type": "string"}}, "required": ["text"]}
         return ListToolsResult(tools=[Tool(name="shout", description="Upper-case text.", input_schema=schema)])
 
