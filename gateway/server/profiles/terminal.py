@@ -210,16 +210,21 @@ def _shaped(envelope: dict[str, Any], fields: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    """`success` is the command's: it ran and returned 0 (a non-zero return_code is success false
+    without an error_code: the command ran, and isError stays false)."""
     ran = "exit_code" in envelope
     code = envelope.get("exit_code")
     duration = envelope.get("duration_ms")
-    return _shaped(envelope, {
+    out = _shaped(envelope, {
         "return_code": code if code is not None else (-1 if not ran or envelope.get("status") == "timeout" else None),
         "stdout": envelope.get("stdout", "") if ran else None,
         "stderr": envelope.get("stderr", "") if ran else None,
         "execution_time": round(duration / 1000, 3) if isinstance(duration, int | float) else None,
         "working_directory": envelope.get("cwd"),
     })  # fmt: skip
+    if envelope.get("status") == "ok" and code != 0:
+        out["success"] = False  # the command's failure, not the call's: no error_code
+    return out
 
 
 def format_reply(envelope: dict[str, Any]) -> dict[str, Any]:

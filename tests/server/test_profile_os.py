@@ -1,0 +1,166 @@
+"""`gateway serve --profile os` (seed 001) through the official SDK client: every tool of the
+seed, its YAML replies field by field, the daemon numbers over the gateway's durable processes
+(per principal: another principal's number is not yours), the seed's error codes, and the gate:
+a denied command is the policy's denial, recorded like any call."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcp import Client
+from mcp.types import CallToolResult
+
+from gateway.audit import verify
+from gateway.server.profiles import os_tools
+from tests.server.conftest import HttpGateway, audit_records
+from tests.server.test_profiles import profile_policy, serve
+
+
+def yaml_reply(r: CallToolResult) -> dict[str, Any]:
+    """The seed's YAML, alone, in one text block, `status` first."""
+    assert len(r.content) == 1 and r.content[0].type == "text"
+    text = r.content[0].text
+    assert text.startswith("status: "), text
+    out: dict[str, Any] = yaml.safe_load(text)
+    return out
+
+
+def test_os_lists_the_seeds_tools_and_arguments(tmp_path: Path, ws: Path) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "os")) as c:
+            return {t.name: t.input_schema for t in (await c.list_tools()).tools}
+
+    tools = asyncio.run(scenario())
+    seed = {"shell_cmd", "stop_daemon", "get_daemon_output", "env_get", "env_set", "env_unset"}
+    assert set(tools) == seed | {"await_call"}
+    cmd = tools["shell_cmd"]
+    assert set(cmd["properties"]) == {"command", "shell", "bufferSize", "timeoutSeconds"}
+    assert cmd["required"] == ["command"] and cmd["additionalProperties"] is False
+    assert cmd["properties"]["shell"]["default"] == "bash"
+    assert cmd["properties"]["bufferSize"]["default"] == os_tools.DEFAULT_BUFFER_LINES
+    for name in ("stop_daemon", "get_daemon_output"):
+        assert set(tools[name]["properties"]) == {"id"} and tools[name]["properties"]["id"]["type"] == "integer"
+    assert set(tools["env_set"]["properties"]) == {"name", "value"}
+    assert set(tools["env_get"]["properties"]) == set(tools["env_unset"]["properties"]) == {"name"}
+
+
+def test_os_shell_cmd_daemons_env_and_error_codes(tmp_path: Path, ws: Path) -> None:
+    calls: list[tuple[str, dict[str, Any]]] = [
+        ("shell_cmd", {"command": "echo hi; echo err >&2"}),  # 0
+        ("shell_cmd", {"command": "printf '1\\n2\\n3\\n4\\n'", "bufferSize": 2}),  # 1
+        ("shell_cmd", {"command": "echo out; false"}),  # 2
+        ("shell_cmd", {"command": "echo started; sleep 60", "timeoutSeconds": 1}),  # 3: a daemon
+        ("get_daemon_output", {"id": 1}),  # 4
+        ("shell_cmd", {"command": "echo quick", "timeoutSeconds": 30}),  # 5: ends in time
+        ("stop_daemon", {"id": 1}),  # 6
+        ("stop_daemon", {"id": 1}),  # 7: DAEMON_NOT_RUNNING
+        ("get_daemon_output", {"id": 7}),  # 8: DAEMON_NOT_FOUND
+        ("stop_daemon", {"id": 7}),  # 9: DAEMON_NOT_FOUND
+        ("shell_cmd", {"command": "echo x", "shell": "zsh"}),  # 10: refused
+        ("shell_cmd", {"command": "curl https://example.com"}),  # 11: denied
+        ("shell_cmd", {"command": "nosuchprogram"}),  # 12
+        ("env_set", {"name": "APP_X", "value": "42"}),  # 13
+        ("env_get", {"name": "APP_X"}),  # 14
+        ("shell_cmd", {"command": "printenv APP_X"}),  # 15: later commands inherit it
+        ("env_unset", {"name": "APP_X"}),  # 16
+        ("env_get", {"name": "APP_X"}),  # 17: ENV_NOT_FOUND
+        ("env_set", {"name": "LD_PRELOAD", "value": "/x.so"}),  # 18: denied
+        ("shell_cmd", {"command": "echo x", "timeout": 5}),  # 19: not the seed's argument
+        ("shell_cmd", {"command": "sleep 30", "shell": "sh", "timeoutSeconds": 1}),  # 20: sh is not in shells
+    ]
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "os")) as c:
+            return [await c.call_tool(name, args) for name, args in calls]
+
+    results = asyncio.run(scenario())
+    out = [yaml_reply(r) for r in results]
+
+    ok = out[0]
+    assert list(ok)[:4] == ["status", "exit_code", "stdout", "stderr"] and not results[0].is_error
+    assert ok["status"] == "success" and ok["exit_code"] == 0 and ok["stdout"] == "hi\n" and ok["stderr"] == "err\n"
+    assert {"started_at", "finished_at", "duration_ms", "cwd", "call_id"} <= set(ok) and ok["cwd"] == str(ws)
+    assert ok["started_at"].endswith("Z") and ok["finished_at"] >= ok["started_at"]
+    assert "stdout: |\n  hi\n" in results[0].content[0].text  # multi-line text as a YAML block
+
+    assert out[1]["stdout"] == "3\n4\n" and out[1]["stdout_lines_dropped"] == 2
+    assert out[2]["status"] == "success" and out[2]["exit_code"] == 1 and out[2]["stdout"] == "out\n"
+
+    daemon = out[3]
+    assert daemon["status"] == "daemon" and daemon["daemon_id"] == 1 and not results[3].is_error
+    assert daemon["output"] == "started\n" and "tracked_at" in daemon and "daemon 1" in daemon["message"]
+    assert out[4]["status"] == "success" and out[4]["daemon_id"] == 1 and out[4]["running"] is True
+    assert out[4]["state"] == "running" and out[4]["output"] == "started\n" and "retrieved_at" in out[4]
+    quick = out[5]
+    assert quick["status"] == "success" and quick["exit_code"] == 0 and quick["stdout"] == "quick\n"
+    assert quick["merged_output"] is True and "daemon_id" not in quick
+    stopped = out[6]
+    assert stopped["status"] == "success" and stopped["daemon_id"] == 1 and stopped["state"] == "stopped"
+    assert "stopped_at" in stopped and "started_at" in stopped
+
+    for i, code in ((7, "DAEMON_NOT_RUNNING"), (8, "DAEMON_NOT_FOUND"), (9, "DAEMON_NOT_FOUND")):
+        assert results[i].is_error and list(out[i])[:3] == ["status", "error_code", "message"], out[i]
+        assert out[i]["status"] == "error" and out[i]["error_code"] == code
+    assert out[7]["daemon_id"] == 1 and "not running" in out[7]["message"]
+    assert out[8]["daemon_id"] == 7 and "no daemon 7" in out[8]["message"]
+
+    zsh = out[10]
+    assert zsh["error_code"] == "INVALID_INPUT" and "zsh" in zsh["message"] and "bash" in zsh["message"]
+    denied = out[11]
+    assert denied["error_code"] == "POLICY_DENIED" and denied["rule"] == "no-curl" and "no network" in denied["message"]
+    nf = out[12]
+    assert nf["error_code"] == "COMMAND_NOT_FOUND" and nf["exit_code"] == 127 and results[12].is_error
+
+    assert out[13]["status"] == "success" and out[13]["name"] == "APP_X" and "set_at" in out[13]
+    assert out[14]["value"] == "42" and "retrieved_at" in out[14]
+    assert out[15]["stdout"] == "42\n"
+    assert out[16]["was_set"] is True and "unset_at" in out[16]
+    assert out[17]["error_code"] == "ENV_NOT_FOUND" and "APP_X" in out[17]["message"] and results[17].is_error
+    assert out[18]["error_code"] == "POLICY_DENIED" and results[18].is_error
+    assert out[19]["error_code"] == "INVALID_INPUT" and "timeout" in out[19]["message"]
+    assert out[20]["status"] == "error" and out[20]["error_code"] in ("POLICY_DENIED", "INVALID_INPUT")
+
+    # the same gate: the run family decided the commands, the processes family the daemons
+    records = audit_records(tmp_path / "audit")
+    decisions = {r["call_id"]: r for r in records if r["event"] == "decision"}
+    d = decisions[denied["call_id"]]
+    assert d["tool"] == "run" and d["decision"] == "deny" and d["rule"] == "no-curl"
+    assert decisions[daemon["call_id"]]["arguments"]["background_after_ms"] == 1000
+    assert decisions[stopped["call_id"]]["tool"] == "process"
+    assert decisions[out[8]["call_id"]]["arguments"]["process_id"] == "daemon-7"  # decided and recorded too
+    rejected = {r["call_id"] for r in records if r["event"] == "rejected"}
+    assert {zsh["call_id"], out[19]["call_id"]} <= rejected
+    assert verify(tmp_path / "audit").ok
+
+
+def test_os_daemon_numbers_are_each_principals_own(tmp_path: Path, ws: Path) -> None:
+    """Over HTTP, one server, two principals: each has its own daemon 1; `other` asking for
+    `agent`'s number reaches its own daemon or none, never agent's."""
+    from tests.server.test_transports import call_http
+
+    server = HttpGateway(tmp_path, profile_policy(tmp_path, ws), ws, extra=("--profile", "os"))
+    try:
+        agent, other = server.token("agent"), server.token("other")
+        started = asyncio.run(
+            call_http(server.url, agent, "auto", ("shell_cmd", {"command": "sleep 60", "timeoutSeconds": 1}))
+        )
+        theirs = asyncio.run(
+            call_http(server.url, other, "auto", ("stop_daemon", {"id": 1}), ("get_daemon_output", {"id": 1}),
+                      ("shell_cmd", {"command": "sleep 60", "timeoutSeconds": 1}))
+        )  # fmt: skip
+        mine = asyncio.run(call_http(server.url, agent, "auto", ("get_daemon_output", {"id": 1})))
+        after = asyncio.run(call_http(server.url, other, "auto", ("stop_daemon", {"id": 1})))
+        asyncio.run(call_http(server.url, agent, "auto", ("stop_daemon", {"id": 1})))
+    finally:
+        server.stop()
+    assert yaml_reply(started[0])["daemon_id"] == 1
+    stop, output, own = (yaml_reply(r) for r in theirs)
+    assert stop["error_code"] == "DAEMON_NOT_FOUND" and output["error_code"] == "DAEMON_NOT_FOUND"
+    assert own["status"] == "daemon" and own["daemon_id"] == 1  # other's own first daemon
+    still = yaml_reply(mine[0])
+    assert still["status"] == "success" and still["running"] is True  # agent's was not stopped by other
+    assert yaml_reply(after[0])["status"] == "success"  # other stopped its own daemon 1
+    assert verify(server.audit).ok
