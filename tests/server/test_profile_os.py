@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 from mcp import Client
-from mcp.types import CallToolResult
+from mcp.types import CallToolResult, TextContent
 
 from gateway.audit import verify
 from gateway.server.profiles import os_tools
@@ -19,10 +19,14 @@ from tests.server.conftest import HttpGateway, audit_records
 from tests.server.test_profiles import profile_policy, serve
 
 
+def raw(r: CallToolResult) -> str:
+    assert len(r.content) == 1 and isinstance(r.content[0], TextContent)
+    return r.content[0].text
+
+
 def yaml_reply(r: CallToolResult) -> dict[str, Any]:
     """The seed's YAML, alone, in one text block, `status` first."""
-    assert len(r.content) == 1 and r.content[0].type == "text"
-    text = r.content[0].text
+    text = raw(r)
     assert text.startswith("status: "), text
     out: dict[str, Any] = yaml.safe_load(text)
     return out
@@ -84,7 +88,7 @@ def test_os_shell_cmd_daemons_env_and_error_codes(tmp_path: Path, ws: Path) -> N
     assert ok["status"] == "success" and ok["exit_code"] == 0 and ok["stdout"] == "hi\n" and ok["stderr"] == "err\n"
     assert {"started_at", "finished_at", "duration_ms", "cwd", "call_id"} <= set(ok) and ok["cwd"] == str(ws)
     assert ok["started_at"].endswith("Z") and ok["finished_at"] >= ok["started_at"]
-    assert "stdout: |\n  hi\n" in results[0].content[0].text  # multi-line text as a YAML block
+    assert "stdout: |\n  hi\n" in raw(results[0])  # multi-line text as a YAML block
 
     assert out[1]["stdout"] == "3\n4\n" and out[1]["stdout_lines_dropped"] == 2
     assert out[2]["status"] == "success" and out[2]["exit_code"] == 1 and out[2]["stdout"] == "out\n"

@@ -260,7 +260,8 @@ def start_reply(envelope: dict[str, Any]) -> dict[str, Any]:
 
 
 def exec_reply(envelope: dict[str, Any]) -> dict[str, Any]:
-    return _shaped(envelope, {
+    """`success` as run_terminal_command's: false for a command that returned non-zero."""
+    out = _shaped(envelope, {
         "shell_id": envelope.get("session_id"),
         "output": envelope.get("output"),
         "return_code": envelope.get("exit_code"),
@@ -268,6 +269,10 @@ def exec_reply(envelope: dict[str, Any]) -> dict[str, Any]:
         "alive": envelope.get("alive"),
         "working_directory": envelope.get("cwd"),
     })  # fmt: skip
+    code = envelope.get("exit_code")
+    if envelope.get("status") == "ok" and isinstance(code, int) and code != 0:
+        out["success"] = False  # the command's failure, not the call's: no error_code
+    return out
 
 
 def write_reply(envelope: dict[str, Any]) -> dict[str, Any]:

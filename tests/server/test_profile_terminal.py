@@ -1,0 +1,218 @@
+"""`gateway serve --profile terminal-interface` (seed 003) through the official SDK client:
+run_terminal_command, every format_type of format_terminal_output, start_interactive_shell and
+the tools that use the shell, replies field by field; shell types the analyser cannot check are
+refused with the reason and nothing runs; every line sent to a shell is decided and recorded."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any
+
+import yaml
+from mcp import Client
+from mcp.types import CallToolResult
+
+from gateway.audit import verify
+from gateway.server.profiles import terminal
+from tests.server.conftest import audit_records
+from tests.server.test_profiles import profile_policy, reply, serve
+
+
+def shell_policy(tmp_path: Path, ws: Path) -> Path:
+    """The profile tests' policy, plus cd inside the roots, export of APP_* and exit."""
+    f = profile_policy(tmp_path, ws)
+    p = yaml.safe_load(f.read_text())
+    p["rules"][:0] = [
+        {"id": "cd", "decision": "allow", "justification": "change directory inside the roots", "programs": ["cd"],
+         "path_args": {"read": "first"}, "examples": {"match": ["cd src"]}},
+        {"id": "export", "decision": "allow", "justification": "APP_* only", "programs": ["export"],
+         "args": ["APP_[A-Z_]+(=.*)?"], "examples": {"match": ["export APP_MODE=x"], "not_match": ["export PAGER=x"]}},
+        {"id": "exit", "decision": "allow", "justification": "ending a shell", "programs": ["exit"],
+         "accept_unknown": True, "examples": {"match": ["exit 3"]}},
+    ]  # fmt: skip
+    f.write_text(yaml.safe_dump(p, sort_keys=False))
+    return f
+
+
+def test_terminal_lists_the_seeds_tools_and_arguments(tmp_path: Path, ws: Path) -> None:
+    async def scenario() -> dict[str, Any]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "terminal-interface")) as c:
+            return {t.name: t.input_schema for t in (await c.list_tools()).tools}
+
+    tools = asyncio.run(scenario())
+    seed = {"run_terminal_command", "format_terminal_output", "start_interactive_shell"}
+    assert set(tools) == seed | set(terminal.SHELL_TOOLS) | {"await_call"}
+    run = tools["run_terminal_command"]
+    assert set(run["properties"]) == {"command", "working_directory", "timeout_seconds", "capture_output"}
+    assert run["required"] == ["command"] and run["additionalProperties"] is False
+    assert run["properties"]["timeout_seconds"]["default"] == 30 and run["properties"]["capture_output"]["default"]
+    start = tools["start_interactive_shell"]
+    assert set(start["properties"]) == {"shell_type", "working_directory", "prompt", "startup_commands"}
+    assert "required" not in start
+    fmt = tools["format_terminal_output"]
+    assert set(fmt["properties"]) == {"content", "format_type", "headers", "terminal_codes"}
+    assert fmt["properties"]["format_type"]["enum"] == ["success", "error", "warning", "info", "table", "json"]
+
+
+def test_run_terminal_command_examples_and_errors(tmp_path: Path, ws: Path) -> None:
+    (ws / "sub").mkdir()
+    (ws / "sub").chmod(0o777)
+    calls: list[dict[str, Any]] = [
+        {"command": "echo hello"},
+        {"command": "pwd", "working_directory": "sub", "timeout_seconds": 10},
+        {"command": "echo out; echo err >&2; false"},
+        {"command": "echo secret", "capture_output": False},
+        {"command": "sleep 30", "timeout_seconds": 0.5},
+        {"command": "curl https://example.com"},
+        {"command": "echo x", "working_directory": "/etc"},
+        {"command": "echo x", "timeout_seconds": 0},
+        {"command": "echo x", "cwd": "sub"},
+    ]
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "terminal-interface")) as c:
+            return [await c.call_tool("run_terminal_command", a) for a in calls]
+
+    results = asyncio.run(scenario())
+    ok, cwd, failed, quiet, timeout, denied, outside, bad, unknown = (reply(r) for r in results)
+    assert list(ok) == ["success", "return_code", "stdout", "stderr", "execution_time", "working_directory", "call_id"]
+    assert ok["success"] is True and ok["return_code"] == 0 and ok["stdout"] == "hello\n" and ok["stderr"] == ""
+    assert isinstance(ok["execution_time"], float) and ok["working_directory"] == str(ws)
+    assert cwd["stdout"] == f"{ws / 'sub'}\n" and cwd["working_directory"] == str(ws / "sub")
+    assert failed["success"] is False and failed["return_code"] == 1 and "error_code" not in failed
+    assert failed["stdout"] == "out\n" and failed["stderr"] == "err\n" and not results[2].is_error
+    assert quiet["success"] is True and quiet["stdout"] == "" and quiet["stderr"] == ""
+    assert timeout["success"] is False and timeout["error_code"] == "COMMAND_TIMEOUT" and timeout["return_code"] == -1
+    assert results[4].is_error
+    assert denied["error_code"] == "POLICY_DENIED" and denied["rule"] == "no-curl" and "no network" in denied["error"]
+    assert results[5].is_error and "stdout" not in denied
+    assert outside["error_code"] == "PATH_OUTSIDE_JAIL"
+    assert bad["error_code"] == "INVALID_INPUT" and "timeout_seconds" in bad["error"]
+    assert unknown["error_code"] == "INVALID_INPUT" and "cwd" in unknown["error"]
+
+    records = audit_records(tmp_path / "audit")
+    decisions = {r["call_id"]: r for r in records if r["event"] == "decision"}
+    d = decisions[denied["call_id"]]
+    assert d["tool"] == "run" and d["decision"] == "deny" and d["rule"] == "no-curl"
+    assert decisions[cwd["call_id"]]["arguments"]["timeout_ms"] == 10_000
+    assert decisions[quiet["call_id"]]["arguments"]["capture_output"] is False
+    assert verify(tmp_path / "audit").ok
+
+
+def test_format_terminal_output_every_format_type(tmp_path: Path, ws: Path) -> None:
+    calls: list[dict[str, Any]] = [
+        {"content": "built", "format_type": "success"},
+        {"content": "failed", "format_type": "error"},
+        {"content": "disk almost full", "format_type": "warning"},
+        {"content": "3 files", "format_type": "info", "terminal_codes": False},
+        {"content": [{"name": "a", "size": 10}, {"name": "bb"}], "format_type": "table", "terminal_codes": False},
+        {"content": [["a", 1], ["bb", 2]], "headers": ["name", "n"], "format_type": "table"},
+        {"content": {"b": 1, "a": [1, 2]}, "format_type": "json", "terminal_codes": False},
+        {"content": '{"k": "v"}', "format_type": "json", "terminal_codes": False},
+        {"content": "x", "format_type": "table"},
+        {"content": ["x"], "format_type": "success"},
+        {"content": "x", "format_type": "rainbow"},
+    ]
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "terminal-interface")) as c:
+            return [await c.call_tool("format_terminal_output", a) for a in calls]
+
+    results = asyncio.run(scenario())
+    out = [reply(r) for r in results]
+    for i, (code, mark) in enumerate((("32", "✔"), ("31", "✖"), ("33", "⚠"))):
+        assert list(out[i]) == ["success", "formatted_output", "terminal_codes", "call_id"]
+        assert out[i]["success"] is True and out[i]["terminal_codes"] == [code]
+        assert out[i]["formatted_output"].startswith(f"\x1b[{code}m{mark} ")
+    assert out[3]["formatted_output"] == "\u2139 3 files" and out[3]["terminal_codes"] == []
+    assert out[4]["formatted_output"] == "name  size\n----  ----\na     10\nbb"
+    assert "\x1b[1m" in out[5]["formatted_output"] and "bb    2" in out[5]["formatted_output"]
+    assert "1" in out[5]["terminal_codes"]
+    assert out[6]["formatted_output"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
+    assert out[7]["formatted_output"] == '{\n  "k": "v"\n}'
+    for i, field in ((8, "content"), (9, "content"), (10, "format_type")):
+        assert out[i]["success"] is False and out[i]["error_code"] == "INVALID_INPUT" and field in out[i]["error"]
+        assert results[i].is_error
+
+
+def test_interactive_shell_every_line_decided(tmp_path: Path, ws: Path) -> None:
+    (ws / "sub" / "inner").mkdir(parents=True)
+    for d in (ws / "sub", ws / "sub" / "inner"):
+        d.chmod(0o777)
+
+    async def scenario() -> dict[str, CallToolResult]:
+        async with Client(serve(tmp_path, shell_policy(tmp_path, ws), ws, "terminal-interface")) as c:
+            got: dict[str, CallToolResult] = {}
+            for kind in ("zsh", "fish", "python"):
+                got[kind] = await c.call_tool("start_interactive_shell", {"shell_type": kind})
+            got["none"] = await c.call_tool("list_shells", {})
+            got["start"] = await c.call_tool("start_interactive_shell", {
+                "shell_type": "bash", "working_directory": "sub", "prompt": "$ ",
+                "startup_commands": ["export APP_MODE=test", "cd inner"],
+            })  # fmt: skip
+            sid = reply(got["start"])["shell_id"]
+            got["exec"] = await c.call_tool("execute_in_shell", {"shell_id": sid, "command": "echo $APP_MODE; pwd"})
+            got["denied"] = await c.call_tool("execute_in_shell", {"shell_id": sid, "command": "curl x"})
+            got["typed"] = await c.call_tool("send_shell_input", {"shell_id": sid, "input": "curl https://x\n"})
+            got["slow"] = await c.call_tool(
+                "execute_in_shell", {"shell_id": sid, "command": "sleep 1; echo done", "timeout_seconds": 0.2}
+            )
+            got["read"] = await c.call_tool("read_shell_output", {"shell_id": sid})
+            got["list"] = await c.call_tool("list_shells", {})
+            got["bad_start"] = await c.call_tool("start_interactive_shell", {"startup_commands": ["curl x", "echo no"]})
+            got["busy"] = await c.call_tool("execute_in_shell", {"shell_id": sid, "command": "echo x"})
+            other = reply(got["bad_start"])["shell_id"]
+            got["exit"] = await c.call_tool("execute_in_shell", {"shell_id": other, "command": "exit 3"})
+            got["gone"] = await c.call_tool("execute_in_shell", {"shell_id": other, "command": "echo x"})
+            got["close"] = await c.call_tool("close_shell", {"shell_id": sid})
+            got["after"] = await c.call_tool("list_shells", {})
+            got["unknown"] = await c.call_tool("read_shell_output", {"shell_id": "nosuch"})
+            return got
+
+    r = asyncio.run(scenario())
+    out = {k: reply(v) for k, v in r.items()}
+    for kind in ("zsh", "fish", "python"):
+        refused = out[kind]
+        assert refused["success"] is False and refused["error_code"] == "INVALID_INPUT" and r[kind].is_error
+        assert f"'{kind}' is refused" in refused["error"] and "bash" in refused["error"] and "shell_id" not in refused
+    assert out["none"] == {"success": True, "shells": [], "call_id": out["none"]["call_id"]}  # nothing started
+
+    start = out["start"]
+    assert start["success"] is True and not r["start"].is_error
+    assert start["status"] == "active" and start["working_directory"] == str(ws / "sub")
+    assert start["startup_commands_executed"] == 2 and [s["status"] for s in start["startup_results"]] == ["ok", "ok"]
+    assert start["available_commands"] == list(terminal.SHELL_TOOLS) and start["output"] == "$ "
+    assert {"shell_id", "call_id"} <= set(start)
+
+    ran = out["exec"]
+    assert ran["success"] is True and ran["return_code"] == 0 and ran["working_directory"] == str(ws / "sub" / "inner")
+    assert ran["output"] == f"test\r\n{ws / 'sub' / 'inner'}\r\n$ "
+    for k in ("denied", "typed"):
+        assert out[k]["success"] is False and out[k]["error_code"] == "POLICY_DENIED" and r[k].is_error
+        assert out[k]["rule"] == "no-curl"
+    assert out["slow"]["success"] is True and out["slow"]["running"] is True
+    assert out["read"]["success"] is True and "alive" in out["read"]
+    listed = out["list"]["shells"]
+    assert [s["shell_id"] for s in listed] == [start["shell_id"]] and listed[0]["status"] == "active"
+
+    bad = out["bad_start"]
+    assert bad["success"] is False and bad["error_code"] == "POLICY_DENIED" and bad["startup_commands_executed"] == 0
+    assert len(bad["startup_results"]) == 1  # the first denial stops the rest: `echo no` never ran
+    assert out["busy"]["error_code"] == "SESSION_BUSY" and r["busy"].is_error  # the slow command still runs
+    assert out["exit"]["success"] is False and "error_code" not in out["exit"] and not r["exit"].is_error
+    assert out["exit"]["return_code"] == 3 and out["exit"]["alive"] is False
+    assert out["gone"]["success"] is False and out["gone"]["error_code"] in ("SESSION_ENDED", "SESSION_NOT_FOUND")
+    assert out["close"]["success"] is True and out["close"]["status"] == "closed"
+    assert out["after"]["shells"] == []
+    assert out["unknown"]["error_code"] == "SESSION_NOT_FOUND"
+
+    records = audit_records(tmp_path / "audit")
+    decided = [(r["arguments"].get("command"), r["decision"]) for r in records
+               if r["event"] == "decision" and r["tool"] == "session" and r["arguments"].get("command")]  # fmt: skip
+    assert ("export APP_MODE=test", "allow") in decided and ("cd inner", "allow") in decided
+    assert ("curl x", "deny") in decided and ("curl https://x", "deny") in decided
+    assert ("echo no", "allow") not in decided and ("echo no", "deny") not in decided
+    rejected = {r["call_id"] for r in records if r["event"] == "rejected"}
+    assert {out[k]["call_id"] for k in ("zsh", "fish", "python")} <= rejected
+    assert verify(tmp_path / "audit").ok
