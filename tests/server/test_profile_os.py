@@ -168,3 +168,37 @@ def test_os_daemon_numbers_are_each_principals_own(tmp_path: Path, ws: Path) -> 
     assert still["status"] == "success" and still["running"] is True  # agent's was not stopped by other
     assert yaml_reply(after[0])["status"] == "success"  # other stopped its own daemon 1
     assert verify(server.audit).ok
+
+
+def test_os_a_supervisors_ask_is_pending_then_await_call_answers_in_yaml(tmp_path: Path, ws: Path) -> None:
+    """Under a policy that asks a supervisor about `run`: shell_cmd answers `status: pending` in
+    the seed's YAML, and await_call returns the approved result in that same shape."""
+    from gateway import approval_queue
+    from tests.server.conftest import gateway_cmd
+    from tests.server.test_profiles import answering
+
+    f = profile_policy(tmp_path, ws, run={"ask_from": 2})
+    queue = tmp_path / "approvals"
+
+    async def scenario() -> tuple[CallToolResult, CallToolResult]:
+        async with Client(
+            serve(tmp_path, f, ws, "os", "--pending-after", "0.2"), elicitation_callback=answering()
+        ) as c:
+            first = await c.call_tool("shell_cmd", {"command": "echo approved"})
+            call_id = yaml_reply(first)["call_id"]
+            (row,) = approval_queue.pending(queue)
+            assert row["call_id"] == call_id
+            await asyncio.to_thread(
+                gateway_cmd, "approvals", "approve", call_id, "--state-dir", str(queue), "--by", "alice"
+            )
+            return first, await c.call_tool("await_call", {"call_id": call_id, "wait_ms": 60_000})
+
+    first, done = asyncio.run(scenario())
+    pending = yaml_reply(first)
+    assert pending["status"] == "pending" and not first.is_error and "await_call" in pending["next"]
+    assert pending["approval"]["waiting_for"] == "supervisor"
+    result = yaml_reply(done)
+    assert result["status"] == "success" and result["stdout"] == "approved\n" and result["exit_code"] == 0
+    assert result["call_id"] == pending["call_id"]
+    approval = [r for r in audit_records(tmp_path / "audit") if r["event"] == "approval"]
+    assert len(approval) == 1 and approval[0]["data"]["by"] == "alice" and approval[0]["tool"] == "run"
