@@ -306,7 +306,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action in ("verify", "repair", "head", "adopt"):
+    if args.action in ("verify", "repair", "head", "adopt", "replay"):
         return audit_verbs.main(args, directory)
     rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
     if args.action == "show":
@@ -518,7 +518,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
-    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query"])
+    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query", "replay"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
     au.add_argument(
@@ -534,6 +534,11 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--decision", choices=["allow", "ask", "deny"])
     au.add_argument("--rule")
     au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
+    au.add_argument("--until", help="replay: ISO 8601 time, records before it")
+    au.add_argument("--policy", help="replay: the draft policy to decide the recorded calls under")
+    au.add_argument("--workspace", help="replay: the workspace the draft's roots resolve against (default: recorded)")
+    au.add_argument("--max-rows", type=int, default=200, help="replay: changed calls shown (default: %(default)s)")
+    au.add_argument("--max-calls", type=int, default=100_000, help="replay: calls replayed at most (%(default)s)")
     au.add_argument("--json", action="store_true", help="one JSON record per line")
     au.set_defaults(func=_cmd_audit)
     sv = sub.add_parser("serve", parents=[common], help="serve the gateway to MCP clients (stdio or HTTP)")

@@ -236,11 +236,15 @@ class Gateway:
             if result.analysis
             else []
         )
+        # what the decision used besides the policy, so `gateway audit replay` can decide the same
+        # call again under a draft: the resolved cwd (a session's is its shell's, in no argument),
+        # the call's variables, the shell, the workspace and the principal's level and roots
+        context = decision_context(policy, principal, cwd, env, shell)
         # run and process start inherit the principal's stored variables: the supervisor sees them
         inherited = self.env.effective(policy, principal) if tool in ("run", "process") and not unattended else None
         gated = self.authorize(
-            call_id, principal, tool, command, cwd, env, result.decision, arguments, policy, {"commands": commands},
-            unattended, inherited,
+            call_id, principal, tool, command, cwd, env, result.decision, arguments, policy,
+            {"commands": commands, "context": context}, unattended, inherited,
         )  # fmt: skip
         if isinstance(gated, Gated) and result.analysis is not None:
             return replace(gated, commands=result.analysis.commands)
@@ -452,6 +456,22 @@ def unsafe_setup(policy: CompiledPolicy, principal: str, audit_dir: Path, hidden
             if real == name or real.startswith(inside):
                 return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
     return ""
+
+
+def decision_context(
+    policy: CompiledPolicy, principal: str, cwd: Path, env: dict[str, str], shell: str
+) -> dict[str, Any]:
+    """What a command's decision used besides the policy's rules: recorded with the decision
+    (`data.context`) so a replay under a draft decides the same call in the same place."""
+    out: dict[str, Any] = {"cwd": str(cwd), "env": dict(env), "shell": shell, "workspace": str(policy.workspace)}
+    grant = policy.grants.get(principal)
+    if grant is not None:
+        out.update(
+            level=grant.level,
+            read_roots=[str(p) for p in grant.read_roots],
+            write_roots=[str(p) for p in grant.write_roots],
+        )
+    return out
 
 
 _UNRECORDED = frozenset({"stdout", "stderr", "output", "content", "image", "json", "entries", "matches", "value"})
