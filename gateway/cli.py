@@ -294,9 +294,34 @@ def _show_request(r: dict[str, Any]) -> str:
         f"env:\n{env}\n"
         f"rule:      {r.get('rule')}\n"
         f"why:       {visible(str(r['reason']))}\n"
+        f"{_show_files(r.get('files'))}"
         f"digest:    {r['digest']}\n"
         f"answer:    gateway approvals approve {r['call_id']}   |   gateway approvals deny {r['call_id']} --reason ..."
     )
+
+
+def _show_files(files: Any) -> str:
+    """The files the asked command runs (gateway/runfiles.py), each with its digest and its first
+    lines escaped: the approval is of this content; a change before the command starts voids it."""
+    from gateway.approval import escaped
+    from gateway.runfiles import BoundFile
+
+    if not isinstance(files, list) or not files:
+        return ""
+    out = ["runs:      these files; the approval binds their content (changed before it starts: void)\n"]
+    for entry in files:
+        f = BoundFile.from_json(_mapping(entry))
+        out.append(f"  {escaped(f.describe())}   ({escaped(f.why)})\n")
+        lines = f.head.splitlines()
+        for line in lines[:HEAD_LINES]:
+            out.append(f"    | {escaped(line)}\n")
+        if f.bytes is not None and (len(lines) > HEAD_LINES or len(f.head.encode()) < f.bytes):
+            out.append(f"    | ... (first {min(len(lines), HEAD_LINES)} lines shown; {f.bytes} bytes in all)\n")
+    return "".join(out)
+
+
+HEAD_LINES = 40
+"""Lines of each file `approvals show` prints."""
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
