@@ -23,9 +23,12 @@ import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TextIO
+from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from gateway.cancellation import cancelled
+
+if TYPE_CHECKING:
+    from gateway.runfiles import BoundFile
 
 
 @dataclass(frozen=True)
@@ -48,20 +51,29 @@ class ApprovalRequest:
     force; the call's own `env` overrides them. Bound by the digest too: a supervisor approves
     the environment the command runs with, not only the variables the call names."""
 
+    files: tuple[BoundFile, ...] = ()
+    """The files of the roots the command runs (a script, a makefile, a patch: gateway/runfiles.py),
+    as the sandbox's account read them when it asked. Bound by the digest: an approval is of
+    this content, and a file changed (or planted) before the command starts voids it."""
+
     @staticmethod
     def bind(call_id: str, principal: str, tool: str, command: str, cwd: str, env: dict[str, str],
              rule: str | None, reason: str, policy_sha256: str,
              asking: tuple[str | None, ...] = (),
-             inherited: dict[str, str] | None = None) -> ApprovalRequest:  # fmt: skip
+             inherited: dict[str, str] | None = None,
+             files: tuple[BoundFile, ...] = ()) -> ApprovalRequest:  # fmt: skip
         inherited = dict(inherited or {})
         parts: list[Any] = [principal, tool, command, cwd, sorted(env.items()), policy_sha256]
         if inherited:
             parts.append(sorted(inherited.items()))
+        if files:
+            parts.append([[f.path, *f.state] for f in files])
         body = json.dumps(parts, ensure_ascii=False)
         digest = hashlib.sha256(body.encode("utf-8")).hexdigest()
         return ApprovalRequest(
-            call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest, asking, inherited
-        )
+            call_id, principal, tool, command, cwd, env, rule, reason, policy_sha256, digest, asking, inherited,
+            tuple(files),
+        )  # fmt: skip
 
     def effective_env(self) -> dict[str, str]:
         """The environment the command runs with (besides the sandbox's own): the inherited
@@ -199,6 +211,17 @@ def shortened(text: str, width: int, whole: str) -> str:
     return f"{text[:width]}...[+{len(text) - width} chars: {whole}]"
 
 
+def _files_shown(request: ApprovalRequest) -> str:
+    """The files the command runs, each with its digest and first lines (escaped), for a
+    supervisor at a terminal; what changes in them before the command starts voids the answer."""
+    out = []
+    for f in request.files:
+        out.append(f"  runs:    {visible(f.describe())} ({f.why})\n")
+        for line in f.head.splitlines()[:20]:
+            out.append(f"           | {escaped(line)}\n")
+    return "".join(out)
+
+
 class TerminalApprover:
     """Asks at a terminal: approve once (y), approve this exact call for the session (s), deny
     (n). Anything else, or no answer in time, denies."""
@@ -219,6 +242,7 @@ class TerminalApprover:
             f"  command: {visible(request.command)}\n  cwd:     {visible(request.cwd)}\n"
             f"  env:     {visible(json.dumps(request.effective_env()))}\n  rule:    {request.rule}\n"
             f"  why:     {visible(request.reason)}\n"
+            f"{_files_shown(request)}"
             f"Approve? y = once, s = this exact call for the rest of the session, N = deny "
             f"(denied in {int(timeout)} s) "
         )

@@ -294,9 +294,34 @@ def _show_request(r: dict[str, Any]) -> str:
         f"env:\n{env}\n"
         f"rule:      {r.get('rule')}\n"
         f"why:       {visible(str(r['reason']))}\n"
+        f"{_show_files(r.get('files'))}"
         f"digest:    {r['digest']}\n"
         f"answer:    gateway approvals approve {r['call_id']}   |   gateway approvals deny {r['call_id']} --reason ..."
     )
+
+
+def _show_files(files: Any) -> str:
+    """The files the asked command runs (gateway/runfiles.py), each with its digest and its first
+    lines escaped: the approval is of this content; a change before the command starts voids it."""
+    from gateway.approval import escaped
+    from gateway.runfiles import BoundFile
+
+    if not isinstance(files, list) or not files:
+        return ""
+    out = ["runs:      these files; the approval binds their content (changed before it starts: void)\n"]
+    for entry in files:
+        f = BoundFile.from_json(_mapping(entry))
+        out.append(f"  {escaped(f.describe())}   ({escaped(f.why)})\n")
+        lines = f.head.splitlines()
+        for line in lines[:HEAD_LINES]:
+            out.append(f"    | {escaped(line)}\n")
+        if f.bytes is not None and (len(lines) > HEAD_LINES or len(f.head.encode()) < f.bytes):
+            out.append(f"    | ... (first {min(len(lines), HEAD_LINES)} lines shown; {f.bytes} bytes in all)\n")
+    return "".join(out)
+
+
+HEAD_LINES = 40
+"""Lines of each file `approvals show` prints."""
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
@@ -306,7 +331,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action in ("verify", "repair", "head", "adopt"):
+    if args.action in ("verify", "repair", "head", "adopt", "replay"):
         return audit_verbs.main(args, directory)
     rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
     if args.action == "show":
@@ -518,7 +543,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
-    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query"])
+    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query", "replay"])
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
     au.add_argument(
@@ -534,6 +559,11 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--decision", choices=["allow", "ask", "deny"])
     au.add_argument("--rule")
     au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
+    au.add_argument("--until", help="replay: ISO 8601 time, records before it")
+    au.add_argument("--policy", help="replay: the draft policy to decide the recorded calls under")
+    au.add_argument("--workspace", help="replay: the workspace the draft's roots resolve against (default: recorded)")
+    au.add_argument("--max-rows", type=int, default=200, help="replay: changed calls shown (default: %(default)s)")
+    au.add_argument("--max-calls", type=int, default=100_000, help="replay: calls replayed at most (%(default)s)")
     au.add_argument("--json", action="store_true", help="one JSON record per line")
     au.set_defaults(func=_cmd_audit)
     sv = sub.add_parser("serve", parents=[common], help="serve the gateway to MCP clients (stdio or HTTP)")

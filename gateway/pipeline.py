@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from gateway import cancellation, sandbox
+from gateway import cancellation, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
@@ -53,6 +53,9 @@ class Gated:
     base: dict[str, Any]
     commands: tuple[Command, ...] = ()
     """What the decided command runs (the analysis), for the sandbox's plan."""
+    bound: tuple[runfiles.BoundFile, ...] = ()
+    """The files an approval was bound to (gateway/runfiles.py): checked again right before the
+    command starts (`Gateway.still_bound`)."""
 
     @property
     def git_write(self) -> bool:
@@ -236,11 +239,20 @@ class Gateway:
             if result.analysis
             else []
         )
+        # what the decision used besides the policy, so `gateway audit replay` can decide the same
+        # call again under a draft: the resolved cwd (a session's is its shell's, in no argument),
+        # the call's variables, the shell, the workspace and the principal's level and roots
+        context = decision_context(policy, principal, cwd, env, shell)
         # run and process start inherit the principal's stored variables: the supervisor sees them
         inherited = self.env.effective(policy, principal) if tool in ("run", "process") and not unattended else None
+        files: tuple[runfiles.BoundFile, ...] = ()
+        if result.decision.verdict is Verdict.ASK and result.analysis is not None and not unattended:
+            # the files of the roots it runs (a script, a makefile, a patch): the supervisor sees
+            # them and approves their content; a change before the command starts voids it
+            files = self._bind_files(policy, principal, cwd, result.analysis.commands)
         gated = self.authorize(
-            call_id, principal, tool, command, cwd, env, result.decision, arguments, policy, {"commands": commands},
-            unattended, inherited,
+            call_id, principal, tool, command, cwd, env, result.decision, arguments, policy,
+            {"commands": commands, "context": context}, unattended, inherited, files,
         )  # fmt: skip
         if isinstance(gated, Gated) and result.analysis is not None:
             return replace(gated, commands=result.analysis.commands)
@@ -260,6 +272,7 @@ class Gateway:
         data: dict[str, Any] | None = None,
         unattended: bool = False,
         inherited: dict[str, str] | None = None,
+        files: tuple[runfiles.BoundFile, ...] = (),
     ) -> Gated | dict[str, Any]:
         """Audit `decision` durably, then: deny -> the denial; ask -> the approver; allow -> go.
         `subject` is what a supervisor is asked about (the command, or `files write PATH`).
@@ -289,7 +302,7 @@ class Gateway:
             request = ApprovalRequest.bind(
                 call_id, principal, tool, subject, str(cwd), dict(env), decision.rule,
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
-                tuple(r.rule for r in decision.reasons) or (None,), inherited,
+                tuple(r.rule for r in decision.reasons) or (None,), inherited, files,
             )  # fmt: skip
             if request.digest in self._session_approved:
                 answer: Approval | None = Approval(True, "session", request.digest, "session")
@@ -330,6 +343,7 @@ class Gateway:
                             **({"reason": note} if note else {}),
                             **({} if same_env else {"env_unchanged": False}),
                             **({"cancelled": True} if gone else {}),
+                            **({"files": [f.to_json() for f in files]} if files else {}),
                         },
                     )
             except AuditUnavailable as exc:
@@ -349,7 +363,35 @@ class Gateway:
             if not granted:
                 because = f": {note}" if note else ""
                 return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}{because}")
+            return Gated(policy, base, bound=files)
         return Gated(policy, base)
+
+    def _bind_files(
+        self, policy: CompiledPolicy, principal: str, cwd: Path, commands: tuple[Command, ...]
+    ) -> tuple[runfiles.BoundFile, ...]:
+        grant = policy.grant(principal)
+        real = Path(os.path.realpath(cwd))  # the jail checked where it leads; files are named from there
+        found = runfiles.named(commands, real, policy.home)
+        return runfiles.bind(found, (*grant.read_roots, *grant.write_roots))
+
+    def still_bound(self, gated: Gated) -> dict[str, Any] | None:
+        """None when every file the call's approval was bound to is as the supervisor saw it,
+        read again now (call it as late as the launch allows: right before the command starts).
+        Otherwise the approval is void: recorded (`approval_void`) and the denial returned."""
+        if not gated.bound:
+            return None
+        policy, principal = gated.policy, gated.base["principal"]
+        grant = policy.grant(principal)
+        why = runfiles.changed(gated.bound, (*grant.read_roots, *grant.write_roots), policy.workspace)
+        if not why:
+            return None
+        message = f"approval_void: {'; '.join(why)}"
+        with contextlib.suppress(AuditUnavailable):  # denied whether or not it is recorded
+            self.audit.append(
+                "approval_void", **gated.base, decision="deny",
+                data={"why": why, "files": [f.to_json() for f in gated.bound]},
+            )  # fmt: skip
+        return error(gated.base["call_id"], "denied", "APPROVAL_VOID", message)
 
     def record_result(
         self, gated: Gated | dict[str, Any], outcome: dict[str, Any], event: str = "result"
@@ -452,6 +494,22 @@ def unsafe_setup(policy: CompiledPolicy, principal: str, audit_dir: Path, hidden
             if real == name or real.startswith(inside):
                 return f"{what} ({real}) lies inside the write root {root}: the agent could rewrite it"
     return ""
+
+
+def decision_context(
+    policy: CompiledPolicy, principal: str, cwd: Path, env: dict[str, str], shell: str
+) -> dict[str, Any]:
+    """What a command's decision used besides the policy's rules: recorded with the decision
+    (`data.context`) so a replay under a draft decides the same call in the same place."""
+    out: dict[str, Any] = {"cwd": str(cwd), "env": dict(env), "shell": shell, "workspace": str(policy.workspace)}
+    grant = policy.grants.get(principal)
+    if grant is not None:
+        out.update(
+            level=grant.level,
+            read_roots=[str(p) for p in grant.read_roots],
+            write_roots=[str(p) for p in grant.write_roots],
+        )
+    return out
 
 
 _UNRECORDED = frozenset({"stdout", "stderr", "output", "content", "image", "json", "entries", "matches", "value"})

@@ -140,6 +140,9 @@ def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
         gated = gw.check_command(call_id, call.principal, "process", call.command, cwd, call.env, arguments, policy)
         if not isinstance(gated, Gated):
             return gated
+        void = gw.still_bound(gated)  # the files an approval was bound to, right before the start
+        if void is not None:
+            return void
         env = {**gw.env.effective(policy, call.principal), **call.env}
         out = _start(gw, pm, gated.policy, call.principal, call.command, cwd, env, call.keep_alive, call.name)
         return gw.record_result(gated, out)

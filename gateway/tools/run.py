@@ -54,7 +54,17 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             why = "background_after_ms runs with bash and captures output to the process log"
             return gw.record_result(gated[0], {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
 
+        void = gw.still_bound(gated[0])
+        if void is not None:
+            return void
         return process.run_in_background(gw, call, gated[0], cwd, env, call.background_after_ms)
+
+    def verify() -> None:
+        """An approved call bound to files it runs: they are read again once its sandbox is built,
+        right before the command is let go; a change since the approval voids it."""
+        void = gw.still_bound(gated[0])
+        if void is not None:
+            raise _NotRecorded(void)
 
     def release() -> None:
         """An allowed call's decision is recorded while its sandbox is built (the command is held
@@ -77,7 +87,7 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             **({"posix": True} if call.shell == "sh" else {}),
             **({} if call.capture_output else {"capture": False}),
             **({"cancel": cancel} if (cancel := current_cancel()) is not None else {}),
-            **({} if gated else {"release": release}),
+            **({"release": verify} if gated and gated[0].bound else {} if gated else {"release": release}),
         )
     except _NotRecorded as refused:
         return refused.envelope

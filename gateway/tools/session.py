@@ -172,6 +172,9 @@ def _exec(
     gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
     if not isinstance(gated, Gated):
         return gated
+    void = gw.still_bound(gated)  # the files an approval was bound to, as late as the shell allows
+    if void is not None:
+        return void
     if gated.git_write:
         # the session's sandbox keeps .git read-only for everything it runs; a command that is
         # git and nothing else runs in a sandbox of its own that may write .git (sandbox/git.py)

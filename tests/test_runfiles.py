@@ -1,0 +1,254 @@
+"""Approvals bound to the content of the files an asked command runs (gateway/runfiles.py): a
+real gateway, a real sandbox, a real background process of the same principal as the attacker."""
+
+from __future__ import annotations
+
+import copy
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from gateway.analysis import analyze
+from gateway.approval import ApprovalRequest, CallbackApprover
+from gateway.approval_queue import QueueApprover
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import ProcessCall, RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+from gateway.runfiles import named
+from gateway.sandbox.identity import hand_over, sandbox_identity
+from tests.test_gateway import PERMISSIVE, approvals_cli
+
+GOOD = "build:\n\techo good > built.txt\n"
+EVIL = "build:\n\techo pwned > pwned.txt\n"
+# the attacker: a background process of the same principal that waits for the approval, then
+# rewrites the Makefile, and says so
+REWRITER = f"""
+import os, time
+while not os.path.exists("go"):
+    time.sleep(0.02)
+with open("Makefile.new", "w") as f:
+    f.write({EVIL!r})
+os.rename("Makefile.new", "Makefile")
+open("rewritten", "w").close()
+"""
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Path:
+    w = tmp_path / "ws"
+    w.mkdir()
+    (w / "Makefile").write_text(GOOD)
+    (w / "bg.py").write_text(REWRITER)
+    hand_over(w)
+    return w
+
+
+@pytest.fixture
+def policy(ws: Path) -> CompiledPolicy:
+    spec = copy.deepcopy(PERMISSIVE)
+    spec["tools"] = {"run": {"allow_from": 1}, "processes": {"allow_from": 1}}
+    spec["rules"].append(  # type: ignore[attr-defined]
+        {
+            "id": "make",
+            "decision": "ask",
+            "justification": "a build runs the project's makefile",
+            "programs": ["make", "bash", "patch"],
+            "accept_unknown": True,
+            "accept_unknown_paths": True,
+            "path_args": {"write": "all"},
+            "examples": {"match": ["make build"]},
+        }
+    )
+    return compile_policy(Policy.model_validate(spec), ws.parent / "p.yaml", ws, sha256="test")
+
+
+class Supervisor:
+    """Approves after reading the request; `then` runs once it has answered in its head (the
+    attacker's move lands between the approval and the start)."""
+
+    def __init__(self, then: object = None) -> None:
+        self.seen: list[ApprovalRequest] = []
+        self.then = then
+
+    def __call__(self, request: ApprovalRequest) -> bool:
+        self.seen.append(request)
+        if callable(self.then):
+            self.then()
+        return True
+
+
+def wait_for(path: Path) -> None:
+    """Until the sandboxed process has done its part (no timing is asserted: it is a wait for an
+    event, bounded only so a broken test ends)."""
+    for _ in range(3000):
+        if path.exists():
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"{path} never appeared")
+
+
+@pytest.fixture
+def gateway(policy: CompiledPolicy, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
+    supervisor = Supervisor()
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"), CallbackApprover(supervisor, "alice"),
+                 state_dir=tmp_path / "state")  # fmt: skip
+    yield gw, supervisor
+    gw.handle(ProcessCall(principal="agent", action="stop_all"))
+    gw.close()
+    assert verify(tmp_path / "audit").ok
+
+
+def events(tmp_path: Path) -> list[dict[str, object]]:
+    return [r for _, _, r, _ in records(tmp_path / "audit") if r]
+
+
+def test_a_makefile_rewritten_after_the_approval_does_not_run(
+    gateway: tuple[Gateway, Supervisor], ws: Path, tmp_path: Path
+) -> None:
+    gw, supervisor = gateway
+    started = gw.handle(ProcessCall(principal="agent", action="start", command="python3 bg.py"))
+    assert started["status"] == "ok", started
+
+    def attacker_moves() -> None:  # the supervisor has read the Makefile and approves
+        (ws / "go").touch()
+        wait_for(ws / "rewritten")
+
+    supervisor.then = attacker_moves
+    out = gw.handle(RunCall(principal="agent", command="make build"))
+    # the rewritten target never ran: the approval was void
+    assert not (ws / "pwned.txt").exists()
+    # the supervisor was shown the Makefile as it was, with its digest
+    [request] = supervisor.seen
+    [makefile] = [f for f in request.files if f.path == str(ws / "Makefile")]
+    assert makefile.head == GOOD and makefile.bytes == len(GOOD)
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+    assert out["error"]["message"] == "approval_void: Makefile changed after approval"  # type: ignore[index]
+    void = [r for r in events(tmp_path) if r["event"] == "approval_void"]
+    assert len(void) == 1 and void[0]["call_id"] == out["call_id"] and void[0]["decision"] == "deny"
+    assert void[0]["data"]["why"] == ["Makefile changed after approval"]  # type: ignore[index]
+    approval = next(r for r in events(tmp_path) if r["event"] == "approval")
+    assert approval["data"]["files"][2]["sha256"] == makefile.sha256  # type: ignore[index]
+
+
+def test_an_unchanged_makefile_runs_as_approved(gateway: tuple[Gateway, Supervisor], ws: Path) -> None:
+    gw, supervisor = gateway
+    out = gw.handle(RunCall(principal="agent", command="make build"))
+    assert out["status"] == "ok", out
+    assert (ws / "built.txt").read_text() == "good\n"
+    # make reads the first of GNUmakefile, makefile, Makefile: the two before it are bound absent
+    assert [(Path(f.path).name, f.sha256 is None) for f in supervisor.seen[0].files] == [
+        ("GNUmakefile", True),
+        ("makefile", True),
+        ("Makefile", False),
+    ]
+
+
+def test_a_makefile_planted_ahead_of_the_approved_one_voids_it(gateway: tuple[Gateway, Supervisor], ws: Path) -> None:
+    gw, supervisor = gateway
+
+    def plant() -> None:
+        (ws / "GNUmakefile").write_text(EVIL)
+
+    supervisor.then = plant
+    out = gw.handle(RunCall(principal="agent", command="make build"))
+    assert out["error"]["message"] == "approval_void: GNUmakefile appeared after approval"  # type: ignore[index]
+    assert not (ws / "pwned.txt").exists()
+
+
+def test_a_script_and_a_patch_are_bound_too(gateway: tuple[Gateway, Supervisor], ws: Path) -> None:
+    gw, supervisor = gateway
+    (ws / "x.sh").write_text("echo fine > fine.txt\n")
+    (ws / "fix.diff").write_text("--- a/none\n+++ b/none\n")
+
+    def edit() -> None:
+        (ws / "x.sh").write_text("echo pwned > pwned.txt\n")
+
+    supervisor.then = edit
+    out = gw.handle(RunCall(principal="agent", command="bash x.sh"))
+    assert out["error"]["message"] == "approval_void: x.sh changed after approval"  # type: ignore[index]
+    assert not (ws / "pwned.txt").exists()
+    supervisor.then = None
+    gw.handle(RunCall(principal="agent", command="patch -p1 --dry-run < fix.diff"))
+    assert [Path(f.path).name for f in supervisor.seen[-1].files] == ["fix.diff"]
+
+
+def test_a_link_out_of_the_roots_is_not_followed_and_voids_the_approval(
+    gateway: tuple[Gateway, Supervisor], ws: Path, tmp_path: Path
+) -> None:
+    gw, supervisor = gateway
+    secret = tmp_path / "secret"
+    secret.write_text("TOP SECRET\n")
+    (ws / "Makefile").unlink()
+    (ws / "Makefile").symlink_to(secret)
+    out = gw.handle(RunCall(principal="agent", command="make build"))
+    [linked] = [f for f in supervisor.seen[0].files if f.path.endswith("/Makefile")]
+    assert "leads out of the root" in linked.error and linked.head == "" and linked.sha256 is None
+    assert out["error"]["code"] == "APPROVAL_VOID"  # type: ignore[index]
+
+
+def test_the_files_are_read_as_the_sandbox_account(gateway: tuple[Gateway, Supervisor], ws: Path) -> None:
+    if not sandbox_identity().switch:
+        pytest.skip("the gateway runs as the sandbox's account already")
+    gw, supervisor = gateway
+    private = ws / "Makefile"
+    os.chown(private, 0, 0)
+    private.chmod(0o600)  # root may read it; the sandbox's account may not
+    gw.handle(RunCall(principal="agent", command="make build"))
+    [makefile] = [f for f in supervisor.seen[0].files if f.path == str(private)]
+    assert makefile.error == "Permission denied" and makefile.head == ""
+
+
+def test_approvals_show_prints_the_files_escaped(policy: CompiledPolicy, tmp_path: Path, ws: Path) -> None:
+    text = "build:\n\techo hi\x1b[2K\n"
+    (ws / "Makefile").write_text(text)
+    state = tmp_path / "approvals"
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"), QueueApprover(state, (ws,)), approval_timeout_s=60)
+    result: dict[str, object] = {}
+    worker = threading.Thread(target=lambda: result.update(gw.handle(RunCall(principal="agent", command="make"))))
+    worker.start()
+    call_id = ""
+    for _ in range(300):
+        listed = approvals_cli(state, "list").stdout
+        if "make" in listed:
+            call_id = listed.split()[0]
+            break
+        time.sleep(0.05)
+    shown = approvals_cli(state, "show", call_id).stdout
+    approvals_cli(state, "deny", call_id, "--reason", "read it")
+    worker.join(60)
+    assert "runs:" in shown and f"{ws / 'Makefile'}: {len(text)} bytes, sha256 " in shown
+    assert "    | \\techo hi\\u{001b}[2K" in shown and "\x1b" not in shown
+    assert f"{ws / 'GNUmakefile'}: absent" in shown
+
+
+@pytest.mark.parametrize(
+    ("text", "files"),
+    [
+        ("bash x.sh", ["x.sh"]),
+        ("env A=1 bash -x ./x.sh arg", ["x.sh"]),
+        ("bash -c 'ls'", []),
+        ("./run.sh", ["run.sh"]),
+        ("python3 -u tool.py", ["tool.py"]),
+        ("python3 -m pytest", []),
+        ("make -f build.mk all", ["build.mk"]),
+        ("make -C sub", ["sub/GNUmakefile", "sub/makefile", "sub/Makefile"]),
+        ("cd sub && make -fM", ["M", "sub/M"]),
+        ("git -C sub apply --check a.patch", ["sub/a.patch"]),
+        ("git am < mail.mbox", ["mail.mbox"]),
+        ("patch -p1 -i fix.diff", ["fix.diff"]),
+        ("patch -p1 < fix.diff", ["fix.diff"]),
+        ("patch src.c fix.diff", ["fix.diff"]),
+        ("ls -la && git status", []),
+    ],
+)
+def test_which_files_a_command_runs(text: str, files: list[str]) -> None:
+    analysis = analyze(text, second_opinion_enabled=False)
+    assert analysis.denial is None
+    got = [os.path.relpath(p, "/ws") for p, _ in named(analysis.commands, Path("/ws"))]
+    assert got == files
