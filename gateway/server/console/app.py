@@ -144,7 +144,9 @@ class Console:
         response.headers.setdefault("Content-Security-Policy", CSP)
         response.headers.setdefault("Cache-Control", "no-store")
         response.headers["X-Content-Type-Options"] = "nosniff"
-        response.headers["Referrer-Policy"] = "no-referrer"
+        # not no-referrer: under it a browser sends `Origin: null` with the login form, which the
+        # Origin check must refuse; same-origin tells nothing to other sites all the same
+        response.headers["Referrer-Policy"] = "same-origin"
         response.headers["X-Frame-Options"] = "DENY"
         await response(scope, receive, send)
 
