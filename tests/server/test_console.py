@@ -125,7 +125,8 @@ def test_the_inbox_shows_the_whole_call_and_a_denial_reason_reaches_agent_and_au
     assert {"rule": "rm-by-supervisor", "justification": "deleting needs a supervisor"} in row["asking"]
     assert 0 < row["seconds_left"] <= 120
     # the server's terminal names the console with the waiting call
-    wait_for("the announcement", lambda: f"or in the console: {console.base}/console/" in console.server.stderr.read_text())
+    link = f"or in the console: {console.base}/console/"
+    wait_for("the announcement", lambda: link in console.server.stderr.read_text())
     why = "not today <b>really</b>"
     answered = console.post(f"/console/api/approvals/{row['call_id']}/deny", {"reason": why})
     assert answered.status_code == 200, answered.text
