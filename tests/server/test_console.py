@@ -291,3 +291,16 @@ def test_answers_from_the_terminal_reach_the_same_queue(console: Console) -> Non
     second = console.post(f"/console/api/approvals/{row['call_id']}/approve", {})
     assert second.status_code in (404, 409), second.text
     assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["error"]["code"] == "APPROVAL_DENIED"
+
+
+def test_an_approval_shows_the_workspace_files_it_is_bound_to(policy: Any) -> None:
+    """Requests that name the files the command runs (`files`: [{path, sha256}], from the
+    replay branch's binding) show them; requests without it show none."""
+    from gateway.server.console.app import _pending
+
+    base = {"call_id": "c1", "principal": "agent", "tool": "run", "command": "make\tx", "cwd": "/w",
+            "rule": "rm-by-supervisor", "asking": ["rm-by-supervisor"], "reason": "r", "expires": 100.0}  # fmt: skip
+    shown = _pending({**base, "files": [{"path": "Makefile\n", "sha256": "ab" * 32}]}, policy, 40.0)
+    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32}]
+    assert shown["command"] == "make\\tx" and shown["seconds_left"] == 60
+    assert "files" not in _pending(base, policy, 40.0)
