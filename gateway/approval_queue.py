@@ -118,11 +118,15 @@ class QueueApprover:
                     used = answer_path.with_suffix(".used")
                     os.replace(answer_path, used)  # single use: nobody reads it twice
                     answer = json.loads(used.read_text())
+                    approved = bool(answer.get("approved"))
+                    # approve for the session: this exact call (its digest) for the rest of the
+                    # gateway's life (pipeline.py keeps it); a denial is never remembered
+                    session = approved and answer.get("scope") == "session"
                     return Approval(
-                        bool(answer.get("approved")),
+                        approved,
                         str(answer.get("by", "?")),
                         str(answer.get("digest", "")),
-                        "queue",
+                        "queue-session" if session else "queue",
                         str(answer.get("reason", "")),
                     )
                 time.sleep(POLL_SECONDS)
@@ -173,8 +177,19 @@ def withdraw(state_dir: Path, call_id: str) -> None:
         (Path(state_dir) / f"{call_id}{suffix}").unlink(missing_ok=True)
 
 
-def answer(state_dir: Path, call_id: str, approved: bool, by: str, reason: str = "") -> dict[str, Any]:
-    """Answer a pending request. Raises QueueError if there is none or it expired."""
+SCOPES = ("once", "session")
+
+
+def answer(
+    state_dir: Path, call_id: str, approved: bool, by: str, reason: str = "", scope: str = "once"
+) -> dict[str, Any]:
+    """Answer a pending request. Raises QueueError if there is none or it expired. `scope`
+    "session" approves this exact call (principal, tool, command, cwd, environment, policy) again
+    without asking for as long as the gateway that asked runs."""
+    if scope not in SCOPES:
+        raise QueueError(f"scope {scope!r}: expected one of {', '.join(SCOPES)}")
+    if scope == "session" and not approved:
+        raise QueueError("scope 'session' is for approvals: a denial is for this call only")
     path = Path(state_dir) / f"{call_id}.request.json"
     try:
         req = json.loads(path.read_text())
@@ -190,6 +205,7 @@ def answer(state_dir: Path, call_id: str, approved: bool, by: str, reason: str =
         "approved": approved,
         "by": by,
         "reason": reason,
+        **({"scope": scope} if scope != "once" else {}),
         "digest": req["digest"],
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }

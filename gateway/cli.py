@@ -426,6 +426,10 @@ def _what(r: dict[str, Any]) -> str:
     return compact(data) if data else "-"
 
 
+describe_record = _what
+"""What a record is about, on one escaped line (the console's timeline shows it too)."""
+
+
 def _follow(directory: Path, shown: list[dict[str, Any]], last: int, as_json: bool) -> int:
     """`audit tail -f`: print the last records, then new ones as they are written (Ctrl-C ends)."""
     from gateway.audit import records as audit_records
@@ -450,14 +454,23 @@ def _cmd_serve(args: argparse.Namespace) -> int:
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    from gateway.approval import escaped
     from gateway.policy.loader import PolicyError
     from gateway.server import tokens
 
     path = Path(args.tokens)
     try:
-        if args.action == "create":
+        if args.action == "create" and args.supervisor:
+            if args.principal:
+                return _fatal("token create takes --principal NAME (an agent's token) or --supervisor NAME, not both")
+            token, entry = tokens.create(path, args.supervisor, args.label or "", kind=tokens.SUPERVISOR)
+            print(f"created supervisor secret {entry.id} for {entry.principal} in {path} (shown once; only its "
+                  "hash is kept). It signs in to the console (/console/) and is the bearer token of its API; "
+                  "it never authenticates an MCP client:", file=sys.stderr)  # fmt: skip
+            print(token)
+        elif args.action == "create":
             if not args.principal:
-                return _fatal("token create needs --principal NAME (a principal of the policy)")
+                return _fatal("token create needs --principal NAME (a principal of the policy) or --supervisor NAME")
             policy = _policy(args)
             if args.principal not in policy.grants:
                 known = ", ".join(sorted(policy.grants))
@@ -468,12 +481,12 @@ def _cmd_token(args: argparse.Namespace) -> int:
             print(token)
         elif args.action == "list":
             for e in tokens.load(path):
-                print(f"{e.id}  {e.principal:12}  {e.created}  {e.label}")
+                print(f"{e.id}  {e.kind:10}  {escaped(e.principal):12}  {e.created}  {escaped(e.label)}")
         else:
             if not args.token_id:
                 return _fatal("token revoke needs a TOKEN_ID (see: gateway token list)")
             gone = tokens.revoke(path, args.token_id)
-            print(f"revoked {gone.id} ({gone.principal})")
+            print(f"revoked {gone.kind} {gone.id} ({escaped(gone.principal)})")
     except (tokens.TokenError, PolicyError) as exc:
         return _fatal(str(exc))
     return EXIT_OK
@@ -631,10 +644,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--quickstart", action="store_true",
                     help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip
     sv.set_defaults(func=_cmd_serve)
-    tk = sub.add_parser("token", help="bearer tokens for HTTP clients (each maps to a principal)")
+    tk = sub.add_parser("token", help="bearer tokens for HTTP clients (each maps to a principal) and supervisors")
     tk.add_argument("action", choices=["create", "list", "revoke"])
     tk.add_argument("token_id", nargs="?", help="for revoke: the token's id (see: gateway token list)")
     tk.add_argument("--principal", help="create: the principal the token acts as")
+    tk.add_argument("--supervisor", metavar="NAME",
+                    help="create: a supervisor's secret for the web console and its API")  # fmt: skip
     tk.add_argument("--label", help="create: a note kept with the token")
     tk.add_argument("--tokens", default=DEFAULT_TOKENS, help="the tokens file (default: %(default)s)")
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")

@@ -18,7 +18,7 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, MutableMapping, Sequence
 from typing import Any
 
 import uvicorn
@@ -32,6 +32,7 @@ from gateway.audit import AuditLog, AuditUnavailable
 from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.server.app import GatewayServer
+from gateway.server.console import Console, ConsoleConfig
 from gateway.server.front import (
     ASGIApp,
     BodyCap,
@@ -136,13 +137,18 @@ async def _stdio(server: GatewayServer, grace_s: float) -> str:
 
 # --- HTTP ----------------------------------------------------------------------------------------
 def http_app(
-    server: GatewayServer, host: str, port: int, refusals: RefusalLog, limits: FrontLimits | None = None
+    server: GatewayServer,
+    host: str,
+    port: int,
+    refusals: RefusalLog,
+    limits: FrontLimits | None = None,
+    console: Console | None = None,
 ) -> ASGIApp:
-    """The streamable HTTP app (`/mcp`): sizes checked first (`BodyCap`), then the SDK's app,
-    whose refused requests are reported to `refusals` (see `front.py`)."""
+    """The streamable HTTP app (`/mcp`) and the web console (`/console/`): sizes checked first
+    (`BodyCap`), then the SDK's app or the console, whose refused requests are reported to
+    `refusals` (see `front.py`)."""
     limits = limits or FrontLimits()
-    names = [host] if host != "localhost" else ["localhost", "127.0.0.1"]
-    hosts = [f"{h}:{port}" if ":" not in h else f"[{h}]:{port}" for h in names]
+    hosts = allowed_hosts(host, port)
     security = TransportSecuritySettings(
         enable_dns_rebinding_protection=True,
         allowed_hosts=hosts,
@@ -151,7 +157,44 @@ def http_app(
     inner = server.mcp.streamable_http_app(
         transport_security=security, host=host, max_request_body_size=limits.max_body_bytes
     )
-    return BodyCap(refusal_recorder(cancel_on_leave(inner), refusals), limits.max_body_bytes)
+    mcp_app = cancel_on_leave(inner)
+    if console is None:
+        return BodyCap(refusal_recorder(mcp_app, refusals), limits.max_body_bytes)
+
+    async def routed(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        path = str(scope.get("path", ""))
+        if scope.get("type") == "http" and (path == "/console" or path.startswith("/console/")):
+            await console(scope, receive, send)
+        else:
+            await mcp_app(scope, receive, send)
+
+    return BodyCap(refusal_recorder(routed, refusals), limits.max_body_bytes)
+
+
+def allowed_hosts(host: str, port: int) -> list[str]:
+    """The `Host` values this server answers to (anything else may be a DNS-rebinding page)."""
+    names = [host] if host != "localhost" else ["localhost", "127.0.0.1"]
+    return [f"{h}:{port}" if ":" not in h else f"[{h}]:{port}" for h in names]
+
+
+def make_console(gateway: Gateway, store: TokenStore, host: str, port: int, limits: FrontLimits) -> Console:
+    """The web console of this server (`/console/`), answering through the approvals queue of
+    its approver (if it has one). Its event streams are capped well under the front's connection
+    caps, so open streams never take every place a client needs."""
+    audit = gateway.audit
+    cap = max(1, min(8, limits.max_connections // 4, limits.max_connections_per_peer // 2))
+    return Console(
+        ConsoleConfig(
+            tokens=store,
+            audit=audit,
+            policy=lambda: gateway.policy,
+            state_dir=getattr(gateway.approver, "state_dir", None),
+            hosts=tuple(allowed_hosts(host, port)),
+            max_streams=cap,
+            verify_key=audit.key.public if audit.key is not None else None,
+            checkpoint=audit.checkpoint,
+        )
+    )
 
 
 class _Uvicorn(uvicorn.Server):
@@ -159,9 +202,12 @@ class _Uvicorn(uvicorn.Server):
     running calls the grace (their replies sent) before it closes connections."""
 
     gateway_server: GatewayServer | None = None
+    console: Console | None = None
     grace_s: float = 10.0
 
     async def shutdown(self, sockets: Any = None) -> None:
+        if self.console is not None:
+            self.console.stop()  # its event streams end now: they wait for nothing
         if self.gateway_server is not None:
             await self.gateway_server.drain(self.grace_s)
         AppStatus.should_exit = True  # now the SDK's open SSE streams may end
@@ -257,8 +303,9 @@ def serve_http(
     refusals = RefusalLog(gateway.audit, window_s=limits.refusal_window_s)
     quiet = ThrottledFilter()
     logging.getLogger("uvicorn.error").addFilter(quiet)  # a bad request or an app error: once per interval
+    console = make_console(gateway, store, host, port, limits)
     config = uvicorn.Config(
-        http_app(server, host, port, refusals, limits),
+        http_app(server, host, port, refusals, limits, console),
         host=host,
         port=port,
         http=GuardedH11.bind(ConnectionGuard(limits, throttle)),
@@ -272,11 +319,13 @@ def serve_http(
     AppStatus.disable_automatic_graceful_drain()  # type: ignore[no-untyped-call]
     runner = _Uvicorn(config)
     runner.gateway_server = server
+    runner.console = console
     runner.grace_s = grace_s
     original = runner.startup
 
     async def startup(sockets: Any = None) -> None:
         quiet_resource_errors(asyncio.get_running_loop(), throttle)
+        console.start()
         await original(sockets)
         if ready is not None and runner.started:
             ready(f"http://{'[' + host + ']' if ':' in host else host}:{port}/mcp")

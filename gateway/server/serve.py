@@ -65,6 +65,7 @@ def say(message: str) -> None:
 def _waiting(args: argparse.Namespace) -> Callable[[ApprovalRequest, float], None]:
     """The line printed when a call starts waiting for a supervisor, with how to answer it."""
     where = "" if args.state_dir == DEFAULT_STATE_DIR else f" --state-dir {shlex.quote(args.state_dir)}"
+    console = f"http://{args.http}/console/" if getattr(args, "http", None) else ""
 
     def tell(request: ApprovalRequest, timeout: float) -> None:
         command = shortened(escaped(request.command), 60, f"approvals show {request.call_id}")
@@ -74,6 +75,7 @@ def _waiting(args: argparse.Namespace) -> Callable[[ApprovalRequest, float], Non
             f"{int(timeout)} s): {command}\n"
             f"  answer: gateway approvals show{where} {request.call_id}   then approve{where} {request.call_id}"
             f"   or deny{where} {request.call_id} --reason ..."
+            + (f"\n  or in the console: {console}" if console else "")
         )
 
     return tell
@@ -290,6 +292,8 @@ def _print_quickstart(
     {json.dumps(desktop)}
 
   Approve asks:  gateway approvals list / gateway approvals approve CALL_ID (calls that wait are announced here)
+  Web console:   {url.removesuffix("/mcp")}/console/
+                 (sign in with a secret from: gateway token create --supervisor NAME{tokens_opt})
   Read the log:  gateway audit tail -f --audit-dir {args.audit_dir}
   Audit key:     {key}
                  records are signed: copy {args.audit_keys}/signing.pub off this machine,

@@ -6,7 +6,15 @@ so `gateway token create` and `gateway token revoke` apply to a running server. 
 shown once, when it is created.
 
     {"version": 1, "tokens": [{"id": "t-1a2b3c4d", "principal": "agent", "sha256": "...",
-                               "created": "2026-11-22T10:00:00+00:00", "label": "quickstart"}]}
+                               "created": "2026-11-22T10:00:00+00:00", "label": "quickstart"}],
+     "supervisors": [{"id": "s-5e6f7a8b", "principal": "alice", "sha256": "...", "created": "...",
+                      "label": ""}]}
+
+Supervisor secrets (`gateway token create --supervisor NAME`, the web console's credentials)
+live in their own list, apart from agent tokens: an agent-token lookup (`lookup`) never sees
+them, so a supervisor secret never authenticates MCP, whatever its name; a console lookup
+(`lookup_supervisor`) never sees agent tokens. A gateway from before supervisors ignores the
+list (fail closed). Their secrets begin `agws_`, agents' `agw_`, so a person can tell them apart.
 """
 
 from __future__ import annotations
@@ -24,6 +32,9 @@ from pathlib import Path
 from typing import Any
 
 PREFIX = "agw_"
+SUPERVISOR_PREFIX = "agws_"
+AGENT, SUPERVISOR = "agent", "supervisor"
+_LISTS = {AGENT: "tokens", SUPERVISOR: "supervisors"}
 
 
 class TokenError(Exception):
@@ -37,6 +48,9 @@ class TokenEntry:
     sha256: str
     created: str
     label: str
+    kind: str = AGENT
+    """`agent` (an MCP client acting as `principal`) or `supervisor` (a person named `principal`
+    answering asks and reading the log in the console)."""
 
 
 def digest(token: str) -> str:
@@ -44,7 +58,8 @@ def digest(token: str) -> str:
 
 
 def load(path: Path) -> list[TokenEntry]:
-    """The entries of a tokens file (none if it does not exist). Raises TokenError on a bad file."""
+    """The entries of a tokens file, agents' then supervisors' (none if it does not exist).
+    Raises TokenError on a bad file."""
     try:
         raw = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -55,20 +70,24 @@ def load(path: Path) -> list[TokenEntry]:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("tokens"), list):
             raise ValueError('expected {"version": 1, "tokens": [...]}')
+        if not isinstance(data.get("supervisors", []), list):
+            raise ValueError('supervisors: expected a list, like "tokens"')
         out = []
-        for n, item in enumerate(data["tokens"]):
-            try:
-                out.append(
-                    TokenEntry(
-                        str(item["id"]),
-                        str(item["principal"]),
-                        str(item["sha256"]),
-                        str(item.get("created", "")),
-                        str(item.get("label", "")),
+        for kind, key in _LISTS.items():
+            for n, item in enumerate(data.get(key, [])):
+                try:
+                    out.append(
+                        TokenEntry(
+                            str(item["id"]),
+                            str(item["principal"]),
+                            str(item["sha256"]),
+                            str(item.get("created", "")),
+                            str(item.get("label", "")),
+                            kind,
+                        )
                     )
-                )
-            except (KeyError, TypeError) as exc:
-                raise ValueError(f"tokens[{n}]: missing field {exc}") from None
+                except (KeyError, TypeError) as exc:
+                    raise ValueError(f"{key}[{n}]: missing field {exc}") from None
         return out
     except ValueError as exc:
         raise TokenError(f"{path}: {exc}") from None
@@ -76,7 +95,11 @@ def load(path: Path) -> list[TokenEntry]:
 
 def _save(path: Path, entries: list[TokenEntry]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    body: dict[str, Any] = {"version": 1, "tokens": [e.__dict__ for e in entries]}
+    body: dict[str, Any] = {"version": 1}
+    for kind, key in _LISTS.items():
+        mine = [{k: v for k, v in e.__dict__.items() if k != "kind"} for e in entries if e.kind == kind]
+        if mine or kind == AGENT:
+            body[key] = mine
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tokens.")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
@@ -91,16 +114,24 @@ def _save(path: Path, entries: list[TokenEntry]) -> None:
         raise
 
 
-def create(path: Path, principal: str, label: str = "", replace_label: bool = False) -> tuple[str, TokenEntry]:
-    """Make a token for `principal`; returns (the token, its entry). `replace_label` first revokes
-    the principal's tokens with the same label (`make serve` issues a fresh one each start)."""
+def create(
+    path: Path, principal: str, label: str = "", replace_label: bool = False, kind: str = AGENT
+) -> tuple[str, TokenEntry]:
+    """Make a token for `principal` (an agent's, or with `kind` SUPERVISOR a supervisor's secret
+    for the person named `principal`); returns (the token, its entry). `replace_label` first
+    revokes the principal's tokens of that kind with the same label."""
+    if kind not in _LISTS:
+        raise TokenError(f"{path}: kind {kind!r}: expected one of {sorted(_LISTS)}")
+    if not principal or any(not ch.isprintable() for ch in principal) or len(principal) > 64:
+        raise TokenError(f"{path}: name {principal!r}: expected 1 to 64 printable characters")
     entries = load(path)
     if replace_label:
-        entries = [e for e in entries if not (e.principal == principal and e.label == label)]
-    token = PREFIX + secrets.token_urlsafe(32)
+        entries = [e for e in entries if not (e.kind == kind and e.principal == principal and e.label == label)]
+    token = (SUPERVISOR_PREFIX if kind == SUPERVISOR else PREFIX) + secrets.token_urlsafe(32)
     entry = TokenEntry(
-        "t-" + secrets.token_hex(4), principal, digest(token), datetime.now(UTC).isoformat(timespec="seconds"), label
-    )
+        ("s-" if kind == SUPERVISOR else "t-") + secrets.token_hex(4), principal, digest(token),
+        datetime.now(UTC).isoformat(timespec="seconds"), label, kind,
+    )  # fmt: skip
     _save(path, [*entries, entry])
     return token, entry
 
@@ -113,7 +144,7 @@ def quickstart(path: Path, principal: str) -> tuple[str | None, TokenEntry]:
     there (returned as (None, its entry): only its hash is kept, the token was shown when it
     was made), else a new one (the token, its entry). A restart keeps the clients connected."""
     for entry in reversed(load(path)):
-        if entry.principal == principal and entry.label == QUICKSTART:
+        if entry.kind == AGENT and entry.principal == principal and entry.label == QUICKSTART:
             return None, entry
     return create(path, principal, QUICKSTART)
 
@@ -154,10 +185,29 @@ class TokenStore:
         self._stamp = stamp
 
     def lookup(self, token: str) -> TokenEntry | None:
+        """The agent token `token` is (never a supervisor's secret)."""
+        return self._find(token, AGENT)
+
+    def lookup_supervisor(self, token: str) -> TokenEntry | None:
+        """The supervisor whose secret `token` is (never an agent token)."""
+        return self._find(token, SUPERVISOR)
+
+    def kind_of(self, token: str) -> str | None:
+        """Which kind of credential `token` is, if any (to answer an agent token 403, not 401)."""
+        found = self._find(token, AGENT) or self._find(token, SUPERVISOR)
+        return found.kind if found else None
+
+    def current(self, token_id: str) -> TokenEntry | None:
+        """The entry with this id if it is still in the file (a revoked secret ends its sessions)."""
+        with self._lock:
+            self._refresh()
+            return next((e for e in self._entries if e.id == token_id), None)
+
+    def _find(self, token: str, kind: str) -> TokenEntry | None:
         wanted = digest(token)
         with self._lock:
             self._refresh()
-            entries = list(self._entries)
+            entries = [e for e in self._entries if e.kind == kind]
         found = None
         for e in entries:  # compare every entry, in constant time each
             if hmac.compare_digest(e.sha256, wanted):

@@ -1,0 +1,403 @@
+"""The console's ASGI app: everything under `/console`.
+
+Who may ask (`identify`, before any route runs):
+
+- a request carrying `Authorization: Bearer ...` is a script's: the secret must be a
+  supervisor's (`gateway token create --supervisor NAME`). An agent token is answered 403 on
+  every path under /console (it is known, and it is not allowed here); anything else 401. Such
+  a request needs no CSRF token: a browser never adds that header by itself.
+- otherwise the session cookie (`sessions.py`), for the API's reads; a state-changing request
+  from a session needs the session's CSRF token in `X-CSRF-Token` and an `Origin` equal to this
+  server's own origin, or it is refused 403. The login form needs that Origin too.
+- the page itself (`/console/`, `/console/login`, `/console/static/...`) is the same for
+  everyone and holds no data: it asks the API.
+
+Every request's `Host` must be one this server answers to (421 otherwise: a DNS-rebinding page
+reaches the port under a name of its own). Every answer carries a strict Content-Security-Policy
+(no inline script, nothing from elsewhere) and is not cached. Refusals (401, 403) are audited by
+the front (`auth_refused`), like the MCP endpoint's.
+
+Every answer to an approval is audited (`supervisor_answer`: the supervisor's name, their
+secret's id, how they came: bearer or session) before it is handed to the queue; if it cannot be
+recorded, nothing is answered (503). The gateway's own `approval` record then names the same
+supervisor (`by`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+import time
+import urllib.parse
+from collections.abc import AsyncIterator, Callable, MutableMapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import JSONResponse, RedirectResponse, Response
+
+from gateway import approval_queue
+from gateway.approval import escaped
+from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable
+from gateway.audit.keys import VerifyKey
+from gateway.cli import describe_record
+from gateway.policy.compile import CompiledPolicy
+from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
+from gateway.server.console.feed import END, Feed
+from gateway.server.console.sessions import COOKIE, Session, Sessions
+from gateway.server.tokens import AGENT, TokenEntry, TokenStore
+
+PREFIX = "/console"
+CSP = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+)
+STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
+PAGES = {"/console/": "index.html", "/console/login": "login.html"}
+MAX_BODY = 64 << 10
+"""The largest body the console reads (an answer, a login, a reason)."""
+MAX_REASON = 4000
+AUDIT_LIMIT_DEFAULT, AUDIT_LIMIT_MAX = 200, 2000
+PING_S = 15.0
+
+
+@dataclass(frozen=True)
+class ConsoleConfig:
+    """What the console needs of the server it is part of."""
+
+    tokens: TokenStore
+    audit: AuditLog
+    policy: Callable[[], CompiledPolicy]
+    state_dir: Path | None
+    """The approvals queue (None: this server's asks are not answered through the queue, so the
+    inbox stays empty and answers are refused 409)."""
+    hosts: tuple[str, ...]
+    """`host:port` values of `Host` this server answers to."""
+    max_streams: int = 8
+    """Event streams open at once (each holds a connection): well under the front's caps."""
+    verify_key: VerifyKey | None = None
+    checkpoint: Path | None = None
+    secure_cookie: bool = False
+
+
+class Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Who:
+    supervisor: str
+    token_id: str
+    via: str  # "bearer" or "session"
+    session: Session | None = None
+    session_id: str = ""
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(body, status_code=status, headers=headers)
+
+
+def _error(status: int, message: str) -> JSONResponse:
+    return _json({"error": message}, status)
+
+
+def _static(name: str) -> bytes:
+    return resources.files("gateway.server.console").joinpath("static", name).read_bytes()
+
+
+CALL_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+
+
+class Console:
+    def __init__(self, config: ConsoleConfig) -> None:
+        self.config = config
+        self.sessions = Sessions()
+        self.feed = Feed(config.state_dir)
+        self.view = AuditView(config.audit.directory)
+        self.verify = VerifyStatus(config.audit.directory, lambda: config.verify_key, config.checkpoint)
+        self.files = {name: _static(name) for name in (*STATIC, *PAGES.values())}
+
+    def start(self) -> None:
+        self.feed.start()
+        self.verify.get()  # the first check starts now, not at the first visit
+
+    def stop(self) -> None:
+        self.feed.stop()
+
+    # --- ASGI ----------------------------------------------------------------------------------
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        request = Request(scope, receive)
+        try:
+            response = await self._handle(request)
+        except Refused as exc:
+            response = _error(exc.status, exc.message)
+            if exc.status == 401:
+                response.headers["WWW-Authenticate"] = 'Bearer realm="agent-gateway console"'
+        response.headers.setdefault("Content-Security-Policy", CSP)
+        response.headers.setdefault("Cache-Control", "no-store")
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        # not no-referrer: under it a browser sends `Origin: null` with the login form, which the
+        # Origin check must refuse; same-origin tells nothing to other sites all the same
+        response.headers["Referrer-Policy"] = "same-origin"
+        response.headers["X-Frame-Options"] = "DENY"
+        await response(scope, receive, send)
+
+    async def _handle(self, request: Request) -> Response:
+        path, method = request.url.path, request.method
+        host = request.headers.get("host", "")
+        if host not in self.config.hosts:
+            raise Refused(421, f"Host {host!r} is not one this server answers to ({', '.join(self.config.hosts)})")
+        bearer = self._bearer(request)  # an agent token is refused here, whatever the path
+        if path == PREFIX:
+            return RedirectResponse(f"{PREFIX}/", 303)
+        if method == "GET" and path in PAGES:
+            return Response(self.files[PAGES[path]], media_type="text/html; charset=utf-8")
+        if method == "GET" and path.startswith(f"{PREFIX}/static/") and path.rsplit("/", 1)[1] in STATIC:
+            name = path.rsplit("/", 1)[1]
+            return Response(self.files[name], media_type=f"{STATIC[name]}; charset=utf-8")
+        if path == f"{PREFIX}/login" and method == "POST":
+            return await self._login(request)
+        if path == f"{PREFIX}/logout" and method == "POST":
+            who = self._who(request, bearer, changes=True)
+            if who.session_id:
+                self.sessions.close(who.session_id)
+            response = RedirectResponse(f"{PREFIX}/login", 303)
+            response.delete_cookie(COOKIE, path=PREFIX, secure=self.config.secure_cookie, httponly=True,
+                                   samesite="strict")  # fmt: skip
+            return response
+        if not path.startswith(f"{PREFIX}/api/"):
+            raise Refused(404, f"no such page: {path}")
+        who = self._who(request, bearer, changes=method not in ("GET", "HEAD"))
+        return await self._api(request, who, path[len(f"{PREFIX}/api/") :], method)
+
+    # --- who is asking -------------------------------------------------------------------------
+    def _bearer(self, request: Request) -> TokenEntry | None:
+        auth = request.headers.get("authorization")
+        if auth is None:
+            return None
+        scheme, _, secret = auth.partition(" ")
+        if scheme.lower() != "bearer" or not secret.strip():
+            raise Refused(401, "Authorization: expected 'Bearer <a supervisor's secret>'")
+        secret = secret.strip()
+        entry = self.config.tokens.lookup_supervisor(secret)
+        if entry is not None:
+            return entry
+        if self.config.tokens.kind_of(secret) == AGENT:
+            raise Refused(403, "an agent token has no access to the console: a supervisor's secret is needed "
+                               "(gateway token create --supervisor NAME)")  # fmt: skip
+        raise Refused(401, "unknown secret: a supervisor's secret is needed (gateway token create --supervisor NAME)")
+
+    def _who(self, request: Request, bearer: TokenEntry | None, changes: bool) -> Who:
+        if bearer is not None:
+            return Who(bearer.principal, bearer.id, "bearer")
+        session_id = request.cookies.get(COOKIE)
+        session = self.sessions.get(session_id) if session_id else None
+        if session is None or session_id is None:
+            raise Refused(401, "not signed in (or the session ended): sign in at /console/login")
+        if self.config.tokens.current(session.token_id) is None:
+            self.sessions.end_for(session.token_id)
+            raise Refused(401, "the secret this session signed in with was revoked: sign in again")
+        if changes:
+            self._same_origin(request)
+            if not Sessions.csrf_ok(session, request.headers.get("x-csrf-token")):
+                raise Refused(403, "X-CSRF-Token: missing or not this session's (read it from /console/api/session)")
+        return Who(session.supervisor, session.token_id, "session", session, session_id)
+
+    def _same_origin(self, request: Request) -> None:
+        origin = request.headers.get("origin")
+        mine = f"{'https' if self.config.secure_cookie else 'http'}://{request.headers.get('host', '')}"
+        if origin != mine:
+            raise Refused(403, f"Origin {origin!r} is not this console's ({mine}): changes come from its own page")
+
+    async def _login(self, request: Request) -> Response:
+        self._same_origin(request)
+        form = urllib.parse.parse_qs((await self._body(request)).decode("utf-8", "replace"), max_num_fields=4)
+        secret = (form.get("secret") or [""])[0].strip()
+        entry = self.config.tokens.lookup_supervisor(secret) if secret else None
+        if entry is None:
+            page = self.files["login.html"].replace(b'<p id="failed" hidden>', b'<p id="failed">')
+            return Response(page, status_code=401, media_type="text/html; charset=utf-8")
+        session_id, _ = self.sessions.open(entry.principal, entry.id)
+        try:
+            await run_in_threadpool(self.config.audit.append, "console_login", data={"supervisor": entry.principal,
+                                    "token": entry.id})  # fmt: skip
+        except AuditUnavailable as exc:
+            self.sessions.close(session_id)
+            raise Refused(503, f"the sign-in could not be recorded: {exc}") from None
+        response = RedirectResponse(f"{PREFIX}/", 303)
+        response.set_cookie(COOKIE, session_id, path=PREFIX, httponly=True, samesite="strict",
+                            secure=self.config.secure_cookie)  # fmt: skip
+        return response
+
+    async def _body(self, request: Request) -> bytes:
+        body = b""
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > MAX_BODY:
+                raise Refused(413, f"request body over the console's {MAX_BODY} bytes")
+        return body
+
+    async def _json_body(self, request: Request) -> dict[str, Any]:
+        raw = await self._body(request)
+        if not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except ValueError:
+            raise Refused(400, "body: expected a JSON object") from None
+        if not isinstance(body, dict):
+            raise Refused(400, "body: expected a JSON object")
+        return body
+
+    # --- the API -------------------------------------------------------------------------------
+    async def _api(self, request: Request, who: Who, route: str, method: str) -> Response:
+        parts = route.split("/")
+        if method == "GET" and route == "session":
+            return _json({"supervisor": who.supervisor, "via": who.via,
+                          **({"csrf": who.session.csrf} if who.session else {})})  # fmt: skip
+        if method == "GET" and route == "approvals":
+            return _json(await run_in_threadpool(self.approvals))
+        if method == "POST" and len(parts) == 3 and parts[0] == "approvals" and parts[2] in ("approve", "deny"):
+            return await self._answer(request, who, parts[1], parts[2] == "approve")
+        if method == "GET" and route == "audit":
+            return _json(await run_in_threadpool(self._audit, dict(request.query_params)))
+        if method == "GET" and len(parts) == 2 and parts[0] == "audit":
+            found = await run_in_threadpool(self.view.call, parts[1])
+            return _json(found) if found else _error(404, f"no records for call {parts[1]!r}")
+        if method == "GET" and route == "verify":
+            return _json(self.verify.get())
+        if method == "GET" and route == "events":
+            return self._events()
+        if method == "POST" and route == "replay":
+            return replay_not_wired()
+        raise Refused(404 if method in ("GET", "POST") else 405, f"no such API route: {method} /console/api/{route}")
+
+    def approvals(self) -> dict[str, Any]:
+        if self.config.state_dir is None:
+            return {"approvals": [], "note": "this server's asks are not answered through the approvals queue"}
+        policy = self.config.policy()
+        now = time.time()
+        return {"approvals": [_pending(r, policy, now) for r in approval_queue.pending(self.config.state_dir)]}
+
+    async def _answer(self, request: Request, who: Who, call_id: str, approved: bool) -> Response:
+        body = await self._json_body(request)
+        reason = body.get("reason", "")
+        scope = body.get("scope", "once")
+        if not isinstance(reason, str) or len(reason) > MAX_REASON:
+            raise Refused(400, f"reason: expected a string of at most {MAX_REASON} characters")
+        if scope not in approval_queue.SCOPES or (scope == "session" and not approved):
+            raise Refused(400, "scope: expected 'once' or, to approve, 'session'")
+        if self.config.state_dir is None:
+            raise Refused(409, "this server's asks are not answered through the approvals queue")
+        state_dir = self.config.state_dir
+        pending = {r["call_id"]: r for r in await run_in_threadpool(approval_queue.pending, state_dir)}
+        if not CALL_ID.fullmatch(call_id) or call_id not in pending:  # never a path from the URL
+            raise Refused(404, f"no pending request {escaped(call_id)!r} (answered, withdrawn or expired?)")
+        record = {"supervisor": who.supervisor, "token": who.token_id, "via": who.via,
+                  "approved": approved, "scope": scope, **({"reason": reason} if reason else {})}  # fmt: skip
+        req = pending[call_id]
+        try:
+            await run_in_threadpool(lambda: self.config.audit.append(
+                "supervisor_answer", call_id=call_id, principal=req.get("principal"), tool=req.get("tool"),
+                data={**record, "digest": req.get("digest")}))  # fmt: skip
+        except AuditUnavailable as exc:
+            raise Refused(503, f"the answer could not be recorded, so it was not given: {exc}") from None
+        try:
+            done = await run_in_threadpool(approval_queue.answer, state_dir, call_id, approved, who.supervisor,
+                                           reason, scope)  # fmt: skip
+        except approval_queue.QueueError as exc:
+            raise Refused(409, str(exc)) from None
+        self.feed.publish({"kind": "answered", "call_id": call_id})
+        return _json({"call_id": call_id, "approved": done["approved"], "by": done["by"], "scope": scope,
+                      **({"reason": reason} if reason else {})})  # fmt: skip
+
+    def _audit(self, params: dict[str, str]) -> dict[str, Any]:
+        known = {*FILTERS, "since", "until", "text", "limit", "before_seq"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise Refused(400, f"unknown filter {unknown[0]!r}: expected one of {', '.join(sorted(known))}")
+        try:
+            limit = int(params.get("limit", AUDIT_LIMIT_DEFAULT))
+            before = int(params["before_seq"]) if params.get("before_seq") else None
+        except ValueError:
+            raise Refused(400, "limit, before_seq: expected whole numbers") from None
+        if not 1 <= limit <= AUDIT_LIMIT_MAX:
+            raise Refused(400, f"limit: expected 1 to {AUDIT_LIMIT_MAX}, got {limit}")
+        filters = {k: v for k, v in params.items() if k not in ("limit", "before_seq") and v}
+        found = self.view.query(filters, limit, before)
+        items = [{"record": r, "summary": describe_record(r)} for r in found.pop("records")]
+        return {"items": items, **found}
+
+    def _events(self) -> Response:
+        queue = self.feed.subscribe(self.config.max_streams)
+        if queue is None:
+            raise Refused(503, f"{self.config.max_streams} event streams are open already (the console's limit)")
+
+        async def stream() -> AsyncIterator[ServerSentEvent]:
+            try:
+                yield ServerSentEvent(json.dumps({"kind": "hello"}), event="hello")
+                while True:
+                    event = await queue.get()
+                    if event is END:
+                        return
+                    yield ServerSentEvent(json.dumps(event), event=str(event["kind"]))
+            except asyncio.CancelledError:
+                raise
+            finally:
+                self.feed.unsubscribe(queue)
+
+        return EventSourceResponse(stream(), ping=PING_S, headers={"Cache-Control": "no-store"})
+
+
+def replay_not_wired() -> Response:
+    """`POST /console/api/replay`: what-if replay of a draft policy over the recorded calls. Built
+    on its own branch (gateway/audit/replay.py); wired here when both are merged."""
+    return _error(501, "replay: not wired")
+
+
+def _pending(r: dict[str, Any], policy: CompiledPolicy, now: float) -> dict[str, Any]:
+    """One pending request as the inbox shows it: the whole command (escaped, never cut), the
+    environment it runs with, the rules asking and why."""
+    inherited: dict[str, Any] = r["inherited"] if isinstance(r.get("inherited"), dict) else {}
+    own: dict[str, Any] = r["env"] if isinstance(r.get("env"), dict) else {}
+    env = []
+    for name in sorted({**inherited, **own}):
+        value = str(own[name] if name in own else inherited[name])
+        secret = bool(SECRET_NAME.search(name))
+        env.append({"name": escaped(name), "value": f"[secret: {len(value)} chars]" if secret else escaped(value),
+                    "from": "call" if name in own else "stored", "overrides": name in own and name in inherited,
+                    "secret": secret})  # fmt: skip
+    asking = []
+    for rule_id in r.get("asking") or [r.get("rule")]:
+        rule = policy.rules.get(rule_id) if isinstance(rule_id, str) else None
+        asking.append({"rule": rule_id, "justification": rule.justification if rule else None})
+    command = str(r.get("command", ""))
+    out = {
+        "call_id": r["call_id"],
+        "principal": escaped(str(r.get("principal", ""))),
+        "tool": escaped(str(r.get("tool", ""))),
+        "command": escaped(command),
+        "command_chars": len(command),
+        "cwd": escaped(str(r.get("cwd", ""))),
+        "env": env,
+        "rule": r.get("rule"),
+        "asking": asking,
+        "reason": escaped(str(r.get("reason", ""))),
+        "digest": r.get("digest"),
+        "created": r.get("created"),
+        "expires": r.get("expires"),
+        "seconds_left": max(0, int(float(r.get("expires", now)) - now)),
+    }
+    files = r.get("files")
+    if isinstance(files, list):
+        out["files"] = [{"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", ""))}
+                        for f in files if isinstance(f, dict)]  # fmt: skip
+    return out

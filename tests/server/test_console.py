@@ -1,0 +1,306 @@
+"""The web console's API and its guards, through a real `gateway serve --http` (issue 15): a
+supervisor's secret apart from agent tokens, the approvals inbox and its answers, the audit
+timeline, browser sessions (cookie flags, CSRF, Origin) and the limits of its event streams.
+Each test here failed on the code before the console (its routes did not exist)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx2
+import pytest
+
+from gateway import approval_queue
+from gateway.audit import AuditLog
+from gateway.server.console.auditview import VerifyStatus
+from tests.server.conftest import HttpGateway, audit_records, envelope_of, gateway_cmd
+from tests.server.test_supervisor_side import PADDED, ask_in_background, wait_for
+from tests.server.test_transports import call_http
+
+ROUTES = [
+    ("GET", "/console/"),
+    ("GET", "/console/login"),
+    ("POST", "/console/login"),
+    ("POST", "/console/logout"),
+    ("GET", "/console/static/console.js"),
+    ("GET", "/console/api/session"),
+    ("GET", "/console/api/approvals"),
+    ("POST", "/console/api/approvals/abc/approve"),
+    ("POST", "/console/api/approvals/abc/deny"),
+    ("GET", "/console/api/audit"),
+    ("GET", "/console/api/audit/abc"),
+    ("GET", "/console/api/verify"),
+    ("GET", "/console/api/events"),
+    ("POST", "/console/api/replay"),
+    ("GET", "/console/api/nothing-here"),
+]
+
+
+class Console:
+    """A served gateway with an agent token and a supervisor's secret."""
+
+    def __init__(self, server: HttpGateway) -> None:
+        self.server = server
+        self.base = server.url.removesuffix("/mcp")
+        self.origin = self.base
+        self.agent = server.token("agent")
+        out = gateway_cmd("token", "create", "--supervisor", "alice", "--tokens", str(server.tokens))
+        self.secret = out.stdout.strip().splitlines()[-1]
+        self.bearer = {"Authorization": f"Bearer {self.secret}"}
+
+    def get(self, path: str, **kw: Any) -> httpx2.Response:
+        return httpx2.get(self.base + path, headers=kw.pop("headers", self.bearer), timeout=30, **kw)
+
+    def post(self, path: str, body: Any = None, **kw: Any) -> httpx2.Response:
+        return httpx2.post(self.base + path, json=body, headers=kw.pop("headers", self.bearer), timeout=30, **kw)
+
+
+@pytest.fixture
+def console(tmp_path: Path, policy_file: Path, ws: Path) -> Iterator[Console]:
+    server = HttpGateway(tmp_path, policy_file, ws, extra=("--pending-after", "600", "--max-connections", "16",
+                                                           "--max-connections-per-peer", "8"))  # fmt: skip
+    try:
+        yield Console(server)
+    finally:
+        server.stop()
+
+
+def pending_one(c: Console, agent: list[Any]) -> dict[str, Any]:
+    (row,) = wait_for("a pending request", lambda: c.get("/console/api/approvals").json()["approvals"], agent=agent)
+    found: dict[str, Any] = row
+    return found
+
+
+# --- credentials ---------------------------------------------------------------------------------
+def test_an_agent_token_is_refused_on_every_console_route(console: Console) -> None:
+    for method, path in ROUTES:
+        r = httpx2.request(method, console.base + path, headers={"Authorization": f"Bearer {console.agent}"},
+                           timeout=30)  # fmt: skip
+        assert r.status_code == 403, (method, path, r.status_code, r.text)
+    # and nothing answers a request without any credential but the page itself
+    for method, path in ROUTES:
+        if path.startswith("/console/api/"):
+            assert httpx2.request(method, console.base + path, timeout=30).status_code == 401, path
+
+
+def test_a_supervisor_secret_never_authenticates_mcp(console: Console) -> None:
+    assert console.secret.startswith("agws_")
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    headers = {"Authorization": f"Bearer {console.secret}", "Accept": "application/json, text/event-stream"}
+    assert httpx2.post(console.server.url, json=body, headers=headers, timeout=30).status_code == 401
+    with pytest.raises(Exception) as refused:  # the official client gets nowhere with it either
+        asyncio.run(call_http(console.server.url, console.secret, "auto", ("run", {"command": "echo hi"})))
+    assert not isinstance(refused.value, AssertionError)
+    # the agent's own token still works, and the list tells the kinds apart
+    (result,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "echo hi"})))
+    assert envelope_of(result)["stdout"] == "hi\n"
+    listed = gateway_cmd("token", "list", "--tokens", str(console.server.tokens)).stdout
+    kinds = {line.split()[1] for line in listed.splitlines()}
+    assert kinds == {"agent", "supervisor"}, listed
+    assert console.secret not in console.server.tokens.read_text()
+
+
+def test_a_foreign_host_is_refused(console: Console) -> None:
+    r = console.get("/console/api/approvals", headers={**console.bearer, "Host": "evil.example"})
+    assert r.status_code == 421, r.text
+
+
+# --- the inbox and its answers -------------------------------------------------------------------
+def test_the_inbox_shows_the_whole_call_and_a_denial_reason_reaches_agent_and_audit(console: Console) -> None:
+    command = PADDED + "\n\trm -f b.txt"
+    env_call = ("env", {"action": "set", "name": "APP_STORED", "value": "from-store"})
+    got = ask_in_background(console.server, console.agent, env_call,
+                            ("run", {"command": command}))  # fmt: skip
+    row = pending_one(console, got)
+    assert row["command"] == PADDED + "\\n\\trm -f b.txt"  # escaped, never cut
+    assert row["command_chars"] == len(command)
+    assert row["principal"] == "agent" and row["tool"] == "run" and row["cwd"].endswith("/ws")
+    env = {e["name"]: (e["value"], e["from"]) for e in row["env"]}
+    assert env == {"APP_STORED": ("from-store", "stored")}, row["env"]  # the inherited store, too
+    assert {"rule": "rm-by-supervisor", "justification": "deleting needs a supervisor"} in row["asking"]
+    assert 0 < row["seconds_left"] <= 120
+    # the server's terminal names the console with the waiting call
+    link = f"or in the console: {console.base}/console/"
+    wait_for("the announcement", lambda: link in console.server.stderr.read_text())
+    why = "not today <b>really</b>"
+    answered = console.post(f"/console/api/approvals/{row['call_id']}/deny", {"reason": why})
+    assert answered.status_code == 200, answered.text
+    result = wait_for("the agent's answer", lambda: got)[0][-1]
+    error = envelope_of(result)["error"]
+    assert error["code"] == "APPROVAL_DENIED" and why in error["message"], error
+    records = audit_records(console.server.audit)
+    approval = next(r for r in records if r["event"] == "approval")
+    assert approval["data"]["by"] == "alice" and approval["data"]["reason"] == why
+    said = next(r for r in records if r["event"] == "supervisor_answer")
+    assert said["data"]["supervisor"] == "alice" and said["data"]["via"] == "bearer"
+    assert said["call_id"] == row["call_id"]
+    # the call's page has it all together
+    page = console.get(f"/console/api/audit/{row['call_id']}").json()
+    assert page["decision"]["decision"] == "ask" and page["records"][0]["event"] == "decision"
+    assert [a["event"] for a in page["approvals"]] == ["supervisor_answer", "approval"]
+
+
+def test_approve_for_the_session_runs_the_same_call_again_without_asking(console: Console, ws: Path) -> None:
+    (ws / "a").write_text("x")
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f a"}))
+    row = pending_one(console, got)
+    r = console.post(f"/console/api/approvals/{row['call_id']}/approve", {"scope": "session"})
+    assert r.status_code == 200 and r.json()["scope"] == "session", r.text
+    assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["status"] == "ok"
+    (again,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "rm -f a"})))
+    assert envelope_of(again)["status"] == "ok"
+    hows = [r["data"]["how"] for r in audit_records(console.server.audit) if r["event"] == "approval"]
+    assert hows == ["queue-session", "session"], hows
+    # a denial has no session scope, and an id that is not pending is not a path
+    assert console.post("/console/api/approvals/x/deny", {"scope": "session"}).status_code == 400
+    assert console.post("/console/api/approvals/..%2F..%2Fetc/approve", {}).status_code == 404
+
+
+def test_the_audit_timeline_filters(console: Console) -> None:
+    asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "echo one"}),
+                          ("run", {"command": "curl x"})))  # fmt: skip
+    denied = console.get("/console/api/audit", params={"decision": "deny", "principal": "agent"}).json()
+    assert [i["record"]["rule"] for i in denied["items"]] == ["no-curl"], denied
+    assert "curl x" in denied["items"][0]["summary"]
+    text = console.get("/console/api/audit", params={"text": "ECHO ONE", "event": "decision"}).json()
+    assert [i["record"]["arguments"]["command"] for i in text["items"]] == ["echo one"]
+    assert console.get("/console/api/audit", params={"since": "2999-01-01"}).json()["items"] == []
+    assert console.get("/console/api/audit", params={"until": "2000-01-01"}).json()["items"] == []
+    bad = console.get("/console/api/audit", params={"colour": "red"})
+    assert bad.status_code == 400 and "colour" in bad.json()["error"]
+    assert console.post("/console/api/replay", {}).json() == {"error": "replay: not wired"}
+
+
+def test_verify_status_is_shown_and_one_check_serves_every_request(tmp_path: Path) -> None:
+    log = AuditLog(tmp_path / "audit")
+    log.append("something", data={"n": 1})
+    status = VerifyStatus(tmp_path / "audit", lambda: None, None, refresh_s=3600)
+    for _ in range(50):
+        status.get()
+    result = wait_for("a verify result", lambda: status.get()["state"] != "checking" and status.get())
+    assert result["state"] == "ok" and result["records"] == 1
+    assert status.runs == 1
+
+
+# --- browser sessions ----------------------------------------------------------------------------
+def login(c: Console, secret: str, origin: str | None) -> httpx2.Response:
+    headers = {"Origin": origin} if origin else {}
+    return httpx2.post(c.base + "/console/login", data={"secret": secret}, headers=headers, timeout=30)
+
+
+def test_a_session_cookie_is_httponly_strict_and_needs_csrf_and_origin_to_change_anything(console: Console) -> None:
+    assert login(console, console.secret, "http://evil.example").status_code == 403
+    assert login(console, console.secret, None).status_code == 403
+    assert login(console, console.agent, console.origin).status_code == 401
+    r = login(console, console.secret, console.origin)
+    assert r.status_code == 303, r.text
+    cookie = r.headers["set-cookie"]
+    flags = {part.strip().lower() for part in cookie.split(";")[1:]}
+    assert {"httponly", "samesite=strict", "path=/console"} <= flags, cookie
+    assert "secure" not in flags  # plain HTTP on loopback; Secure when served over TLS
+    jar = {"agw_console": r.cookies["agw_console"]}
+    session = httpx2.get(console.base + "/console/api/session", cookies=jar, timeout=30).json()
+    assert session["supervisor"] == "alice" and session["csrf"]
+    path = "/console/api/approvals/nope/deny"
+    good = {"Origin": console.origin, "X-CSRF-Token": session["csrf"]}
+    for headers in ({"Origin": console.origin}, {**good, "X-CSRF-Token": "guess"}, {**good, "Origin": "http://evil.example"},
+                    {"X-CSRF-Token": session["csrf"]}):  # fmt: skip
+        refused = httpx2.post(console.base + path, json={}, headers=headers, cookies=jar, timeout=30)
+        assert refused.status_code == 403, (headers, refused.text)
+    assert httpx2.post(console.base + path, json={}, headers=good, cookies=jar, timeout=30).status_code == 404
+    # the page's script and style come from here, under a CSP without inline script
+    page = httpx2.get(console.base + "/console/", timeout=30)
+    csp = page.headers["content-security-policy"]
+    assert "script-src 'self'" in csp and "unsafe-inline" not in csp and "default-src 'none'" in csp
+    assert b'<script src="/console/static/console.js"' in page.content
+    # logout ends it
+    out = httpx2.post(console.base + "/console/logout", headers=good, cookies=jar, timeout=30)
+    assert out.status_code == 303
+    assert httpx2.get(console.base + "/console/api/session", cookies=jar, timeout=30).status_code == 401
+
+
+def test_a_revoked_secret_ends_its_sessions(console: Console) -> None:
+    r = login(console, console.secret, console.origin)
+    jar = {"agw_console": r.cookies["agw_console"]}
+    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, timeout=30).status_code == 200
+    listed = gateway_cmd("token", "list", "--tokens", str(console.server.tokens)).stdout
+    sid = next(line.split()[0] for line in listed.splitlines() if "supervisor" in line)
+    gateway_cmd("token", "revoke", sid, "--tokens", str(console.server.tokens))
+    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, timeout=30).status_code == 401
+    assert console.get("/console/api/approvals").status_code == 401
+
+
+# --- events --------------------------------------------------------------------------------------
+def test_events_tell_added_and_answered_and_never_an_unauthenticated_client(console: Console) -> None:
+    with httpx2.stream("GET", console.base + "/console/api/events", timeout=30) as anon:
+        assert anon.status_code == 401
+        assert b"event:" not in anon.read()
+    kinds: list[dict[str, Any]] = []
+    ready = threading.Event()
+
+    def listen() -> None:
+        with httpx2.stream("GET", console.base + "/console/api/events", headers=console.bearer, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data:"):
+                    kinds.append(json.loads(line[5:]))
+                    ready.set()
+                    if kinds[-1]["kind"] == "answered":
+                        return
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert ready.wait(30)
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f nothing"}))
+    row = pending_one(console, got)
+    wait_for("the added event", lambda: any(k["kind"] == "added" for k in kinds))
+    console.post(f"/console/api/approvals/{row['call_id']}/approve", {})
+    wait_for("the answered event", lambda: any(k["kind"] == "answered" for k in kinds))
+    assert [k["kind"] for k in kinds][:3] == ["hello", "added", "answered"], kinds
+    assert all(k.get("call_id") in (None, row["call_id"]) for k in kinds)
+
+
+def test_a_flood_of_event_streams_is_capped_and_mcp_still_answers(console: Console) -> None:
+    # the server runs with 16 connections, 8 per peer: at most 4 streams, the rest 503
+    streams = []
+    statuses = []
+    try:
+        for _ in range(10):
+            client = httpx2.Client(headers=console.bearer, timeout=30)
+            s = client.stream("GET", console.base + "/console/api/events")
+            response = s.__enter__()
+            statuses.append(response.status_code)
+            streams.append((client, s))
+        assert statuses.count(200) == 4 and statuses.count(503) == 6, statuses
+        (result,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "echo ok"})))
+        assert envelope_of(result)["stdout"] == "ok\n"
+    finally:
+        for client, s in streams:
+            s.__exit__(None, None, None)
+            client.close()
+
+
+def test_answers_from_the_terminal_reach_the_same_queue(console: Console) -> None:
+    """The console and `gateway approvals` answer the same queue: the first answer stands."""
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f t"}))
+    row = pending_one(console, got)
+    approval_queue.answer(console.server.queue, row["call_id"], False, "bob", "from the terminal")
+    second = console.post(f"/console/api/approvals/{row['call_id']}/approve", {})
+    assert second.status_code in (404, 409), second.text
+    assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["error"]["code"] == "APPROVAL_DENIED"
+
+
+def test_an_approval_shows_the_workspace_files_it_is_bound_to(policy: Any) -> None:
+    """Requests that name the files the command runs (`files`: [{path, sha256}], from the
+    replay branch's binding) show them; requests without it show none."""
+    from gateway.server.console.app import _pending
+
+    base = {"call_id": "c1", "principal": "agent", "tool": "run", "command": "make\tx", "cwd": "/w",
+            "rule": "rm-by-supervisor", "asking": ["rm-by-supervisor"], "reason": "r", "expires": 100.0}  # fmt: skip
+    shown = _pending({**base, "files": [{"path": "Makefile\n", "sha256": "ab" * 32}]}, policy, 40.0)
+    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32}]
+    assert shown["command"] == "make\\tx" and shown["seconds_left"] == 60
+    assert "files" not in _pending(base, policy, 40.0)
