@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,6 +15,7 @@ from typing import Any
 
 import httpx2
 import pytest
+import yaml
 
 from gateway import approval_queue
 from gateway.audit import AuditLog
@@ -173,7 +175,6 @@ def test_the_audit_timeline_filters(console: Console) -> None:
     assert console.get("/console/api/audit", params={"until": "2000-01-01"}).json()["items"] == []
     bad = console.get("/console/api/audit", params={"colour": "red"})
     assert bad.status_code == 400 and "colour" in bad.json()["error"]
-    assert console.post("/console/api/replay", {}).json() == {"error": "replay: not wired"}
 
 
 def test_verify_status_is_shown_and_one_check_serves_every_request(tmp_path: Path) -> None:
@@ -304,3 +305,52 @@ def test_an_approval_shows_the_workspace_files_it_is_bound_to(policy: Any) -> No
     assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32}]
     assert shown["command"] == "make\\tx" and shown["seconds_left"] == 60
     assert "files" not in _pending(base, policy, 40.0)
+
+
+# --- what-if replay --------------------------------------------------------------------------------
+def test_replay_reports_exactly_the_calls_a_draft_would_decide_otherwise(console: Console, ws: Path) -> None:
+    (ws / "a").write_text("x")
+    asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "echo one"}),
+                          ("run", {"command": "curl x"})))  # fmt: skip
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f a"}))
+    row = pending_one(console, got)
+    assert console.post(f"/console/api/approvals/{row['call_id']}/deny", {"reason": "no"}).status_code == 200
+    wait_for("the agent's answer", lambda: got)
+    served = console.server.policy_file.read_text()
+    same = console.post("/console/api/replay", {"policy": served})
+    assert same.status_code == 200, same.text
+    assert same.json()["changed"] == 0 and same.json()["replayed"] == 3, same.json()
+    draft = yaml.safe_load(served)
+    for rule in draft["rules"]:
+        if rule["id"] == "rm-by-supervisor":
+            rule["decision"] = "deny"
+    (console.server.policy_file.parent / "draft.yaml").write_text(yaml.safe_dump(draft, sort_keys=False))
+    report = console.post("/console/api/replay", {"policy_file": "draft.yaml"}).json()
+    (group,) = report["groups"]
+    assert (group["from"], group["to"], group["count"]) == (
+        {"decision": "ask", "rule": "rm-by-supervisor"},
+        {"decision": "deny", "rule": "rm-by-supervisor"},
+        1,
+    ), report
+    assert [c["command"] for c in group["calls"]] == ["rm -f a"]
+    replays = [r["data"] for r in audit_records(console.server.audit) if r["event"] == "console_replay"]
+    assert [(d["supervisor"], d["changed"]) for d in replays] == [("alice", 0), ("alice", 1)]
+    # an agent token never replays, and a bad draft is an error naming its line
+    assert (
+        console.post(
+            "/console/api/replay", {"policy": served}, headers={"Authorization": f"Bearer {console.agent}"}
+        ).status_code
+        == 403
+    )
+    bad = console.post("/console/api/replay", {"policy": "version: 1\nrules: [\n"})
+    assert bad.status_code == 400 and "draft.yaml:3:1" in bad.json()["error"], bad.text
+
+
+@pytest.mark.parametrize("name", ["../p.yaml", "/etc/shadow", "..", "link.yaml", "sub/p.yaml", "fifo.yaml"])
+def test_replay_reads_no_file_of_the_server_but_a_draft_beside_the_policy(console: Console, name: str) -> None:
+    folder = console.server.policy_file.parent
+    (folder / "link.yaml").symlink_to("/etc/shadow")
+    os.mkfifo(folder / "fifo.yaml")
+    r = console.post("/console/api/replay", {"policy_file": name})
+    assert r.status_code in (400, 404), r.text
+    assert "root:" not in r.text

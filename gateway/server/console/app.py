@@ -27,7 +27,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import stat
+import threading
 import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, MutableMapping
@@ -43,7 +46,7 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from gateway import approval_queue
 from gateway.approval import escaped
-from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable
+from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable, replay
 from gateway.audit.keys import VerifyKey
 from gateway.cli import describe_record
 from gateway.policy.compile import CompiledPolicy
@@ -59,7 +62,9 @@ CSP = (
 )
 STATIC = {"console.js": "text/javascript", "console.css": "text/css"}
 PAGES = {"/console/": "index.html", "/console/login": "login.html"}
-MAX_BODY = 64 << 10
+MAX_BODY = 256 << 10
+MAX_DRAFT = MAX_BODY
+"""A draft policy replayed from a file next to the served one (text in a body is capped by MAX_BODY)."""
 """The largest body the console reads (an answer, a login, a reason)."""
 MAX_REASON = 4000
 AUDIT_LIMIT_DEFAULT, AUDIT_LIMIT_MAX = 200, 2000
@@ -113,6 +118,7 @@ def _static(name: str) -> bytes:
     return resources.files("gateway.server.console").joinpath("static", name).read_bytes()
 
 
+_FILE_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 CALL_ID = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 
@@ -124,6 +130,7 @@ class Console:
         self.view = AuditView(config.audit.directory)
         self.verify = VerifyStatus(config.audit.directory, lambda: config.verify_key, config.checkpoint)
         self.files = {name: _static(name) for name in (*STATIC, *PAGES.values())}
+        self._replaying = threading.Lock()
 
     def start(self) -> None:
         self.feed.start()
@@ -277,8 +284,73 @@ class Console:
         if method == "GET" and route == "events":
             return self._events()
         if method == "POST" and route == "replay":
-            return replay_not_wired()
+            return await self._replay(request, who)
         raise Refused(404 if method in ("GET", "POST") else 405, f"no such API route: {method} /console/api/{route}")
+
+    async def _replay(self, request: Request, who: Who) -> Response:
+        """`POST /console/api/replay` {"policy": YAML text | "policy_file": a name in the served
+        policy's directory, "since", "until", "max_rows"}: what-if replay of a draft over the
+        recorded calls (gateway/audit/replay.py). Nothing runs and no approval is asked; the
+        request is audited (`console_replay`) with the supervisor's name and the draft's digest.
+        One replay at a time: a second one meanwhile gets 429."""
+        body = await self._json_body(request)
+        draft = self._draft(body)
+        since, until, rows = body.get("since"), body.get("until"), body.get("max_rows", 200)
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and not isinstance(value, str):
+                raise Refused(400, f"{name}: expected a time (ISO 8601) or nothing")
+        if not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= 1000:
+            raise Refused(400, "max_rows: expected a whole number from 0 to 1000")
+        if not self._replaying.acquire(blocking=False):
+            raise Refused(429, "a replay is already running: try again when it has finished")
+        try:
+            report = await run_in_threadpool(
+                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows)
+            )
+        except replay.ReplayError as exc:
+            raise Refused(400, str(exc)) from None
+        finally:
+            self._replaying.release()
+        out = report.to_json()
+        try:
+            await run_in_threadpool(lambda: self.config.audit.append(
+                "console_replay", data={"supervisor": who.supervisor, "token_id": who.token_id, "via": who.via,
+                                        "draft": out["draft"], "draft_sha256": out["draft_sha256"],
+                                        "since": since, "until": until, "changed": out["changed"]},
+            ))  # fmt: skip
+        except AuditUnavailable:
+            raise Refused(503, "the audit log cannot be written: no replay is answered unrecorded") from None
+        return _json(out)
+
+    def _draft(self, body: dict[str, Any]) -> Path | str:
+        """The draft to replay: YAML text, or a file next to the served policy (a name, not a path:
+        the console reads nothing else of the server's disk)."""
+        text, name = body.get("policy"), body.get("policy_file")
+        if (text is None) == (name is None):
+            raise Refused(400, "expected one of policy (the draft's YAML text) or policy_file (a file name)")
+        if text is not None:
+            if not isinstance(text, str) or not text.strip():
+                raise Refused(400, "policy: expected the draft's YAML text")
+            return text
+        if not isinstance(name, str) or not _FILE_NAME.fullmatch(name):
+            raise Refused(400, "policy_file: expected a file name (letters, digits, . _ -) next to the served policy")
+        folder = self.config.policy().files[0].parent
+        try:
+            dfd = os.open(folder, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            try:
+                fd = os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise Refused(400, f"policy_file: {name} in {folder} is not a regular file")
+        except OSError as exc:
+            raise Refused(404, f"policy_file: {name} in {folder}: {exc.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(MAX_DRAFT + 1)
+        if len(data) > MAX_DRAFT:
+            raise Refused(413, f"policy_file: over {MAX_DRAFT} bytes")
+        return data.decode("utf-8", "replace")
 
     def approvals(self) -> dict[str, Any]:
         if self.config.state_dir is None:
@@ -355,12 +427,6 @@ class Console:
                 self.feed.unsubscribe(queue)
 
         return EventSourceResponse(stream(), ping=PING_S, headers={"Cache-Control": "no-store"})
-
-
-def replay_not_wired() -> Response:
-    """`POST /console/api/replay`: what-if replay of a draft policy over the recorded calls. Built
-    on its own branch (gateway/audit/replay.py); wired here when both are merged."""
-    return _error(501, "replay: not wired")
 
 
 def _pending(r: dict[str, Any], policy: CompiledPolicy, now: float) -> dict[str, Any]:

@@ -178,6 +178,40 @@ async function openCall(callId) {
   byId("call").scrollIntoView();
 }
 
+// --- what-if replay ---------------------------------------------------------------------------
+async function runReplay(event) {
+  event.preventDefault();
+  const form = new FormData(byId("replay-form"));
+  const summary = byId("replay-summary");
+  const body = {};
+  const file = form.get("file");
+  if (file && file.size) body.policy = await file.text();
+  else if (form.get("policy_file")) body.policy_file = form.get("policy_file");
+  for (const key of ["since", "until"]) if (form.get(key)) body[key] = form.get(key);
+  summary.textContent = "replaying...";
+  byId("replay-result").replaceChildren();
+  let report;
+  try {
+    report = await api("replay", { method: "POST", body: JSON.stringify(body) });
+  } catch (err) {
+    summary.textContent = "replay refused: " + (err.message || err);
+    return;
+  }
+  const skipped = Object.values(report.not_replayed);
+  summary.textContent = report.draft + ": " + report.replayed + " calls replayed, " + report.changed + " would change, "
+    + report.unchanged + " unchanged" + (skipped.length ? ", " + skipped.reduce((n, s) => n + s.count, 0) + " not replayed" : "");
+  const parts = [];
+  for (const g of report.groups) {
+    parts.push(el("h3", { text: g.count + " × " + g.from.decision + " (" + (g.from.rule || "no rule") + ") → " + g.to.decision + " (" + (g.to.rule || "no rule") + ")" }));
+    const rows = g.calls.map((c) => el("tr", {}, el("td", { text: String(c.ts).slice(0, 23) }), el("td", { text: c.principal }),
+      el("td", { text: c.tool }), el("td", { class: "what", text: c.command }), el("td", { text: c.reason || "" })));
+    parts.push(el("table", { class: "replay" }, el("tbody", {}, ...rows)));
+    if (g.shown < g.count) parts.push(el("p", { class: "note", text: (g.count - g.shown) + " more not shown" }));
+  }
+  for (const s of skipped) parts.push(el("p", { class: "note", text: "not replayed (" + s.why + "): " + s.count }));
+  byId("replay-result").replaceChildren(...parts);
+}
+
 // --- verify ------------------------------------------------------------------------------------
 async function loadVerify() {
   const badge = byId("verify");
@@ -207,6 +241,7 @@ async function start() {
     loadAudit();
   };
   byId("refresh").onclick = () => loadAudit();
+  byId("replay-form").onsubmit = runReplay;
   byId("call-close").onclick = () => { byId("call").hidden = true; };
   listen();
   await loadApprovals();
