@@ -161,12 +161,13 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         call = with_home(gw, policy, call)
     except PathRefused as exc:
         arguments = call.model_dump(include={"action", "path"})
-        refused = _refused(exc, call.path or "", "read")
+        refused = _refused(exc, call.path or "", "write" if call.action in files.WRITES else "read")
         subject = f"files {call.action} {call.path}"
         denied = gw.authorize(
             call_id, call.principal, "files", subject, policy.workspace, {}, refused, arguments, policy
         )
-        assert not isinstance(denied, Gated)  # a denial is never let through
+        if isinstance(denied, Gated):  # a denial is never let through: fail closed all the same
+            return gw.record_result(denied, {"status": "denied", "error": {"code": exc.code, "message": exc.message}})
         return denied
     decision, paths = decide(policy, call, with_saved_outputs(gw, policy.grant(call.principal), call))
     # content and edit text may hold secrets: the audit log keeps their sizes
