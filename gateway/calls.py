@@ -217,11 +217,13 @@ class FilesCall(_Call):
     offset: int | None = Field(default=None, ge=0)
     """read: the first line (1-based) in line mode, the first byte (0-based) in byte mode."""
     limit: int | None = Field(default=None, ge=1)
-    """read: how many lines."""
+    """read: how many lines (without limit or max_bytes, a read returns at most the policy's
+    limits.reply_bytes and says where to go on; with them, up to limits.output_bytes)."""
     max_bytes: int | None = Field(default=None, ge=1)
-    """read: byte mode, how many bytes."""
-    encoding: Literal["utf-8", "base64"] = "utf-8"
-    """read (byte mode) and write: how content is carried."""
+    """read: byte mode, how many bytes (at most the policy's limits.output_bytes)."""
+    encoding: Literal["utf-8", "base64", "auto"] = "utf-8"
+    """read (byte mode) and write: how content is carried. `auto` (read only, byte mode even
+    without max_bytes): utf-8 when the bytes are text, base64 when they are not."""
     content: Content | None = None
     """write: the new content. write_output: the text (markdown) or a JSON document."""
     old: Content | None = None
@@ -266,6 +268,8 @@ class FilesCall(_Call):
         needs["find"] = ("pattern",)
         needs["write_output"] = ("content",)
         _require(self, needs)
+        if self.encoding == "auto" and self.action != "read":
+            raise ValueError(f"encoding: auto is for read (say utf-8 or base64 for {self.action})")
         return self
 
 

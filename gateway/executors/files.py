@@ -78,6 +78,9 @@ class FileLimits:
     """Most bytes one read returns (line mode cuts there and says where to go on)."""
     write_bytes: int = 10 << 20
     """Largest content a write, edit or write_output may produce."""
+    reply_bytes: int = 30_000
+    """Most bytes a read returns when the call did not say how much (no `limit`, no
+    `max_bytes`): what fits an agent's context; the reply says where to go on."""
     grep_file_bytes: int = 4 << 20
     """grep skips (and reports) files bigger than this."""
 
@@ -341,10 +344,14 @@ def _read(ctx: _Ctx) -> dict[str, Any]:
     real = ctx.target()
     ctx.check(real, "read")
     shown = ctx.show(real)
+    # a read that does not say how much gets what fits a reply; one that does, up to the read limit
+    asked = call.max_bytes is not None or call.limit is not None
+    cap = ctx.limits.read_bytes if asked else min(ctx.limits.read_bytes, ctx.limits.reply_bytes)
     with _open(real, _READ, "read", ctx.grant) as (fd, _):
         st = _regular(fd, shown)
-        if call.max_bytes is not None:
-            return {"path": shown, **_read_range(fd, call, ctx.limits.read_bytes)}
+        if call.max_bytes is not None or call.encoding == "auto":
+            cut = call.max_bytes is None or call.max_bytes > cap
+            return {"path": shown, **_bounded(_read_range(fd, call, cap), ctx.limits, asked, cut)}
         head = os.pread(fd, SNIFF_BYTES, 0)
         mime = _image_type(head)
         if mime is not None:
@@ -361,7 +368,27 @@ def _read(ctx: _Ctx) -> dict[str, Any]:
             raise _Fail("NOT_TEXT", f"{shown} is binary: read it with max_bytes and encoding base64")
         first = max(call.offset or 1, 1)
         with os.fdopen(fd, "rb", closefd=False) as f:
-            return {"path": shown, **_read_lines(f, first, call.limit or DEFAULT_LINES, ctx.limits.read_bytes)}
+            lines = _read_lines(f, first, call.limit or DEFAULT_LINES, cap)
+        cut = lines.pop("bytes_cut")
+        return {"path": shown, "size": st.st_size, **_bounded(lines, ctx.limits, asked, cut)}
+
+
+def _bounded(result: dict[str, Any], limits: FileLimits, asked: bool, cut: bool) -> dict[str, Any]:
+    """A read that a byte limit cut short (`cut`) says so in `notice`: which limit, and how to read on."""
+    if not cut or not result.get("truncated"):
+        return result
+    cap = limits.read_bytes if asked else min(limits.read_bytes, limits.reply_bytes)
+    shown = result.get("bytes", len(result["content"].encode()))
+    on = f"offset {result['next_offset']}" if "next_offset" in result else "byte mode (offset and max_bytes)"
+    how = f"{on} and max_bytes" if "bytes" in result else f"{on} and limit (lines) or max_bytes"
+    which = (
+        f"the read limit (limits.output_bytes: {limits.read_bytes})"
+        if asked
+        else f"the reply limit of a read that names no limit or max_bytes (limits.reply_bytes: {cap})"
+    )
+    size = f" of {result['size']}" if "size" in result else ""
+    notice = f"{shown}{size} bytes returned, cut at {which}; read on with {how} (up to {limits.read_bytes} a read)"
+    return {**result, "notice": notice}
 
 
 def _image_type(head: bytes) -> str | None:
@@ -406,6 +433,7 @@ def _read_lines(f: IO[bytes], first: int, count: int, cap: int) -> dict[str, Any
     more = stopped or (line_no == first and bool(f.read(1)))
     content, replaced = _decode_text(bytes(out), final=not cut_line)
     result: dict[str, Any] = {"content": content, "offset": first, "lines": n, "truncated": more}
+    result["bytes_cut"] = stopped or cut_line
     if more:
         result["next_offset"] = first + n
     if cut_line:
@@ -429,7 +457,10 @@ def _read_range(fd: int, call: FilesCall, read_bytes: int) -> dict[str, Any]:
     data = _pread_all(fd, want, start)
     size = os.fstat(fd).st_size
     end = start + len(data)
-    if call.encoding == "base64":
+    encoding = call.encoding
+    if encoding == "auto":
+        encoding = "utf-8" if _is_text(data, final=end >= size) else "base64"
+    if encoding == "base64":
         content = base64.b64encode(data).decode("ascii")
     else:
         decoder = codecs.getincrementaldecoder("utf-8")("strict")
@@ -446,7 +477,7 @@ def _read_range(fd: int, call: FilesCall, read_bytes: int) -> dict[str, Any]:
         end -= held
     result: dict[str, Any] = {
         "content": content,
-        "encoding": call.encoding,
+        "encoding": encoding,
         "offset": start,
         "bytes": end - start,
         "size": size,
@@ -455,6 +486,17 @@ def _read_range(fd: int, call: FilesCall, read_bytes: int) -> dict[str, Any]:
     if end < size:
         result["next_offset"] = end
     return result
+
+
+def _is_text(data: bytes, final: bool) -> bool:
+    """UTF-8 without NUL bytes (a character cut at the end of a part counts as text)."""
+    if b"\0" in data:
+        return False
+    try:
+        codecs.getincrementaldecoder("utf-8")("strict").decode(data, final)
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _read_json(ctx: _Ctx) -> dict[str, Any]:
@@ -718,6 +760,7 @@ def _stat(ctx: _Ctx) -> dict[str, Any]:
             "size": st.st_size,
             "mode": f"{stat.S_IMODE(st.st_mode):04o}",
             "mtime": _iso(st.st_mtime),
+            "atime": _iso(st.st_atime),
             "is_symlink": stat.S_ISLNK(st.st_mode),
         }
         if stat.S_ISLNK(st.st_mode):

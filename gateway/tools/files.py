@@ -147,8 +147,28 @@ def private_refusal(
     return None
 
 
+def with_home(gw: Gateway, policy: CompiledPolicy, call: FilesCall) -> FilesCall:
+    """`~` and `~/...` in the call's path mean the policy's `home`, as in a command's paths and a
+    cwd. Raises PathRefused for `~` without a home, and for `~user`."""
+    if not call.path or not call.path.startswith("~"):
+        return call
+    return call.model_copy(update={"path": str(gw.resolve_cwd(policy, call.path))})
+
+
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
+    try:
+        call = with_home(gw, policy, call)
+    except PathRefused as exc:
+        arguments = call.model_dump(include={"action", "path"})
+        refused = _refused(exc, call.path or "", "write" if call.action in files.WRITES else "read")
+        subject = f"files {call.action} {call.path}"
+        denied = gw.authorize(
+            call_id, call.principal, "files", subject, policy.workspace, {}, refused, arguments, policy
+        )
+        if isinstance(denied, Gated):  # a denial is never let through: fail closed all the same
+            return gw.record_result(denied, {"status": "denied", "error": {"code": exc.code, "message": exc.message}})
+        return denied
     decision, paths = decide(policy, call, with_saved_outputs(gw, policy.grant(call.principal), call))
     # content and edit text may hold secrets: the audit log keeps their sizes
     arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new", "edits"}, exclude_none=True)
@@ -170,6 +190,7 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     file_limits = files.FileLimits(
         read_bytes=lim.get("output_bytes") or files.FileLimits.read_bytes,
         write_bytes=lim.get("file_bytes") or files.FileLimits.write_bytes,
+        reply_bytes=lim.get("reply_bytes") or files.FileLimits.reply_bytes,
     )
     # the executor checks every file it opens again, the gateway's records included: a link
     # flipped after the decision must not lead the read into them

@@ -18,6 +18,7 @@ from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
+from gateway.tools.run import DEFAULT_REPLY_BYTES, fit_reply
 
 if TYPE_CHECKING:
     from gateway.executors.processes import ProcessManager, ProcessRecord
@@ -160,10 +161,19 @@ def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
         if call.action == "get":
             out = pm.get(call.principal, call.process_id)
         elif call.action == "output":
-            out = pm.output(call.principal, call.process_id, call.max_bytes)
+            out = _fit(
+                gw, gated.policy, call.principal, call_id, pm.output(call.principal, call.process_id, call.max_bytes)
+            )
         else:
             out = pm.stop(call.principal, call.process_id)
     return gw.record_result(gated, out)
+
+
+def _fit(gw: Gateway, policy: CompiledPolicy, principal: str, call_id: str, out: dict[str, Any]) -> dict[str, Any]:
+    """A log's tail bounded as a run's stdout is (`limits.reply_bytes`, what was read saved whole
+    for the files tool); `max_bytes` chooses how much of the log is read."""
+    limit = limits(policy, principal).get("reply_bytes") or DEFAULT_REPLY_BYTES
+    return fit_reply(gw, principal, call_id, out, limit, ("output",))
 
 
 def run_in_background(
@@ -183,6 +193,7 @@ def run_in_background(
     record = pm.get(call.principal, pid)
     tail = pm.output(call.principal, pid, limits(gated.policy, call.principal).get("output_bytes") or (1 << 20))
     result: dict[str, Any] = {"status": "ok", "cwd": str(cwd), "output": tail.get("output", "")}
+    result = _fit(gw, gated.policy, call.principal, gated.base["call_id"], result)
     if finished:
         result["exit_code"] = record.get("process", {}).get("exit_code")
         result["backgrounded"] = False

@@ -118,13 +118,18 @@ KEEP_SAVED = 64
 """Saved outputs kept per principal (the oldest go first)."""
 
 
-def fit_reply(gw: Gateway, principal: str, call_id: str, outcome: dict[str, Any], limit: int) -> dict[str, Any]:
-    """Cut each output stream over `limit` bytes to its head and a longer tail, and say so in
-    `notice`: how much was left out, and where the whole of it (as the executor kept it, within
-    `limits.output_bytes`) is saved for the files tool. The saved copy lives in the gateway's own
-    state (`outputs/PRINCIPAL/`), which no sandbox sees and only the gateway writes; the files
-    tool lets that principal, and no other, read it. Without a state directory nothing is saved."""
-    cut = [k for k in ("stdout", "stderr") if isinstance(outcome.get(k), str) and len(outcome[k].encode()) > limit]
+def fit_reply(
+    gw: Gateway, principal: str, call_id: str, outcome: dict[str, Any], limit: int,
+    streams: tuple[str, ...] = ("stdout", "stderr"),
+) -> dict[str, Any]:  # fmt: skip
+    """Cut each output stream (`streams`: the outcome's text fields) over `limit` bytes to its
+    head and a longer tail, and say so in `notice`: how much was left out, and where the whole of
+    it (as the executor kept it, within `limits.output_bytes`) is saved for the files tool. The
+    saved copy lives in the gateway's own state (`outputs/PRINCIPAL/`), which no sandbox sees and
+    only the gateway writes; the files tool lets that principal, and no other, read it. Without a
+    state directory nothing is saved. Used by run, session (exec, write, read) and process
+    (output) replies."""
+    cut = [k for k in streams if isinstance(outcome.get(k), str) and len(outcome[k].encode()) > limit]
     if not cut:
         return outcome
     outcome = dict(outcome)
@@ -153,9 +158,12 @@ def fit_reply(gw: Gateway, principal: str, call_id: str, outcome: dict[str, Any]
         )
         notes.append(f"{k}: {len(data)} bytes, {left_out} not shown (the first {head} and last {tail} are); {how}")
     dropped = outcome.get("dropped_bytes") or {}
+    if isinstance(dropped, int):  # a session's one stream
+        dropped = {cut[0]: dropped}
     if any(dropped.get(k) for k in cut):
+        kept = "the last" if isinstance(outcome.get("dropped_bytes"), int) else "the first and last"
         notes.append(
-            "the executor kept the first and last limits.output_bytes of each stream; "
+            f"the executor kept {kept} limits.output_bytes of each stream; "
             f"what it dropped ({', '.join(f'{k}: {dropped[k]}' for k in cut if dropped.get(k))}) is gone"
         )
     notice = "; ".join(notes)

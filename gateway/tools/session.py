@@ -27,6 +27,7 @@ from gateway.pipeline import (
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages.pathjail import PathRefused, check_path, real_path
+from gateway.tools.run import DEFAULT_REPLY_BYTES, fit_reply
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -60,12 +61,11 @@ def handle(gw: Gateway, call: SessionCall, call_id: str) -> dict[str, Any]:
         if not isinstance(gated, Gated):
             return gated
         if call.action == "read":
-            return gw.record_result(gated, _output(session, finished_only=False))
+            return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, _output(session, False)))
         if call.action == "resize":
-            if not session.pty:
-                return gw.record_result(
-                    gated, error(call_id, "error", "INVALID_INPUT", "resize: a pipe session has no terminal")
-                )
+            if not session.pty:  # accepted, as a terminal size means nothing to pipes
+                done = {"status": "ok", "rows": call.rows, "cols": call.cols, "resized": False}
+                return gw.record_result(gated, done | {"notice": "a pipe session has no terminal: nothing to resize"})
             session.resize(call.rows, call.cols)
             return gw.record_result(gated, {"status": "ok", "rows": call.rows, "cols": call.cols})
         gw.sessions.kill(call.principal, session.id)  # kill
@@ -178,7 +178,8 @@ def _exec(
     if gated.git_write:
         # the session's sandbox keeps .git read-only for everything it runs; a command that is
         # git and nothing else runs in a sandbox of its own that may write .git (sandbox/git.py)
-        return gw.record_result(gated, _git_write(gw, call, policy, session, text, cwd, timeout_ms))
+        done = _git_write(gw, call, policy, session, text, cwd, timeout_ms)
+        return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, done))
     session.send_command(str(cwd), text)
     cancel = cancellation.current_cancel()
     session.wait_idle(timeout_ms / 1000, cancel)
@@ -193,7 +194,13 @@ def _exec(
             "message": "stopped waiting: the call was cancelled (client gone or shutdown); the command runs on "
             "in the session",
         }
-    return gw.record_result(gated, out)
+    return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, out))
+
+
+def _fit(gw: Gateway, principal: str, call_id: str, policy: CompiledPolicy, out: dict[str, Any]) -> dict[str, Any]:
+    """The output bounded as a run's stdout is (`limits.reply_bytes`, the whole saved for the files tool)."""
+    limit = limits(policy, principal).get("reply_bytes") or DEFAULT_REPLY_BYTES
+    return fit_reply(gw, principal, call_id, out, limit, ("output",))
 
 
 def _git_write(
@@ -259,10 +266,12 @@ def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy,
             sent.append({"as": "command", "command": line, "status": result["status"], "call_id": result["call_id"]})
             shown.append(result.get("output", ""))
             if result["status"] != "ok":  # the lines after it are not sent; what ran before shows
-                return {**result, "call_id": call_id, "sent": sent, "output": "".join(shown)}
+                failed = {**result, "output": "".join(shown)}
+                return {**_fit(gw, call.principal, call_id, policy, failed), "call_id": call_id, "sent": sent}
         text = rest
     out = _output(session, finished_only=False)
-    return {**out, "output": "".join(shown) + out["output"], "call_id": call_id, "sent": sent}
+    out = {**out, "output": "".join(shown) + out["output"]}
+    return {**_fit(gw, call.principal, call_id, policy, out), "call_id": call_id, "sent": sent}
 
 
 def _input(

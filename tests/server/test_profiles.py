@@ -296,7 +296,9 @@ def test_methings_run_shell_examples_and_error_cases(tmp_path: Path, ws: Path) -
             return tools, {k: await c.call_tool(name, args) for k, name, args in calls}
 
     tools, r = asyncio.run(scenario())
-    assert set(tools) == {"local_run_shell", "termux_run_shell", "await_call"}
+    assert set(tools) == {
+        "local_run_shell", "termux_run_shell", "local_shell_session", "termux_shell_session", "termux_fs", "await_call",
+    }  # fmt: skip
     for name in ("local_run_shell", "termux_run_shell"):
         schema = tools[name]
         assert set(schema["properties"]) == {"command", "cwd", "timeout_ms", "env"}
