@@ -1,0 +1,53 @@
+"""Red team of the seed profiles (issue 14): an agent with only a profile's tools, through the
+real `gateway serve` and the official SDK client, trying to break a reply's bound, to run text
+the policy did not decide, or to crash a reply out of its envelope."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+
+import yaml
+from mcp import Client
+from mcp.types import CallToolResult, TextContent
+
+from tests.server.test_profiles import profile_policy, serve
+
+OUTPUT_BYTES = 256 * 1024
+
+
+def small_output_policy(tmp_path: Path, ws: Path) -> Path:
+    """The profile tests' policy, with the dev role's output_bytes at 256 KiB."""
+    f = profile_policy(tmp_path, ws)
+    p = yaml.safe_load(f.read_text())
+    p["roles"]["dev"]["limits"]["output_bytes"] = OUTPUT_BYTES
+    f.write_text(yaml.safe_dump(p, sort_keys=False))
+    return f
+
+
+def text_of(r: CallToolResult) -> str:
+    first = r.content[0]
+    assert isinstance(first, TextContent)
+    return first.text
+
+
+def test_grep_context_cannot_multiply_a_reply_past_the_roles_output_bytes(tmp_path: Path, ws: Path) -> None:
+    """Each match carries up to 20 lines of context, so max_results bounded nothing: 10,000
+    matches of 500-character lines made a 106 MB reply that the server took two minutes to send,
+    every other call waiting. The matches' text now stops at the role's output_bytes."""
+    (ws / "big.txt").write_text(("x" * 500 + "\n") * 600)  # 300 KB: 600 matches, each with 20 lines around
+
+    async def scenario() -> tuple[CallToolResult, CallToolResult]:
+        async with Client(serve(tmp_path, small_output_policy(tmp_path, ws), ws, "gateway")) as c:
+            whole = await c.call_tool("files", {"action": "grep", "pattern": "x", "context": 10, "max_results": 600})
+            few = await c.call_tool("files", {"action": "grep", "pattern": "x", "context": 2, "max_results": 3})
+            return whole, few
+
+    whole, few = asyncio.run(scenario())
+    assert len(text_of(whole).encode()) < OUTPUT_BYTES + 64 * 1024  # was 6.4 MB
+    body = json.loads(text_of(whole).partition("\n")[2])
+    assert body["status"] == "ok" and body["truncated"] is True and 0 < len(body["matches"]) < 600
+    assert len(body["matches"][-1]["after"]) == 10  # what is shown is whole
+    small = json.loads(text_of(few).partition("\n")[2])
+    assert [m["line"] for m in small["matches"]] == [1, 2, 3] and small["matches"][2]["before"] == ["x" * 500] * 2
