@@ -164,7 +164,7 @@ def handle(gw: Gateway, call: ProcessCall, call_id: str) -> dict[str, Any]:
 
 
 def run_in_background(
-    gw: Gateway, call: RunCall, gated: Gated, cwd: Path, env: dict[str, str], after_ms: int
+    gw: Gateway, call: RunCall, call_id: str, gated: Gated, cwd: Path, env: dict[str, str], after_ms: int
 ) -> dict[str, Any]:
     """`run` with background_after_ms: the command runs as a durable process; if it is still
     running after `after_ms`, the process tools take it over and the result says which id."""
@@ -187,4 +187,10 @@ def run_in_background(
         result["backgrounded"] = True
         result["process_id"] = pid
         result["notice"] = f"still running after {after_ms} ms: process output / stop with process_id {pid}"
+    # a run's reply, whichever way it ended: its output within the role's reply_bytes like any run's
+    # (the log's tail up to output_bytes was sent whole: 1 MB, 4 MB once the os profile's YAML escaped it)
+    from gateway.tools import run
+
+    lim = limits(gated.policy, call.principal).get("reply_bytes") or run.DEFAULT_REPLY_BYTES
+    result = run.fit_reply(gw, call.principal, call_id, result, lim, streams=("output",))
     return gw.record_result(gated, result)

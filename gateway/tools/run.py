@@ -54,7 +54,7 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             why = "background_after_ms runs with bash and captures output to the process log"
             return gw.record_result(gated[0], {"status": "error", "error": {"code": "INVALID_INPUT", "message": why}})
 
-        return process.run_in_background(gw, call, gated[0], cwd, env, call.background_after_ms)
+        return process.run_in_background(gw, call, call_id, gated[0], cwd, env, call.background_after_ms)
 
     def release() -> None:
         """An allowed call's decision is recorded while its sandbox is built (the command is held
@@ -108,13 +108,20 @@ KEEP_SAVED = 64
 """Saved outputs kept per principal (the oldest go first)."""
 
 
-def fit_reply(gw: Gateway, principal: str, call_id: str, outcome: dict[str, Any], limit: int) -> dict[str, Any]:
+def fit_reply(
+    gw: Gateway,
+    principal: str,
+    call_id: str,
+    outcome: dict[str, Any],
+    limit: int,
+    streams: tuple[str, ...] = ("stdout", "stderr"),
+) -> dict[str, Any]:
     """Cut each output stream over `limit` bytes to its head and a longer tail, and say so in
     `notice`: how much was left out, and where the whole of it (as the executor kept it, within
     `limits.output_bytes`) is saved for the files tool. The saved copy lives in the gateway's own
     state (`outputs/PRINCIPAL/`), which no sandbox sees and only the gateway writes; the files
     tool lets that principal, and no other, read it. Without a state directory nothing is saved."""
-    cut = [k for k in ("stdout", "stderr") if isinstance(outcome.get(k), str) and len(outcome[k].encode()) > limit]
+    cut = [k for k in streams if isinstance(outcome.get(k), str) and len(outcome[k].encode()) > limit]
     if not cut:
         return outcome
     outcome = dict(outcome)

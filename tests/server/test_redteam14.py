@@ -51,3 +51,23 @@ def test_grep_context_cannot_multiply_a_reply_past_the_roles_output_bytes(tmp_pa
     assert len(body["matches"][-1]["after"]) == 10  # what is shown is whole
     small = json.loads(text_of(few).partition("\n")[2])
     assert [m["line"] for m in small["matches"]] == [1, 2, 3] and small["matches"][2]["before"] == ["x" * 500] * 2
+
+
+def test_shell_cmd_timeout_seconds_keeps_a_runs_reply_bound(tmp_path: Path, ws: Path) -> None:
+    """shell_cmd with timeoutSeconds is a run handed to the process tools: its reply carried the
+    log's tail up to output_bytes (1 MB), where the same command without it gets the role's
+    reply_bytes (30,000). Now both are cut the same way, the whole output saved for the files tool."""
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "os")) as c:
+            plain = await c.call_tool("shell_cmd", {"command": "printf '%*s' 200000 ''"})
+            handed = await c.call_tool("shell_cmd", {"command": "printf '%*s' 200000 ''", "timeoutSeconds": 30})
+            return [plain, handed]
+
+    plain, handed = asyncio.run(scenario())
+    assert len(text_of(plain)) < 40_000
+    assert len(text_of(handed)) < 40_000  # was 200,000
+    out = yaml.safe_load(text_of(handed))
+    assert out["status"] in ("success", "daemon") and out["reply_cut"]["output"]["bytes"] == 200_000
+    saved = out["reply_cut"]["output"]["saved"]
+    assert Path(saved).read_bytes() == b" " * 200_000
