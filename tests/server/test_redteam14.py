@@ -7,12 +7,17 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
+from typing import Any
 
 import yaml
 from mcp import Client
 from mcp.types import CallToolResult, TextContent
 
+from gateway.policy.compile import CompiledPolicy
+from gateway.server.register import register_tools
+from tests.server.conftest import audit_records, close_gateway, envelope_of, make_gateway
 from tests.server.test_profiles import profile_policy, serve
+from tests.server.test_register_tools import third_party
 
 OUTPUT_BYTES = 256 * 1024
 
@@ -71,3 +76,41 @@ def test_shell_cmd_timeout_seconds_keeps_a_runs_reply_bound(tmp_path: Path, ws: 
     assert out["status"] in ("success", "daemon") and out["reply_cut"]["output"]["bytes"] == 200_000
     saved = out["reply_cut"]["output"]["saved"]
     assert Path(saved).read_bytes() == b" " * 200_000
+
+
+def test_register_tools_a_failing_principal_function_refuses_with_an_envelope(
+    policy: CompiledPolicy, tmp_path: Path
+) -> None:
+    """register_tools with a principal function (the server's own authentication): one that
+    raises, or answers something other than a name, refuses the gated call UNAUTHENTICATED in the
+    gateway's envelope, and the server's own tools stay listed. It reached the SDK as a bare
+    "Error executing tool run", and tools/list failed for the server's own tools too."""
+    gw = make_gateway(policy, tmp_path)
+    server = third_party()
+    who: list[Any] = []
+
+    def principal() -> Any:
+        if isinstance(who[0], Exception):
+            raise who[0]
+        return who[0]
+
+    gated = register_tools(server, gw, principal=principal)
+
+    async def scenario() -> list[tuple[set[str], CallToolResult]]:
+        out = []
+        async with Client(server) as c:
+            for value in (RuntimeError("session store down"), 5, ""):
+                who[:] = [value]
+                names = {t.name for t in (await c.list_tools()).tools}
+                out.append((names, await c.call_tool("run", {"command": "echo hi"})))
+        return out
+
+    try:
+        results = asyncio.run(scenario())
+    finally:
+        gated.shutdown(1.0)
+        close_gateway(gw, tmp_path)
+    for names, r in results:
+        assert names == {"add"} and r.is_error
+        assert envelope_of(r)["error"]["code"] == "UNAUTHENTICATED"
+    assert not any(r.get("tool") == "run" for r in audit_records(tmp_path / "audit"))  # nothing ran
