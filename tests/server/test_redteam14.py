@@ -114,3 +114,22 @@ def test_register_tools_a_failing_principal_function_refuses_with_an_envelope(
         assert names == {"add"} and r.is_error
         assert envelope_of(r)["error"]["code"] == "UNAUTHENTICATED"
     assert not any(r.get("tool") == "run" for r in audit_records(tmp_path / "audit"))  # nothing ran
+
+
+def test_format_terminal_output_of_deeply_nested_json_is_invalid_input(tmp_path: Path, ws: Path) -> None:
+    """JSON text nested 100,000 deep made format_terminal_output (and the gateway's own
+    format_output) fail with INTERNAL_ERROR (RecursionError): the input is at fault, and says so."""
+    deep = "[" * 100_000 + "]" * 100_000
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "terminal-interface,gateway")) as c:
+            return [
+                await c.call_tool("format_terminal_output", {"format_type": "json", "content": deep}),
+                await c.call_tool("format_output", {"kind": "json", "message": deep}),
+            ]
+
+    profile, own = asyncio.run(scenario())
+    out = json.loads(text_of(profile))
+    assert profile.is_error and out["error_code"] == "INVALID_INPUT" and "nests too deeply" in out["error"]
+    env = json.loads(text_of(own).partition("\n")[2])
+    assert own.is_error and env["error"]["code"] == "INVALID_INPUT" and env["error"]["message"].startswith("message:")
