@@ -133,3 +133,28 @@ def test_format_terminal_output_of_deeply_nested_json_is_invalid_input(tmp_path:
     assert profile.is_error and out["error_code"] == "INVALID_INPUT" and "nests too deeply" in out["error"]
     env = json.loads(text_of(own).partition("\n")[2])
     assert own.is_error and env["error"]["code"] == "INVALID_INPUT" and env["error"]["message"].startswith("message:")
+
+
+def test_a_principal_the_policy_does_not_define_is_unknown_principal_not_internal_error(
+    policy: CompiledPolicy, tmp_path: Path
+) -> None:
+    """A principal function (or a token) naming a principal the policy does not define: the call
+    is denied UNKNOWN_PRINCIPAL and audited; it was INTERNAL_ERROR, "a bug in the gateway"."""
+    gw = make_gateway(policy, tmp_path)
+    server = third_party()
+    gated = register_tools(server, gw, principal=lambda: "nobody")
+
+    async def scenario() -> CallToolResult:
+        async with Client(server) as c:
+            return await c.call_tool("run", {"command": "echo hi"})
+
+    try:
+        r = asyncio.run(scenario())
+    finally:
+        gated.shutdown(1.0)
+        close_gateway(gw, tmp_path)
+    env = envelope_of(r)
+    assert r.is_error and env["status"] == "denied" and env["error"]["code"] == "UNKNOWN_PRINCIPAL"
+    assert "'nobody'" in env["error"]["message"] and "agent" in env["error"]["message"]
+    (rec,) = [x for x in audit_records(tmp_path / "audit") if x.get("call_id") == env["call_id"]]
+    assert rec["event"] == "error" and rec["principal"] == "nobody"
