@@ -29,6 +29,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import shell
 from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
+from gateway.policy.loader import UnknownPrincipal
 from gateway.policy.schema import Tool
 from gateway.sandbox import reaper
 from gateway.stages import pathjail
@@ -165,7 +166,10 @@ class Gateway:
                 )
             return envelope
         except Exception as exc:  # fail closed, and say so
-            envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
+            if isinstance(exc, UnknownPrincipal):  # not a bug: who called is not in (this version of) the policy
+                envelope = error(call_id, "denied", "UNKNOWN_PRINCIPAL", str(exc))
+            else:
+                envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             with contextlib.suppress(Exception):  # the envelope must come back whatever the log does
                 self.audit.append(
                     "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]

@@ -1051,10 +1051,11 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
     matches: list[dict[str, Any]] = []
     walk = _Walk(ctx.grant, [])
     searched = binary = 0
+    budget = ctx.limits.read_bytes  # the text of all matches (paths, lines, context): the reply's bound
 
     def search(fd: int, shown: str) -> bool:
         """Grep one open file; False once the results are full."""
-        nonlocal searched, binary
+        nonlocal searched, binary, budget
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             return True
@@ -1083,6 +1084,13 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
                         x.removesuffix("\r")[:MAX_MATCH_CHARS] for x in lines[max(0, number - 1 - around) : number - 1]
                     ]
                     match["after"] = [x.removesuffix("\r")[:MAX_MATCH_CHARS] for x in lines[number : number + around]]
+                # max_results alone does not bound the reply: 10,000 matches with 10 lines of context
+                # each were 100 MB (serialised for minutes while every other call waited)
+                size = sum(len(t.encode()) + 8 for t in (shown, match["text"], *match.get("before", ()),
+                                                         *match.get("after", ())))  # fmt: skip
+                if size > budget:
+                    return False
+                budget -= size
                 matches.append(match)
         return True
 

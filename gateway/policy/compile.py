@@ -25,7 +25,7 @@ import casbin
 
 from gateway import programs
 from gateway.policy.layers import load_layers, resolve_roots
-from gateway.policy.loader import PolicyError
+from gateway.policy.loader import PolicyError, UnknownPrincipal
 from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
 from gateway.sandbox.plan import RUNTIME as _RUNTIME
 from gateway.stages.decision_cache import DecisionCache
@@ -131,7 +131,7 @@ class CompiledPolicy:
         found = self.grants.get(principal)
         if found is None:
             known = ", ".join(sorted(self.grants)) or "none"
-            raise PolicyError(f"unknown principal {principal!r} (the policy defines: {known})")
+            raise UnknownPrincipal(f"unknown principal {principal!r} (the policy defines: {known})")
         return found
 
     def may_use(self, principal: str, rule: Rule) -> bool:

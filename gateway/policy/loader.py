@@ -25,6 +25,11 @@ class PolicyError(Exception):
     """A policy that cannot be used. The message says where and what to fix."""
 
 
+class UnknownPrincipal(PolicyError):
+    """A call for a principal the policy does not define (a token or a `register_tools`
+    principal function naming one the policy has dropped): denied as UNKNOWN_PRINCIPAL."""
+
+
 class _StrictLoader(yaml.SafeLoader):
     """SafeLoader without YAML 1.1 surprises, refusing duplicate keys."""
 

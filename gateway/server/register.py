@@ -34,6 +34,7 @@ from mcp.server import MCPServer
 from mcp.server.lowlevel import Server
 from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
 
+from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.server.app import PENDING_AFTER_S, GatewayServer
 from gateway.server.profiles import specs_for
@@ -51,8 +52,18 @@ class GatewayTools(GatewayServer):
         super().__init__(gateway, principal if isinstance(principal, str) else "-", specs=specs, **kw)
 
     def caller(self) -> str | None:
+        """The principal of the current request; None (the call is refused UNAUTHENTICATED, with
+        its envelope) when the function fails or answers anything but a name: a raise reached the
+        SDK as a bare "Error executing tool" and broke the server's own tools/list."""
         who = self._principal_of
-        return who if isinstance(who, str) else who()
+        if isinstance(who, str):
+            return who
+        try:
+            found = who()
+        except Exception as exc:
+            log.warning("principal_function_failed", error=f"{type(exc).__name__}: {exc}")
+            return None
+        return found if isinstance(found, str) and found else None
 
 
 def register_tools(

@@ -279,13 +279,13 @@ def _print_quickstart(
   Codex:         export AGW_TOKEN={shown}   (in every shell that runs codex)
                  and in ~/.codex/config.toml:
                    web_search = "disabled", sandbox_mode = "read-only", approval_policy = "never",
-                   [features] shell_tool = false, goals = false,
+                   [features] shell_tool = false, goals = false, view_image = false,
                    [tools.experimental_request_user_input] enabled = false,
                    [mcp_servers.agent-gateway] url = "{url}", bearer_token_env_var = "AGW_TOKEN",
                    required = true, default_tools_approval_mode = "approve"
   Claude Code:   claude --tools "" --strict-mcp-config --allowedTools mcp__agent-gateway \\
                    --mcp-config '{claude_json}'
-  Check:         codex features list | grep shell_tool   says false
+  Check:         codex features list | grep -E "shell_tool|view_image"   says false
                  claude ...the flags above... -p ok --output-format stream-json --verbose | head -1
                    lists "tools": mcp__agent-gateway__* only
   JSON config (Claude Desktop via mcp-remote, Cursor, VS Code take the same block):

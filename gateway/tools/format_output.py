@@ -38,6 +38,8 @@ def _document(call: FormatOutputCall) -> Any:
         return json.loads(call.message)
     except ValueError:
         return call.message
+    except RecursionError:  # `[[[[...` 100,000 deep: a failure of the input, not of the gateway
+        raise ValueError("message: the JSON text nests too deeply to be formatted") from None
 
 
 def render(call: FormatOutputCall) -> tuple[str, list[str]]:
@@ -49,7 +51,10 @@ def render(call: FormatOutputCall) -> tuple[str, list[str]]:
         symbol, code = STYLES[call.kind]
         return _sgr(code, f"{symbol} {call.message}", call.color, used), sorted(used)
     if call.kind == "json":
-        return json.dumps(_document(call), indent=2, ensure_ascii=False, sort_keys=True), []
+        try:
+            return json.dumps(_document(call), indent=2, ensure_ascii=False, sort_keys=True), []
+        except RecursionError:
+            raise ValueError("data: the document nests too deeply to be formatted") from None
     rows = call.data
     if not isinstance(rows, list) or not rows:
         raise ValueError("data: a table needs a non-empty list of objects, or of lists (the first one the header)")

@@ -177,7 +177,7 @@ def _fit(gw: Gateway, policy: CompiledPolicy, principal: str, call_id: str, out:
 
 
 def run_in_background(
-    gw: Gateway, call: RunCall, gated: Gated, cwd: Path, env: dict[str, str], after_ms: int
+    gw: Gateway, call: RunCall, call_id: str, gated: Gated, cwd: Path, env: dict[str, str], after_ms: int
 ) -> dict[str, Any]:
     """`run` with background_after_ms: the command runs as a durable process; if it is still
     running after `after_ms`, the process tools take it over and the result says which id."""
@@ -193,12 +193,15 @@ def run_in_background(
     record = pm.get(call.principal, pid)
     tail = pm.output(call.principal, pid, limits(gated.policy, call.principal).get("output_bytes") or (1 << 20))
     result: dict[str, Any] = {"status": "ok", "cwd": str(cwd), "output": tail.get("output", "")}
-    result = _fit(gw, gated.policy, call.principal, gated.base["call_id"], result)
+    # a run's reply, whichever way it ended: its output within the role's reply_bytes like any run's
+    # (the log's tail up to output_bytes was sent whole: 1 MB, 4 MB once the os profile's YAML escaped it)
+    result = _fit(gw, gated.policy, call.principal, call_id, result)
     if finished:
         result["exit_code"] = record.get("process", {}).get("exit_code")
         result["backgrounded"] = False
     else:
         result["backgrounded"] = True
         result["process_id"] = pid
-        result["notice"] = f"still running after {after_ms} ms: process output / stop with process_id {pid}"
+        still = f"still running after {after_ms} ms: process output / stop with process_id {pid}"
+        result["notice"] = f"{still}; {result['notice']}" if result.get("notice") else still
     return gw.record_result(gated, result)

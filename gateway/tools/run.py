@@ -57,7 +57,7 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
         void = gw.still_bound(gated[0])
         if void is not None:
             return void
-        return process.run_in_background(gw, call, gated[0], cwd, env, call.background_after_ms)
+        return process.run_in_background(gw, call, call_id, gated[0], cwd, env, call.background_after_ms)
 
     def verify() -> None:
         """An approved call bound to files it runs: they are read again once its sandbox is built,

@@ -33,6 +33,7 @@ import pytest
 from gateway.audit import records, verify
 from gateway.sandbox.identity import hand_over
 from tests.server.conftest import GATEWAY
+from tests.server.test_profile_shell_plugin import PNG
 
 REPO = Path(__file__).resolve().parents[2]
 SERVE_DOC = REPO / "docs" / "serve.md"
@@ -42,9 +43,9 @@ CLIENT_TIMEOUT = 180  # seconds for one client run: start, gateway start, a few 
 GATEWAY_TOOLS = {"run", "session", "files", "process", "env", "ask_user", "format_output", "await_call"}
 # Codex 0.169 tools the documented configuration leaves, each accounted for in docs/serve.md:
 # the four reach only the configured MCP servers (the gateway), apply_patch is refused by the
-# read-only sandbox (checked below), view_image reads images only (checked below).
+# read-only sandbox (checked below). view_image (any image Codex's user can read) is turned off.
 CODEX_LEFT = {"tool_search", "list_mcp_resources", "list_mcp_resource_templates", "read_mcp_resource"}
-CODEX_LEFT |= {"apply_patch", "view_image"}
+CODEX_LEFT |= {"apply_patch"}
 CLAUDE_LEFT = {"DeferredToolPlaceholder"}  # "reserved placeholder ... never call this tool"
 
 
@@ -284,6 +285,8 @@ def run_codex(setup: Setup, model: ScriptedModel, documented: bool) -> subproces
 
 def test_codex_documented_config_offers_only_the_gateway(setup: Setup, model: Any) -> None:
     marker = "via-gateway-codex-7d1"
+    outside = setup.root / "outside.png"  # an image outside the workspace, which Codex's user can read
+    outside.write_bytes(PNG)
     patch = f"*** Begin Patch\n*** Add File: {setup.workspace}/patched.txt\n+around the gateway\n*** End Patch\n"
     script = [
         [{"type": "tool_search_call", "id": "ts_1", "call_id": "call_search", "execution": "client",
@@ -291,7 +294,7 @@ def test_codex_documented_config_offers_only_the_gateway(setup: Setup, model: An
         [{"type": "custom_tool_call", "id": "ct_1", "call_id": "call_patch", "name": "apply_patch",
           "input": patch}],
         [{"type": "function_call", "id": "fc_1", "call_id": "call_image", "name": "view_image",
-          "arguments": json.dumps({"path": "/etc/passwd"})}],
+          "arguments": json.dumps({"path": str(outside)})}],
         [{"type": "function_call", "id": "fc_2", "call_id": "call_run", "namespace": "mcp__agent_gateway",
           "name": "run", "arguments": json.dumps({"command": f"echo {marker}"})}],
     ]  # fmt: skip
@@ -308,10 +311,11 @@ def test_codex_documented_config_offers_only_the_gateway(setup: Setup, model: An
     found = outputs["call_search"]["tools"]
     assert [t["name"] for t in found] == ["mcp__agent_gateway"], found
     assert {t["name"] for t in found[0]["tools"]} == GATEWAY_TOOLS
-    # Codex's own file tools: the patch is refused and made nothing; a non-image is not read
+    # Codex's own file tools: the patch is refused and made nothing
     assert "read-only sandbox" in json.dumps(outputs["call_patch"]["output"])
     assert not (setup.workspace / "patched.txt").exists()
-    assert "root:" not in json.dumps(outputs["call_image"]["output"])
+    # view_image is off: an image outside the workspace is not read around the gateway (it was)
+    assert "view_image" not in offered and "image/png" not in json.dumps(outputs["call_image"]["output"])
     # the gateway's run ran, through the gate, and is on the audit record
     assert marker in json.dumps(outputs["call_run"]["output"]), outputs["call_run"]
     assert f"echo {marker}" in setup.audited_commands()

@@ -266,6 +266,8 @@ def shell_reply(keep: int) -> Any:
             }  # fmt: skip
             if dropped:
                 out["output_lines_dropped"] = dropped
+            if "reply_cut" in envelope:  # over the role's reply_bytes: where the whole of it is
+                out["reply_cut"] = envelope["reply_cut"]
             out["call_id"] = envelope.get("call_id")
             return out
         if status != "ok":
