@@ -384,7 +384,12 @@ class GatewayServer:
             )  # fmt: skip
         if user is not None:
             ticket.user_answer = _user_answer(user, principal)
-        return _result(await self._run(principal, spec.name, call, ticket), spec.replier(principal), spec.render)
+        out = await self._run(principal, spec.name, call, ticket)
+        if spec.render is None:
+            return _result(out, spec.replier(principal))
+        # a rendered reply (seed 001's YAML, pure-Python emitter: about 1 s a megabyte) is made off
+        # the event loop, which every other connection shares
+        return await asyncio.to_thread(_result, out, spec.replier(principal), spec.render)
 
     def _reject(self, principal: str, tool: str, exc: Exception) -> dict[str, Any]:
         if isinstance(exc, ValidationError):
@@ -503,7 +508,9 @@ class GatewayServer:
         # kept: a second await_call (a retry, a lost reply) answers the same
         if spec is None:
             return _result(out)
-        return _result(out, spec.replier(principal), spec.render)
+        if spec.render is None:
+            return _result(out, spec.replier(principal))
+        return await asyncio.to_thread(_result, out, spec.replier(principal), spec.render)
 
     def _forget_old(self) -> None:
         """Drop finished results older than KEEP_FINISHED_S, then the oldest beyond the bounds."""
