@@ -122,6 +122,32 @@ ROWS = [
     ("wc -l src/*.py", ALLOW, ""),
     ("cat -- $F", DENY, "no_rule"),  # the rule does not accept run-time values
     ("head -c 10 /etc/shadow", DENY, "outside_read_roots"),
+    # --- git, per subcommand (gateway/programs/git.yaml) -------------------------------------
+    ('git rev-parse --short "$GIT_SHA"', ALLOW, ""),  # old: deny (the revision taken for a path)
+    ('git rev-parse --verify --quiet "refs/tags/$TAG"', ALLOW, ""),  # old: deny
+    ('git switch -C "$branch"', ALLOW, ""),  # old: deny (the branch name taken for a path)
+    ('git commit -m "see $(git rev-parse --short HEAD)"', ALLOW, ""),  # old: deny (the message, a path)
+    ("git grep -n /usr/local -- src", ALLOW, ""),  # old: deny (the pattern, a path)
+    ("git log -5 --format=%H -- README.md", ALLOW, ""),
+    ("git checkout -- src/app.py", ALLOW, ""),
+    ("git rev-parse $GIT_SHA", DENY, "no_rule"),  # unquoted: split, it could be several options
+    ('git rev-parse "$V" /etc', DENY, "outside_read_roots"),  # $V could be --resolve-git-dir: /etc is read
+    ('git diff "$V"', DENY, "no_rule"),  # git diff's model is not complete: $V could be --output=...
+    ('git reset --hard "$TAG"', DENY, "no_rule"),  # $V could be --pathspec-from-file=/etc/x
+    ("git add -e src/app.py", DENY, "no_rule"),  # old: allow; the editor runs
+    ("git grep -O sh x", DENY, "no_rule"),
+    ("git grep --textconv x", DENY, "no_rule"),
+    ("git diff --ext-diff", DENY, "no_rule"),
+    ("git log --output=/tmp/x", DENY, "no_rule"),
+    ("git log --outp=/tmp/x", DENY, "no_rule"),  # git takes no abbreviation here, and nor does the model
+    ("git checkout -- /etc/passwd", DENY, "outside_write_roots"),
+    ("git restore --source=HEAD -- ../x", DENY, "outside_write_roots"),
+    ("git commit -F /etc/passwd", DENY, "outside_read_roots"),  # the message from a file
+    ("git commit -t /etc/passwd", DENY, "outside_read_roots"),  # old: no_rule (--template forbidden)
+    ("git add --pathspec-from-file=list.txt", DENY, "unknown_path"),  # the files it names: run time
+    ("git commit --frobnicate", DENY, "no_rule"),  # not in the model: nothing is guessed
+    ("git -c core.pager=sh log", DENY, "no_rule"),
+    ("git fetch --upload-pack='sh -c id' origin", DENY, "denied"),
 ]
 
 
@@ -162,3 +188,20 @@ def test_check_json_shows_the_model_even_where_the_rule_overrides_it(tmp_path: P
     assert result["decision"] == "deny"  # the rule's path_args take the pattern for a path
     assert result["commands"][0]["model"]["applied"] is False
     assert result["commands"][0]["model"]["patterns"] == ["/usr/local"]
+
+
+def test_a_run_time_word_that_could_be_a_forbidden_option_is_refused(tmp_path: Path) -> None:
+    """Class 2 through a complete model: "$V" could be any option of git rev-parse, so a rule
+    forbidding one of them does not match (it would, were "$V" only taken for an operand)."""
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nworkspace: ws\nprincipals: {agent: {roles: [r]}}\n"
+        "roles: {r: {level: 1, read_roots: ['.']}}\ntools: {run: {allow_from: 1}}\nrules:\n"
+        "  - {id: g, decision: allow, justification: j, programs: [git], subcommands: [rev-parse],\n"
+        "     forbidden_options: [--show-toplevel], accept_unknown: true,\n"
+        "     examples: {match: ['git rev-parse HEAD'], not_match: ['git rev-parse --show-toplevel']}}\n"
+    )
+    (tmp_path / "ws").mkdir()
+    policy = load_checked(tmp_path / "p.yaml")
+    decision = evaluate(policy, 'git rev-parse --short "$V"', "agent").decision
+    assert decision.verdict is DENY and "could be the option --show-toplevel" in decision.reasons[0].message
+    assert evaluate(policy, 'git rev-parse --short -- "$V"', "agent").decision.verdict is ALLOW
