@@ -19,6 +19,7 @@ import os
 import re
 import shlex
 import shutil
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -243,3 +244,149 @@ def test_the_program_opens_only_what_its_model_reports(tmp_path: Path, program: 
                 access = "write" if writing else "read"
                 problems.append(f"{shlex.join(argv)}: {call} {path} ({access}), not in {reads} / writes {writes}")
     assert not problems, "\n".join(problems[:30])
+
+
+# --- git, per subcommand -------------------------------------------------------------------
+# what each subcommand is given after the option, and what is done first in the case's copy of
+# the repository (a tracked in.txt, a clean tree, one commit)
+GIT_OPERANDS = {
+    "diff": ["in.txt"], "log": ["in.txt"], "show": ["in.txt"], "rev-parse": ["HEAD"], "status": ["in.txt"],
+    "ls-files": ["in.txt"], "grep": ["pat", "in.txt"], "add": ["in.txt"], "commit": ["-m", "msg"], "switch": [],
+    "checkout": ["in.txt"], "restore": ["in.txt"], "rm": ["in.txt"], "mv": ["in.txt", "moved.txt"],
+    "reset": ["HEAD"], "branch": [],
+}  # fmt: skip
+GIT_PRELUDE = {
+    "add": "echo more >> in.txt", "commit": "echo more >> in.txt && git add in.txt",
+    "checkout": "echo more >> in.txt", "restore": "echo more >> in.txt", "diff": "echo more >> in.txt",
+}  # fmt: skip
+GIT_OTHER = {
+    "-n": "1", "--max-count": "1", "--skip": "0", "-U": "1", "--unified": "1", "--since": "2020-01-01",
+    "--after": "2020-01-01", "--until": "2030-01-01", "--before": "2030-01-01", "--format": "%H", "--date": "iso",
+    "--color": "never", "--diff-filter": "M", "-m": "msg", "--abbrev": "7", "--short": "7", "--max-depth": "1",
+    "--threads": "1", "-A": "1", "-B": "1", "-C": "1", "--context": "1", "--after-context": "1",
+    "--before-context": "1", "--chmod": "+x", "--conflict": "merge", "--cleanup": "strip", "--porcelain": "v1",
+    "-u": "all", "--untracked-files": "all", "--ignored": "traditional", "--ignore-submodules": "all",
+    "--column": "never", "--stat": "80", "--dirstat": "files", "--word-diff": "plain", "--submodule": "log",
+    "--color-moved": "no", "--pretty": "oneline", "--decorate": "short", "--author": "a", "--date-order": "",
+    "-s": "HEAD", "--source": "HEAD", "-c": "HEAD", "--reedit-message": "HEAD", "--reuse-message": "HEAD",
+    "--fixup": "HEAD", "--squash": "HEAD", "--path-format": "absolute", "--default": "HEAD",
+    "--recurse-submodules": "no", "-t": "direct", "--track": "direct", "--sort": "refname", "--format=": "%(refname)",
+}  # fmt: skip
+# switch, checkout, reset and restore rewrite tracked files of the work tree (any of them, for a
+# revision): the repository's own files, which the sandbox bounds to the write roots
+HOME = "/home/agent"
+"""The sandbox's private HOME (a tmpfs): git looks for its user configuration there."""
+GIT_METADATA = frozenset({".gitattributes", ".gitignore", ".mailmap", ".gitmodules"})
+GIT_EXECS = ("/usr/lib/git-core/git", "/usr/bin/false", "/usr/bin/cat")
+"""git running itself (commit's gc --auto), and the editor and pager the sandbox sets (core.editor=false,
+core.pager=cat: sandbox/git.py): never a program of the agent's choosing."""
+TREE_WRITERS = ("switch", "checkout", "reset", "restore", "rm", "mv")
+
+
+def git_cases(model: ProgramModel) -> list[tuple[str, list[str]]]:
+    out: list[tuple[str, list[str]]] = []
+    n = 0
+    for sub in GIT_OPERANDS:
+        m = model.subcommand(sub)
+        assert m is not None, sub
+        for opt in m.options:
+            never = any(k in (Kind.PROGRAM, Kind.SCRIPT_FILE, Kind.COMMAND) for k in opt.kinds)
+            if opt.runs_code or opt.unsupported or never or opt.ends_options:
+                continue
+            for name in opt.names:
+                n += 1
+                operands = list(GIT_OPERANDS[sub])
+                if opt.replaces_first:
+                    operands = operands[1:]
+                words: list[str] = []
+                for k in opt.kinds:
+                    if k is Kind.READ:
+                        words.append(f"r{n}.txt")
+                    elif k is Kind.WRITE:
+                        words.append(f"w{n}.out")
+                    elif k is Kind.PATTERN:
+                        words.append("pat")
+                    else:
+                        words.append(GIT_OTHER.get(name, "x"))
+                if not words:
+                    forms = [[name]]
+                elif opt.optional:
+                    forms = [[name], [name + ("=" if name.startswith("--") else "") + words[0]]]
+                else:
+                    forms = [[name, *words], [name + ("=" if name.startswith("--") else "") + words[0]]]
+                out += [(sub, ["git", sub, *f, *operands]) for f in forms]
+    return out
+
+
+def test_git_opens_only_what_its_model_reports(tmp_path: Path) -> None:
+    """Each case runs in its own copy of a one-commit repository, as the workspace (a repository
+    nested in a write root is quarantined: sandbox/git.py), in a sandbox that leaves .git
+    writable as for a git write."""
+    model = model_for("git")
+    assert model is not None
+    base = tmp_path / "base"
+    base.mkdir()
+    git = ["git", "-c", "user.name=a", "-c", "user.email=a@example.com", "-C", str(base)]
+    (base / "in.txt").write_text("pat\nb,2\n")
+    for argv in (["init", "-q"], ["add", "in.txt"], ["commit", "-qm", "init"]):
+        subprocess.run([*git, *argv], check=True, capture_output=True)
+    all_cases = git_cases(model)
+    for i, (sub, argv) in enumerate(all_cases):
+        case = tmp_path / f"c{i}"
+        shutil.copytree(base, case, symlinks=True)
+        for w in argv[2:]:
+            if re.fullmatch(r"r\d+\.txt", w):
+                (case / w).write_text("pat\n")
+        hand_over(case)
+        profile = sandbox.Profile(
+            principal="agent", read_roots=(case,), write_roots=(case,), protected=(), private=(), quotas=Q
+        )
+        line = (
+            f"{GIT_PRELUDE.get(sub, 'true')} && strace -f -qq -y -o .trace -e trace={SYSCALLS} "
+            f"{shlex.join(argv)} </dev/null >/dev/null 2>&1"
+        )
+        out = shell.run(line, case, profile, timeout_ms=60_000, git_write=True)
+        assert out.get("exit_code") is not None and not out.get("timed_out"), (argv, out)
+    problems: list[str] = []
+    binary = os.path.realpath(shutil.which("git") or "git")
+    ran = 0
+    for i, (sub, argv) in enumerate(all_cases):
+        case = tmp_path / f"c{i}"
+        trace = (case / ".trace").read_text()
+        (cmd,) = analyze(shlex.join(argv), second_opinion_enabled=False).commands
+        reading = read(model, cmd)
+        if reading.refused or reading.runs:
+            problems.append(f"{shlex.join(argv)}: the model refuses it or says it runs code ({reading.refused})")
+            continue
+        unknown = any(not w.literal for w in reading.reads)
+        reads = [os.path.normpath(case / w.value) for w in reading.reads if w.literal]
+        writes = [os.path.normpath(case / w.value) for w in reading.writes if w.literal]
+        tracked = [str(case / "in.txt")] if sub in TREE_WRITERS else []
+        events = _events(trace, str(case))
+        ran += any(c.startswith("exec") and os.path.realpath(p[0]) == binary for c, p, _ in events)
+        for call, paths, args in events:
+            for path in paths if call.startswith("rename") else paths[:1]:
+                if call.startswith("exec"):
+                    if os.path.realpath(path) not in (binary, *GIT_EXECS) and not path.endswith("/strace"):
+                        problems.append(f"{shlex.join(argv)}: execs {path}")
+                    continue
+                if path.startswith((*SYSTEM, "/run/agent-gateway/")) or path in ("/", str(case), str(case / ".trace")):
+                    continue
+                if _explained(path, [str(case / ".git"), HOME]):
+                    continue  # git's own repository (sandbox/git.py keeps its config and hooks read-only), HOME
+                if os.path.basename(path) in GIT_METADATA and not call.startswith(("rename", "unlink", "creat")):
+                    continue  # .gitattributes, .gitignore, .mailmap: the repository's own settings, read
+                writing = (
+                    call.startswith("rename")
+                    or call in ("creat", "unlink", "unlinkat", "rmdir", "mkdir", "mkdirat")
+                    or bool(re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args))
+                )
+                if writing:
+                    ok = _explained(path, writes + tracked)
+                else:  # tracked files: git reads its work tree (status, diff, add -A); the cwd is jailed
+                    ok = unknown or _explained(path, reads + writes + [str(case / "in.txt")])
+                if not ok:
+                    problems.append(f"{shlex.join(argv)}: {call} {path} ({'write' if writing else 'read'}), "
+                                    f"not in {reads} / writes {writes}")  # fmt: skip
+    assert ran == len(all_cases), f"git started in {ran} of {len(all_cases)} cases"
+    assert not problems, "\n".join(problems[:40])
