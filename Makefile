@@ -27,6 +27,8 @@ test: lint
 	@# tests/programs/test_strace.py checks each program model against the real program under strace
 	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
+	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get install -y -qq ripgrep >/dev/null; } || echo "no ripgrep: rg's model goes unchecked (apt-get install ripgrep)"
 	$(BIN)/pytest -q
 
 HOST ?= 127.0.0.1

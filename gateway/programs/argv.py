@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.analysis import Command, Expansion, Word
-from gateway.programs import awk, sed
+from gateway.programs import awk, jq, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
 from gateway.stages import producers
 
@@ -105,6 +105,7 @@ class _Reader:
         self.injected: tuple[int, ProgramModel] | None = None  # a run-time word read as an operand
         self.subcommand = not model.subcommands
         self.ended_by_option = False
+        self.first_kind: Kind | None = None  # an option's say on the first operand (jq -f)
         self.roles: list[Role] = []
         self.reads: list[Word] = []
         self.writes: list[Word] = []
@@ -134,6 +135,11 @@ class _Reader:
     # --- the grammars ------------------------------------------------------------------------
     def getopt(self) -> None:
         argv = self.argv
+        if self.model.bundled_first and len(argv) > 1 and not argv[1].value.startswith("-"):
+            raise _Refused(
+                f"{self.model.program}: the first word {argv[1].raw or argv[1].value!r} is a bundle of options "
+                f"without a dash, which the model does not read: write them with one (-{argv[1].value})"
+            )
         i, ended = 1, False
         while i < len(argv):
             w = argv[i]
@@ -216,6 +222,8 @@ class _Reader:
                 raise _Refused(f"{self.model.program}: --{name} takes no value")
             return i + 1
         if eq:
+            if opt.separate_only or len(kinds) > 1:
+                raise _Refused(f"{self.model.program}: --{name} takes its value as the next word, not after '='")
             self._value(i, kinds[0], Word(attached, w.expansions, w.raw), opt)
             return i + 1
         if opt.optional:
@@ -246,6 +254,8 @@ class _Reader:
             if kinds:
                 rest = v[j + 1 :]
                 if rest:
+                    if opt.separate_only or len(kinds) > 1:
+                        raise _Refused(f"{self.model.program}: -{c} takes its value as the next word")
                     self._value(i, kinds[0], Word(rest, w.expansions, w.raw), opt)
                     return i + 1
                 if opt.optional:
@@ -312,9 +322,15 @@ class _Reader:
             self.writes_operands = True
         if opt.replaces_first:
             self.first_replaced = True
+        if opt.first_operand is not None:
+            self.first_kind = opt.first_operand
+        if opt.writes_unknown:
+            self.writes.append(Word(opt.writes_unknown, (Expansion.PARAMETER,), opt.writes_unknown))
 
     def _value(self, i: int, kind: Kind, w: Word, opt: Option | None) -> None:
         self.roles.append(Role(i, kind.value, w.value))
+        if opt is not None and opt.remote_colon and ":" in w.value.split("/", 1)[0]:
+            self.runs.append(f"{w.value!r} names a file on another host, which {self.model.program} reaches by rsh")
         if opt is not None and opt.backup_suffix:
             self.backup.append(w)
         if kind is Kind.READ:
@@ -342,9 +358,10 @@ class _Reader:
     def finish(self) -> Reading:
         model = self.model
         ops = list(self.operands)
-        if model.operands.first is not None and not self.first_replaced and ops:
+        first_kind = self.first_kind or model.operands.first
+        if first_kind is not None and not self.first_replaced and ops:
             first = ops.pop(0)
-            self._value(first, model.operands.first, self.argv[first], None)
+            self._value(first, first_kind, self.argv[first], None)
         for k in ops:
             w = self.argv[k]
             if model.operands.assignments and w.literal and _is_assignment(w.value):
@@ -369,7 +386,8 @@ class _Reader:
         if not self.scripts:
             return
         text = "\n".join(w.value for _, w in self.scripts)  # sed joins -e fragments with newlines
-        facts = sed.analyse(text) if self.model.language == "sed" else awk.analyse(text)
+        analyse = {"sed": sed.analyse, "awk": awk.analyse, "jq": jq.analyse}[self.model.language or "sed"]
+        facts = analyse(text)
         if facts.error:
             raise _Refused(f"{self.model.program}: {facts.error}")
         self.runs.extend(facts.runs)
@@ -416,6 +434,8 @@ def _read(
     try:
         if model.grammar == "find":
             reader.find()
+        elif model.grammar == "words":
+            reader.roles.extend(Role(k, Kind.OTHER.value, w.value) for k, w in enumerate(argv) if k)
         else:
             reader.getopt()
         return reader.finish(), reader.injected

@@ -77,6 +77,15 @@ class Option(_Model):
     replaces_first: StrictBool = False
     """With this option the first operand is no longer the pattern or script (grep -e, sed -e,
     awk -f): it is like the others."""
+    first_operand: Kind | None = None
+    """With this option the first operand is of this kind (jq -f: the first operand is the file
+    holding the program, not the program)."""
+    writes_unknown: str = ""
+    """Set (to what) when the option writes files named only at run time (tar -x: the archive's
+    members): a write the jail refuses unless the rule accepts unknown paths."""
+    remote_colon: StrictBool = False
+    """A value holding `:` before any `/` names a file on another host, which the program reaches
+    by running rsh or ssh (tar -f HOST:FILE): code the gateway cannot check."""
     ends_options: StrictBool = False
     """The option ends the options like `--` (git's --end-of-options)."""
     separate_only: StrictBool = False
@@ -163,17 +172,21 @@ class ProgramModel(_Model):
     sources: list[str] = Field(min_length=1)
     """Where the facts come from (the man page, `--help` of the version tested, a Fig spec);
     the authority is the real program, under tests/programs/test_strace.py."""
-    grammar: Literal["getopt", "find"] = "getopt"
+    grammar: Literal["getopt", "find", "words"] = "getopt"
     """How argv is read. `getopt`: GNU getopt_long with permutation (options anywhere before
     `--`, short clusters, long options by unique prefix). `find`: leading options, starting
-    points, then an expression of `primaries`."""
+    points, then an expression of `primaries`. `words`: every word is a value (a pid, a signal, a
+    column name): the program opens no file its words name and runs nothing (ps, kill)."""
+    bundled_first: StrictBool = False
+    """getopt: a first word without a dash is a bundle of short options (tar xzf F), which the
+    model does not read: refused (write the options with a dash)."""
     permutes: StrictBool = True
     """getopt: options may follow operands (GNU's default). False: the first operand ends the
     options, and every word after it is an operand (awk: `awk '{print}' -v f` reads a file
     named `-v`)."""
     digit_options: StrictBool = False
     """`-NUM` is an option (grep -5, head -20)."""
-    language: Literal["sed", "awk"] | None = None
+    language: Literal["sed", "awk", "jq"] | None = None
     """The script language of `script` words."""
     long_prefixes: StrictBool = True
     """getopt: a long option may be abbreviated to a unique prefix (GNU getopt_long). False: only

@@ -20,6 +20,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +40,8 @@ pytestmark = pytest.mark.skipif(STRACE is None, reason="needs strace (make test 
 Q = Quotas(memory_bytes=1 << 30, pids=256, cpu_seconds=120, file_bytes=1 << 30, open_files=256, tmpfs_bytes=64 << 20)
 SYSTEM = ("/usr/", "/lib/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/")
 """The system runtime the sandbox shows every command (docs/sandbox.md)."""
+SYSTEM_DIRS = frozenset({"/", *(d.rstrip("/") for d in SYSTEM), "/run"})
+NSS = ("/run/userdb", "/run/systemd/userdb", "/run/host/userdb", "/run/host")
 SYSCALLS = "open,openat,openat2,creat,execve,execveat,rename,renameat,renameat2,unlink,unlinkat,rmdir,mkdir,mkdirat"
 
 # A value for each option whose value the model calls `other` (a number, a name, a format): the
@@ -59,6 +62,22 @@ OTHER = {
              "-newerat": "2020-01-01", "-newerct": "2020-01-01", "-newermt": "2020-01-01", "-newerBt": "2020-01-01"},
     "awk": {"-F": ",", "-v": "x=1", "-L": "fatal", "-D": "x"},
     "uniq": {"--all-repeated": "separate", "-f": "1", "--group": "append", "-s": "1", "-w": "2"},
+    "jq": {"--indent": "2", "--arg": "a", "--argjson": "a", "--slurpfile": "a", "--argfile": "a", "--rawfile": "a"},
+    "rg": {"-A": "1", "--after-context": "1", "-B": "1", "--before-context": "1", "-C": "1", "--context": "1",
+           "--color": "never", "--colors": "match:fg:red", "--context-separator": "--", "--dfa-size-limit": "10M",
+           "-E": "utf-8", "--encoding": "utf-8", "--engine": "default", "--field-context-separator": "-",
+           "--field-match-separator": ":", "-M": "100", "--max-columns": "100", "-m": "1", "--max-count": "1",
+           "--max-depth": "1", "--max-filesize": "1M", "--path-separator": "/", "--regex-size-limit": "10M",
+           "-r": "x", "--replace": "x", "--sort": "path", "--sortr": "path", "-j": "1", "--threads": "1", "-t": "py",
+           "--type": "py", "--type-add": "foo:*.foo", "--type-clear": "py", "-T": "py", "--type-not": "py"},
+    "tar": {"--hole-detection": "seek", "--level": "0", "--sparse-version": "1.0", "--group": "root", "--mode": "644",
+            "--owner": "root", "--sort": "name", "--xattrs-exclude": "x", "--xattrs-include": "x", "-L": "1000",
+            "--tape-length": "1000", "-b": "20", "--blocking-factor": "20", "--record-size": "10240", "-H": "gnu",
+            "--format": "gnu", "--pax-option": "delete=x", "-V": "x", "--label": "x", "-K": "x", "--starting-file": "x",
+            "--newer-mtime": "2020-01-01", "--suffix": "~", "--strip-components": "1", "--transform": "s/a/b/",
+            "--xform": "s/a/b/", "--no-quote-chars": "x", "--quote-chars": "x", "--quoting-style": "literal",
+            "--warning": "all", "--occurrence": "1", "--atime-preserve": "system", "--backup": "simple",
+            "--checkpoint": "1", "--totals": "SIGUSR1"},
 }  # fmt: skip
 # what each program is given besides the option (its pattern or script first, where it has one)
 OPERANDS = {
@@ -67,7 +86,26 @@ OPERANDS = {
     "awk": ["{print}", "in.txt"],
     "find": ["dir"],
     "uniq": ["in.txt", "w0.out"],
+    "jq": [".", "in.txt"],
+    "rg": ["pat", "in.txt"],
+    "tar": ["-f", "a.tar", "in.txt"],
 }
+# programs that do nothing without a mode: each option is run in each of these (and a mode
+# option on its own)
+MODES = {"tar": [["-c"], ["-x"]]}
+MODE_OPTIONS = frozenset({"-A", "-c", "--delete", "-d", "-r", "--test-label", "-t", "-u", "-x"})
+# programs whose every word is a value (grammar: words): forms to run, each word also a file
+WORDS = {
+    "ps": [["ps", "aux"], ["ps", "-ef"], ["ps", "-eo", "pid,comm", "--sort=-pid"], ["ps", "-p", "1", "-o", "comm="],
+           ["ps", "--forest", "-e"], ["ps", "axjf"], ["ps", "-u", "root", "u"]],
+    "kill": [["kill", "-l"], ["kill", "-0", "1"], ["kill", "-s", "0", "1"], ["kill", "-l", "9"], ["kill", "-L"]],
+}  # fmt: skip
+# programs a model's options make the program run that are not the agent's choice: the fixed
+# compressors tar runs for -z, -j, -J...
+EXECS = {"tar": ("gzip", "bzip2", "xz", "lzip", "lzma", "lzop", "zstd", "compress", "gunzip", "uncompress")}
+# files a program reads by its own lookup, never named by a word: rg's ignore files, in the
+# directories it searches and their parents, and git's global ignore file in HOME
+LOOKUPS = {"rg": (".gitignore", ".ignore", ".rgignore", "exclude", "ignore")}
 # scripts: what their parsers (gateway/programs/sed.py, awk.py) say they read and write
 SCRIPTS = {
     "sed": [["sed", "-n", "w w1.out", "in.txt"], ["sed", "1r r2.txt", "in.txt"], ["sed", "s/pat/x/w w3.out", "in.txt"],
@@ -101,7 +139,7 @@ def _value(model: ProgramModel, opt: Option, name: str, kind: Kind, n: int) -> s
         return "p" if model.language == "sed" else "{print}"
     if kind is Kind.OTHER:
         values = OTHER.get(model.program, {})
-        for spelling in opt.names:
+        for spelling in (name, *opt.names):
             if spelling in values:
                 return values[spelling]
         raise AssertionError(f"{model.program} {name}: no test value for this option in OTHER")
@@ -109,11 +147,13 @@ def _value(model: ProgramModel, opt: Option, name: str, kind: Kind, n: int) -> s
 
 
 def cases(model: ProgramModel) -> list[list[str]]:
+    if model.grammar == "words":
+        return WORDS[model.program]
     out: list[list[str]] = []
     n = 0
     for opt in (*model.options, *model.primaries):
         never_allowed = any(k in (Kind.PROGRAM, Kind.SCRIPT_FILE, Kind.COMMAND) for k in opt.kinds)
-        if opt.runs_code or opt.unsupported or never_allowed:
+        if opt.runs_code or opt.unsupported or never_allowed or opt.first_operand is Kind.SCRIPT_FILE:
             continue
         if opt.names[0] in ("--help", "-help", "--version", "-version", "-V", "-h") and model.program != "grep":
             continue
@@ -136,9 +176,14 @@ def cases(model: ProgramModel) -> list[list[str]]:
                 forms = [[name]]
             elif opt.optional:
                 forms = [[name], [name + ("=" if name.startswith("--") else "") + words[0]]]
+            elif opt.separate_only or len(words) > 1:
+                forms = [[name, *words]]
             else:
                 forms = [[name, *words], [name + ("=" if name.startswith("--") else "") + words[0]]]
-            out += [[model.program, *f, *extra, *operands] for f in forms]
+            modes = MODES.get(model.program, [[]])
+            if any(n in MODE_OPTIONS for n in opt.names):
+                modes = [[]]
+            out += [[model.program, *mode, *f, *extra, *operands] for f in forms for mode in modes]
     return out + SCRIPTS.get(model.program, [])
 
 
@@ -148,6 +193,9 @@ def _prepare(ws: Path, argv: list[str]) -> None:
     (ws / "in.txt").write_text("pat\nb,2\na,1\n")
     (ws / "dir").mkdir(exist_ok=True)
     (ws / "dir" / "inner.txt").write_text("pat\n")
+    if argv[0] == "tar" and not (ws / "a.tar").exists():
+        with tarfile.open(ws / "a.tar", "w") as t:
+            t.add(ws / "in.txt", "in.txt")
     for w in argv[1:]:
         plain = w and "/" not in w and w not in (".", "..") and w[0] != "-"
         if plain and not re.fullmatch(r"w\d+\.out", w) and not (ws / w).exists():
@@ -180,7 +228,7 @@ def _explained(path: str, allowed: list[str]) -> bool:
     return any(path == a or path.startswith(a.rstrip("/") + "/") for a in allowed)
 
 
-MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk", "uniq"]
+MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk", "uniq", "jq", "rg", "tar", "ps", "kill"]
 
 
 @pytest.mark.parametrize("program", MODELLED)
@@ -212,6 +260,7 @@ def test_the_program_opens_only_what_its_model_reports(tmp_path: Path, program: 
             problems.append(f"{shlex.join(argv)}: the model refuses it or says it runs code ({why})")
             continue
         unknown = any(not w.literal for w in reading.reads)  # --files0-from: the sandbox bounds them
+        unknown_writes = any(not w.literal for w in reading.writes)  # tar -x: the members, bounded likewise
         reads = [os.path.normpath(ws / w.value) for w in reading.reads if w.literal]
         writes = [os.path.normpath(ws / w.value) for w in reading.writes if w.literal]
         events = _events(trace, str(ws))
@@ -226,10 +275,20 @@ def test_the_program_opens_only_what_its_model_reports(tmp_path: Path, program: 
                     problems.append(f"{shlex.join(argv)}: {call} {paths}, not in the model's writes {writes}")
                 continue
             if call.startswith("exec"):
-                if os.path.realpath(path) != binary and not path.endswith("/strace"):
+                # tar runs its compressor through /bin/sh -c, with fixed text
+                through_sh = re.search(r'"-c", "(\w+)', args) if os.path.basename(path) == "sh" else None
+                fixed = os.path.basename(path) in EXECS.get(program, ()) or (
+                    through_sh is not None and through_sh.group(1) in EXECS.get(program, ())
+                )
+                if os.path.realpath(path) != binary and not path.endswith("/strace") and not fixed:
                     problems.append(f"{shlex.join(argv)}: execs {path}")
                 continue
-            if path.startswith(SYSTEM) or path == "/":
+            if path.startswith(SYSTEM) or path in SYSTEM_DIRS:
+                continue
+            if path.startswith(NSS) and not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args):
+                continue  # a user or group name looked up (tar --owner, ps -u): systemd's userdb
+            looked_up = os.path.basename(path) in LOOKUPS.get(program, ()) or path.startswith(HOME + "/")
+            if looked_up and not re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args):
                 continue
             if path.startswith(str(ws) + "/.t") or path == str(ws):
                 continue  # the trace itself, the cwd (always checked by the jail)
@@ -237,7 +296,7 @@ def test_the_program_opens_only_what_its_model_reports(tmp_path: Path, program: 
                 re.search(r"O_WRONLY|O_RDWR|O_CREAT|O_TRUNC", args)
             )
             if writing:
-                ok = _explained(path, writes) or path in temporaries
+                ok = unknown_writes or _explained(path, writes) or path in temporaries
             else:
                 ok = unknown or _explained(path, reads) or _explained(path, writes)
             if not ok:
