@@ -45,7 +45,7 @@ def load_models(directory: Path = DIRECTORY) -> dict[str, ProgramModel]:
     out: dict[str, ProgramModel] = {}
     for path in sorted(directory.glob("*.yaml")):
         try:
-            data, positions = read_yaml(path)
+            data, positions = read_yaml(path, fast=True)
         except PolicyError as exc:
             raise ProgramModelError(str(exc).replace("the policy", "the program model")) from None
         try:
