@@ -43,6 +43,8 @@ test: lint $(CLIENTS_STAMP)
 	@# tests/programs/test_strace.py checks each program model against the real program under strace
 	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
+	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq ripgrep >/dev/null; } || echo "no ripgrep: rg's model goes unchecked (apt-get install ripgrep)"
 	@# tests/server/test_console_browser.py drives the web console in Debian's headless chromium
 	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { [ "$$(id -u)" = 0 ] \
 		&& command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \

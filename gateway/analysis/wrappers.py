@@ -45,13 +45,17 @@ class ShellScript:
 ENV = Options(
     dash_is_option=True,
     short_flags="i0v",
-    short_with_arg="uCa",
+    short_with_arg="ua",
     long_flags=frozenset({"--ignore-environment", "--null", "--debug", "--list-signal-handling"}),
-    long_with_arg=frozenset({"--unset", "--chdir", "--argv0"}),
+    long_with_arg=frozenset({"--unset", "--argv0"}),
     long_optional_arg=frozenset({"--block-signal", "--default-signal", "--ignore-signal"}),
     denied={
         "-S": "env -S splits a string into a command line; write the command out instead",
         "--split-string": "env --split-string splits a string into a command line; write the command out instead",
+        "-C": "env -C DIR runs the command in DIR, where its paths mean something else than where they are checked; "
+        "cd DIR first",
+        "--chdir": "env --chdir runs the command in another directory, where its paths mean something else than where "
+        "they are checked; cd DIR first",
     },
 )
 NICE = Options(short_with_arg="n", long_with_arg=frozenset({"--adjustment"}), numeric_short=True)

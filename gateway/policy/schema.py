@@ -225,14 +225,10 @@ class Rule(_Model):
 
     @property
     def uses_model(self) -> bool:
-        """Does the rule take its path handling from program models (no `path_args`,
-        `path_options` or `subcommands` written)?"""
-        return (
-            self.path_args is None
-            and not self.path_options.read
-            and not self.path_options.write
-            and (self.subcommands is None)
-        )
+        """Does the rule take its path handling from program models (no `path_args` or
+        `path_options` written)? A rule naming subcommands reads them through the program's
+        model of each (git); a program without a model is matched on its words as before."""
+        return self.path_args is None and not self.path_options.read and not self.path_options.write
 
     @model_validator(mode="after")
     def _approval_only_on_ask(self) -> Rule:

@@ -19,7 +19,17 @@ from gateway.programs.schema import Example, ProgramModel
 
 DIRECTORY = Path(__file__).resolve().parent
 
-__all__ = ["DIRECTORY", "ProgramModelError", "Reading", "load_models", "model_for", "models", "read", "reading_of"]
+__all__ = [
+    "DIRECTORY",
+    "ProgramModelError",
+    "Reading",
+    "load_models",
+    "model_for",
+    "models",
+    "models_subcommand",
+    "read",
+    "reading_of",
+]
 
 
 class ProgramModelError(Exception):
@@ -35,7 +45,7 @@ def load_models(directory: Path = DIRECTORY) -> dict[str, ProgramModel]:
     out: dict[str, ProgramModel] = {}
     for path in sorted(directory.glob("*.yaml")):
         try:
-            data, positions = read_yaml(path)
+            data, positions = read_yaml(path, fast=True)
         except PolicyError as exc:
             raise ProgramModelError(str(exc).replace("the policy", "the program model")) from None
         try:
@@ -89,6 +99,16 @@ def models() -> dict[str, ProgramModel]:
 
 def model_for(program: str) -> ProgramModel | None:
     return models().get(os.path.basename(program))
+
+
+def models_subcommand(cmd: Command) -> bool:
+    """Does the program's model read `cmd`'s subcommand (argv[1]), or have no subcommands?
+    A rule naming subcommands reads a command through the model only then; a subcommand the
+    model does not list is matched on its words, as before models had subcommands."""
+    model = model_for(cmd.program) if cmd.argv else None
+    if model is None or not model.subcommands:
+        return True
+    return len(cmd.argv) > 1 and cmd.argv[1].literal and model.subcommand(cmd.argv[1].value) is not None
 
 
 @lru_cache(maxsize=4096)

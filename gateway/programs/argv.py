@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.analysis import Command, Expansion, Word
-from gateway.programs import awk, sed
+from gateway.programs import awk, jq, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
 from gateway.stages import producers
 
@@ -47,6 +47,9 @@ class Reading:
     """Why the model cannot read the command (empty: it can)."""
     operands: tuple[int, ...] = ()
     """argv indices of the operands (not options, not option values)."""
+    could_be: tuple[str, ...] = ()
+    """The options a run-time word read as an operand could have been (issue 13, class 2): the
+    rule's forbidden options are checked against them too."""
 
     def to_json(self) -> dict[str, Any]:
         out: dict[str, Any] = {"model": self.model}
@@ -68,6 +71,8 @@ class Reading:
                 out[key] = groups[key]
         if self.runs:
             out["runs_code"] = list(self.runs)
+        if self.could_be:
+            out["could_be_options"] = list(self.could_be)
         return out
 
 
@@ -92,9 +97,15 @@ def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
 
 
 class _Reader:
-    def __init__(self, model: ProgramModel, argv: tuple[Word, ...]) -> None:
+    def __init__(self, model: ProgramModel, argv: tuple[Word, ...], injection: bool = True) -> None:
         self.model = model
+        self.top = model
         self.argv = argv
+        self.injection = injection
+        self.injected: tuple[int, ProgramModel] | None = None  # a run-time word read as an operand
+        self.subcommand = not model.subcommands
+        self.ended_by_option = False
+        self.first_kind: Kind | None = None  # an option's say on the first operand (jq -f)
         self.roles: list[Role] = []
         self.reads: list[Word] = []
         self.writes: list[Word] = []
@@ -104,6 +115,10 @@ class _Reader:
         self.first_replaced = False
         self.writes_operands = False
         self.backup: list[Word] = []  # backup suffixes (sed -i.bak)
+        self._use(model)
+
+    def _use(self, model: ProgramModel) -> None:
+        self.model = model
         self.short: dict[str, Option] = {}
         self.long: dict[str, Option] = {}
         self.leading: dict[str, Option] = {}  # find: the options before the starting points
@@ -120,19 +135,33 @@ class _Reader:
     # --- the grammars ------------------------------------------------------------------------
     def getopt(self) -> None:
         argv = self.argv
+        if self.model.bundled_first and len(argv) > 1 and not argv[1].value.startswith("-"):
+            raise _Refused(
+                f"{self.model.program}: the first word {argv[1].raw or argv[1].value!r} is a bundle of options "
+                f"without a dash, which the model does not read: write them with one (-{argv[1].value})"
+            )
         i, ended = 1, False
         while i < len(argv):
             w = argv[i]
             v = w.value
+            if not self.subcommand and (ended or v == "-" or not could_be_option(w, self.model)):
+                i, ended = self._enter_subcommand(i), False
+                continue
             if ended or v == "-" or not could_be_option(w, self.model):
                 self.operands.append(i)
                 ended = ended or not self.model.permutes  # awk: the first operand ends the options
                 i += 1
                 continue
+            if not v.startswith("-") and self._injectable(i):
+                self.injected = (i, self.model)
+                self.operands.append(i)
+                ended = ended or not self.model.permutes
+                i += 1
+                continue
             if not v.startswith("-"):
                 raise _Refused(
                     f"{w.raw or v} is known only at run time and could be an option to {self.model.program}: "
-                    "put '--' before it, or write it literally"
+                    f"put '--' before it{_ALSO.get(self.top.program, '')}, or write it literally"
                 )
             if v == "--":
                 self.roles.append(Role(i, "end_of_options", v))
@@ -140,25 +169,61 @@ class _Reader:
                 i += 1
                 continue
             i = self._long(i) if v.startswith("--") else self._short(i)
+            if self.ended_by_option:
+                ended, self.ended_by_option = True, False
+
+    def _enter_subcommand(self, i: int) -> int:
+        """The first operand after a program's global options names its subcommand (git)."""
+        w = self.argv[i]
+        sub = self.model.subcommand(w.value) if w.literal else None
+        if sub is None:
+            raise _Refused(
+                f"{w.raw or w.value} is not a subcommand {self.model.program}'s model knows "
+                f"(gateway/programs/{self.model.program}.yaml)"
+            )
+        self.roles.append(Role(i, "subcommand", w.value))
+        self.subcommand = True
+        self._use(sub)
+        return i + 1
+
+    def _injectable(self, i: int) -> bool:
+        """May the run-time word at `i`, which could be an option, be read as an operand and
+        every option it could be checked in turn (read())? Only one such word, quoted (so one
+        word: never split, never a glob), in a program whose every option the model lists."""
+        w = self.argv[i]
+        raw = w.raw
+        one_word = len(raw) >= 2 and raw[0] == raw[-1] == '"' and not set(raw[1:-1]) & set('"\\@')
+        if not (self.injection and self.injected is None and one_word and self.model.complete):
+            return False
+        return not any(o.runs_code or o.unsupported or o.writes_operands for o in self.model.options)
 
     def _long(self, i: int) -> int:
         w = self.argv[i]
         name, eq, attached = w.value[2:].partition("=")
         opt = self.long.get(name)
         if opt is None:
-            found = {id(o): (n, o) for n, o in self.long.items() if n.startswith(name)} if name else {}
+            found = (
+                {id(o): (n, o) for n, o in self.long.items() if n.startswith(name)}
+                if name and self.model.long_prefixes
+                else {}
+            )
             if len(found) != 1:
                 known = "ambiguous" if found else "not an option of"
                 raise _Refused(f"--{name} is {known} {self.model.program} (in its model, gateway/programs/)")
             name, opt = next(iter(found.values()))
         self.roles.append(Role(i, "option", f"--{name}"))
         self._effects(opt)
+        if opt.ends_options:
+            self.ended_by_option = True
+            return i + 1
         kinds = opt.kinds
         if not kinds:
             if eq:
                 raise _Refused(f"{self.model.program}: --{name} takes no value")
             return i + 1
         if eq:
+            if opt.separate_only or len(kinds) > 1:
+                raise _Refused(f"{self.model.program}: --{name} takes its value as the next word, not after '='")
             self._value(i, kinds[0], Word(attached, w.expansions, w.raw), opt)
             return i + 1
         if opt.optional:
@@ -189,6 +254,8 @@ class _Reader:
             if kinds:
                 rest = v[j + 1 :]
                 if rest:
+                    if opt.separate_only or len(kinds) > 1:
+                        raise _Refused(f"{self.model.program}: -{c} takes its value as the next word")
                     self._value(i, kinds[0], Word(rest, w.expansions, w.raw), opt)
                     return i + 1
                 if opt.optional:
@@ -255,9 +322,15 @@ class _Reader:
             self.writes_operands = True
         if opt.replaces_first:
             self.first_replaced = True
+        if opt.first_operand is not None:
+            self.first_kind = opt.first_operand
+        if opt.writes_unknown:
+            self.writes.append(Word(opt.writes_unknown, (Expansion.PARAMETER,), opt.writes_unknown))
 
     def _value(self, i: int, kind: Kind, w: Word, opt: Option | None) -> None:
         self.roles.append(Role(i, kind.value, w.value))
+        if opt is not None and opt.remote_colon and ":" in w.value.split("/", 1)[0]:
+            self.runs.append(f"{w.value!r} names a file on another host, which {self.model.program} reaches by rsh")
         if opt is not None and opt.backup_suffix:
             self.backup.append(w)
         if kind is Kind.READ:
@@ -285,9 +358,10 @@ class _Reader:
     def finish(self) -> Reading:
         model = self.model
         ops = list(self.operands)
-        if model.operands.first is not None and not self.first_replaced and ops:
+        first_kind = self.first_kind or model.operands.first
+        if first_kind is not None and not self.first_replaced and ops:
             first = ops.pop(0)
-            self._value(first, model.operands.first, self.argv[first], None)
+            self._value(first, first_kind, self.argv[first], None)
         for k in ops:
             w = self.argv[k]
             if model.operands.assignments and w.literal and _is_assignment(w.value):
@@ -312,7 +386,8 @@ class _Reader:
         if not self.scripts:
             return
         text = "\n".join(w.value for _, w in self.scripts)  # sed joins -e fragments with newlines
-        facts = sed.analyse(text) if self.model.language == "sed" else awk.analyse(text)
+        analyse = {"sed": sed.analyse, "awk": awk.analyse, "jq": jq.analyse}[self.model.language or "sed"]
+        facts = analyse(text)
         if facts.error:
             raise _Refused(f"{self.model.program}: {facts.error}")
         self.runs.extend(facts.runs)
@@ -341,14 +416,70 @@ def _backups(w: Word, suffixes: list[Word]) -> list[Word]:
     return out
 
 
+_ALSO = {"git": " (git: --end-of-options where -- would make it a path)"}
+
+
 def read(model: ProgramModel, cmd: Command) -> Reading:
     """`cmd` read through `model` (never raises: an unreadable command is `refused`)."""
-    reader = _Reader(model, cmd.argv)
+    reading, injected = _read(model, cmd.argv, True)
+    if injected is None or reading.refused:
+        return reading
+    return _with_alternatives(model, cmd.argv, reading, *injected)
+
+
+def _read(
+    model: ProgramModel, argv: tuple[Word, ...], injection: bool
+) -> tuple[Reading, tuple[int, ProgramModel] | None]:
+    reader = _Reader(model, argv, injection)
     try:
         if model.grammar == "find":
             reader.find()
+        elif model.grammar == "words":
+            reader.roles.extend(Role(k, Kind.OTHER.value, w.value) for k, w in enumerate(argv) if k)
         else:
             reader.getopt()
-        return reader.finish()
+        return reader.finish(), reader.injected
     except _Refused as exc:
-        return Reading(model.program, tuple(reader.roles), refused=str(exc))
+        return Reading(model.program, tuple(reader.roles), refused=str(exc)), None
+
+
+def alternatives(sub: ProgramModel) -> list[tuple[str, Word]]:
+    """What one quoted run-time word in an option's place could be, besides an operand: `--`,
+    and each option of `sub` in each spelling, bare (a flag, or taking the next word as its
+    value) and with a value attached that is known only at run time."""
+    unknown = (Expansion.PARAMETER,)
+    out: list[tuple[str, Word]] = [("--", Word("--"))]
+    for o in sub.options:
+        for n in o.names:
+            out.append((n, Word(n)))
+            if o.kinds and not o.separate_only:
+                out.append((n, Word(n + ("=" if n.startswith("--") else "") + "$V", unknown, "$V")))
+    return out
+
+
+def _with_alternatives(
+    model: ProgramModel, argv: tuple[Word, ...], reading: Reading, i: int, sub: ProgramModel
+) -> Reading:
+    """Issue 13, class 2: the run-time word at `i` was read as an operand; it could as well be
+    any option of `sub` (the model is `complete`), so the command is read again with each, and
+    what any reading opens is what the command may open. Any reading the model refuses, or that
+    runs code, refuses the command."""
+    w = argv[i]
+    reads, writes = list(reading.reads), list(reading.writes)
+    could_be: list[str] = []
+    for name, alt in alternatives(sub):
+        other, _ = _read(model, (*argv[:i], alt, *argv[i + 1 :]), False)
+        why = other.refused or "; ".join(other.runs)
+        if why:
+            return Reading(
+                reading.model, reading.roles,
+                refused=f"{w.raw} is known only at run time and could be {alt.value}, and then: {why}; "
+                f"put '--' before it{_ALSO.get(model.program, '')}",
+            )  # fmt: skip
+        could_be.append(name)
+        reads += [x for x in other.reads if x not in reads]
+        writes += [x for x in other.writes if x not in writes]
+    return Reading(
+        reading.model, reading.roles, tuple(reads), tuple(writes), reading.runs, "", reading.operands,
+        tuple(dict.fromkeys(could_be)),
+    )  # fmt: skip

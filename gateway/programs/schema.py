@@ -77,6 +77,20 @@ class Option(_Model):
     replaces_first: StrictBool = False
     """With this option the first operand is no longer the pattern or script (grep -e, sed -e,
     awk -f): it is like the others."""
+    first_operand: Kind | None = None
+    """With this option the first operand is of this kind (jq -f: the first operand is the file
+    holding the program, not the program)."""
+    writes_unknown: str = ""
+    """Set (to what) when the option writes files named only at run time (tar -x: the archive's
+    members): a write the jail refuses unless the rule accepts unknown paths."""
+    remote_colon: StrictBool = False
+    """A value holding `:` before any `/` names a file on another host, which the program reaches
+    by running rsh or ssh (tar -f HOST:FILE): code the gateway cannot check."""
+    ends_options: StrictBool = False
+    """The option ends the options like `--` (git's --end-of-options)."""
+    separate_only: StrictBool = False
+    """The value is always the next word, never attached (git rev-parse --resolve-git-dir): a
+    word that could be the option, with no word after it, cannot give it a value."""
     note: str = ""
     """For the reviewer: what the option does, where it matters."""
 
@@ -113,6 +127,22 @@ class Operands(_Model):
     """Operands written NAME=VALUE are variable assignments, not files (awk)."""
 
 
+class Subcommand(_Model):
+    """What one subcommand (`git log`) does with the words after its name: a grammar of its own."""
+
+    includes: list[str] = []
+    """Subcommands whose options this one takes too (git log takes git diff's)."""
+    options: list[Option] = []
+    operands: Operands = Operands()
+    permutes: StrictBool = True
+    digit_options: StrictBool = False
+    """`-NUM` is an option (git log -5)."""
+    complete: StrictBool = False
+    """Every option the real subcommand accepts is listed (so a run-time word that could be an
+    option can only be one of these: see `ProgramModel.complete`)."""
+    note: str = ""
+
+
 class Example(_Model):
     """A command and what the model must read in it: checked when the models load."""
 
@@ -142,23 +172,45 @@ class ProgramModel(_Model):
     sources: list[str] = Field(min_length=1)
     """Where the facts come from (the man page, `--help` of the version tested, a Fig spec);
     the authority is the real program, under tests/programs/test_strace.py."""
-    grammar: Literal["getopt", "find"] = "getopt"
+    grammar: Literal["getopt", "find", "words"] = "getopt"
     """How argv is read. `getopt`: GNU getopt_long with permutation (options anywhere before
     `--`, short clusters, long options by unique prefix). `find`: leading options, starting
-    points, then an expression of `primaries`."""
+    points, then an expression of `primaries`. `words`: every word is a value (a pid, a signal, a
+    column name): the program opens no file its words name and runs nothing (ps, kill)."""
+    bundled_first: StrictBool = False
+    """getopt: a first word without a dash is a bundle of short options (tar xzf F), which the
+    model does not read: refused (write the options with a dash)."""
     permutes: StrictBool = True
     """getopt: options may follow operands (GNU's default). False: the first operand ends the
     options, and every word after it is an operand (awk: `awk '{print}' -v f` reads a file
     named `-v`)."""
     digit_options: StrictBool = False
     """`-NUM` is an option (grep -5, head -20)."""
-    language: Literal["sed", "awk"] | None = None
+    language: Literal["sed", "awk", "jq"] | None = None
     """The script language of `script` words."""
+    long_prefixes: StrictBool = True
+    """getopt: a long option may be abbreviated to a unique prefix (GNU getopt_long). False: only
+    the full spelling (git's revision options); a prefix is then an unknown option, refused."""
+    complete: StrictBool = False
+    """Every option the real program accepts is listed, checked against its --help. Only then can
+    a run-time word in an option's place (a quoted `"$V"`, one word) be taken as an operand: it
+    could only become one of the listed options, so if none of them writes, runs code, reads a
+    file it names or is forbidden by the rule, the command is read as if it were an operand
+    (issue 13, class 2)."""
     options: list[Option] = []
+    """Options; for a program with `subcommands`, the global ones before the subcommand."""
     primaries: list[Option] = []
     """find-style grammars: the expression's tests and actions."""
     operands: Operands = Operands()
+    subcommands: dict[str, Subcommand] = {}
+    """Programs with subcommands (git): the first operand after the global options names one of
+    these, and the words after it are read with its grammar; an unlisted subcommand is refused.
+    A name may be listed as `a|b` for aliases."""
     examples: list[Example] = Field(min_length=1)
+
+    def subcommand(self, name: str) -> ProgramModel | None:
+        """The model of `name`'s grammar, as a program of its own (None: not listed)."""
+        return _subcommands(self).get(name)
 
     @property
     def only_reads(self) -> bool:
@@ -184,6 +236,53 @@ class ProgramModel(_Model):
         kinds |= {self.operands.rest} | ({self.operands.first} if self.operands.first else set())
         if Kind.SCRIPT in kinds and self.language is None:
             raise ValueError("a script value or operand needs `language`")
+        for key, sub in self.subcommands.items():
+            options = _options_of(self, key)
+            kinds |= {k for o in options for k in o.kinds} | {sub.operands.rest}
+            names = [n for o in options for n in o.names]
+            if len(names) != len(set(names)):
+                raise ValueError(
+                    f"a subcommand lists an option twice: {sorted(n for n in names if names.count(n) > 1)}"
+                )
         if self.primaries and self.grammar != "find":
             raise ValueError("primaries are for grammar: find")
         return self
+
+
+_SUBS: dict[int, tuple[ProgramModel, dict[str, ProgramModel]]] = {}
+
+
+def _subcommands(model: ProgramModel) -> dict[str, ProgramModel]:
+    """Each subcommand as a ProgramModel (built once per model object)."""
+    found = _SUBS.get(id(model))
+    if found is not None and found[0] is model:
+        return found[1]
+    out: dict[str, ProgramModel] = {}
+    for names, sub in model.subcommands.items():
+        one = model.model_copy(
+            update={
+                "program": f"{model.program} {names.split('|')[0]}",
+                "options": _options_of(model, names),
+                "operands": sub.operands,
+                "permutes": sub.permutes,
+                "digit_options": sub.digit_options,
+                "complete": sub.complete,
+                "subcommands": {},
+            }
+        )
+        for n in names.split("|"):
+            out[n] = one
+    _SUBS[id(model)] = (model, out)
+    return out
+
+
+def _options_of(model: ProgramModel, key: str, seen: tuple[str, ...] = ()) -> list[Option]:
+    """A subcommand's options, those of the subcommands it `includes` first."""
+    by_name = {n: k for k in model.subcommands for n in k.split("|")}
+    sub = model.subcommands[key]
+    out: list[Option] = []
+    for inc in sub.includes:
+        if inc not in by_name or inc in seen:
+            raise ValueError(f"subcommand {key!r} includes {inc!r}, which is not a subcommand listed before it")
+        out += _options_of(model, by_name[inc], (*seen, key))
+    return out + list(sub.options)

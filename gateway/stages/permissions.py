@@ -17,7 +17,7 @@ from gateway.analysis import Command, Expansion, Flag
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
-from gateway.programs import Reading, reading_of
+from gateway.programs import Reading, models_subcommand, reading_of
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 from gateway.stages import producers
 
@@ -134,7 +134,8 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
     options, positional = _split(cmd, i)
     # allow and ask rules read the command through its program's model; deny rules match on
     # the words as before, so a model can never make a deny rule miss
-    reading = reading_of(cmd) if rule.uses_model and rule.decision is not RuleDecision.DENY else None
+    uses_model = rule.uses_model and (rule.subcommands is None or models_subcommand(cmd))
+    reading = reading_of(cmd) if uses_model and rule.decision is not RuleDecision.DENY else None
     if reading is not None:
         positional = reading.operands
     if rule.when_options and not any(_has_option(o, spec) for o in options for spec in rule.when_options):
@@ -150,6 +151,14 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     return None, f"option {o} is not allowed ({spec}): drop it"
         if reading is not None and reading.refused:
             return None, reading.refused
+        if reading is not None:
+            for o in reading.could_be:
+                for spec in rule.forbidden_options:
+                    if _has_option(o, spec):
+                        return None, (
+                            f"a run-time word could be the option {o}, which the rule forbids ({spec}): "
+                            "put -- before it, or write it literally"
+                        )
         if reading is not None and reading.runs:
             return None, (
                 f"{'; '.join(reading.runs)}: code the gateway cannot check (gateway/programs/{reading.model}.yaml)"

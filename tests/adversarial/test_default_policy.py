@@ -333,6 +333,22 @@ POLICY_ROUND = [
     'awk \'BEGIN {f = "system"; @f("id")}\'',
     "grep -f /etc/passwd README.md",
     "find . -fprint /tmp/list",
+    # git's and rg's models (gateway/programs/git.yaml, rg.yaml), and run-time words in an option's place
+    "git add -e README.md",  # allowed before git's model: the editor runs
+    "git commit -S -m x",  # gpg runs
+    "git commit --frobnicate -m x",  # allowed before: an option nobody knows
+    "git log --outp=/tmp/x",
+    "git checkout -- /etc/passwd",
+    "git commit -t /etc/passwd -m x",
+    "git add --pathspec-from-file=list.txt",  # the files it names are known only at run time
+    'git rev-parse "$V" /etc/passwd',  # $V could be --resolve-git-dir: /etc/passwd is read
+    "git rev-parse $V",  # unquoted: split into any options
+    'git reset --hard "$V"',  # $V could be --pathspec-from-file=/etc/x
+    "git -C /etc status",
+    "rg --pre=sh x",
+    "rg --pr=sh x",
+    "rg --files /etc",
+    "rg --ignore-file=/etc/passwd x .",
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 

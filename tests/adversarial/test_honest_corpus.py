@@ -18,9 +18,10 @@ import pytest
 from tests.adversarial.honest_corpus import POLICIES, Line, load, make_workspace, measure
 
 # Wrong decisions measured on main (2026-11-26); bench/corpus.py prints the same numbers.
+# 17 and 8 before git's model and run-time words that could be options (issue 13, class 2);
 # 33 and 20 before mvdan/sh confirmed what bashlex cannot (issue 13, class 7); 22 and 11 before
 # the program models (classes 5 and 6).
-MAX_WRONG = {"default": 17, "strict": 8}
+MAX_WRONG = {"default": 13, "strict": 6}
 SOURCE = re.compile(r"(github:[\w.-]+/[\w.-]+/\S+|https://\S+)")
 
 

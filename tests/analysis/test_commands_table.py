@@ -270,7 +270,8 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     # --- wrappers -------------------------------------------------------------------------------------
     ("env FOO=1 ls", [["env", "FOO=1", "ls"], ["ls"]]),
     ("env -i FOO=/x ls -l", [["env", "-i", "FOO=/x", "ls", "-l"], ["ls", "-l"]]),
-    ("env -u FOO -C /tmp make", [["env", "-u", "FOO", "-C", "/tmp", "make"], ["make"]]),
+    ("env -u FOO make", [["env", "-u", "FOO", "make"], ["make"]]),
+    ("env -u FOO -C /tmp make", Deny("unsupported_wrapper_option")),  # make would run in /tmp, checked here
     ("env", [["env"]]),
     ("/usr/bin/env python3 x.py", [["/usr/bin/env", "python3", "x.py"], ["python3", "x.py"]]),
     ("env -S 'rm -rf /'", Deny("unsupported_wrapper_option")),

@@ -122,6 +122,46 @@ ROWS = [
     ("wc -l src/*.py", ALLOW, ""),
     ("cat -- $F", DENY, "no_rule"),  # the rule does not accept run-time values
     ("head -c 10 /etc/shadow", DENY, "outside_read_roots"),
+    # --- git, per subcommand (gateway/programs/git.yaml) -------------------------------------
+    ('git rev-parse --short "$GIT_SHA"', ALLOW, ""),  # old: deny (the revision taken for a path)
+    ('git rev-parse --verify --quiet "refs/tags/$TAG"', ALLOW, ""),  # old: deny
+    ('git switch -C "$branch"', ALLOW, ""),  # old: deny (the branch name taken for a path)
+    ('git commit -m "see $(git rev-parse --short HEAD)"', ALLOW, ""),  # old: deny (the message, a path)
+    ("git grep -n /usr/local -- src", ALLOW, ""),  # old: deny (the pattern, a path)
+    ("git log -5 --format=%H -- README.md", ALLOW, ""),
+    ("git checkout -- src/app.py", ALLOW, ""),
+    ("git rev-parse $GIT_SHA", DENY, "no_rule"),  # unquoted: split, it could be several options
+    ('git rev-parse "$V" /etc', DENY, "outside_read_roots"),  # $V could be --resolve-git-dir: /etc is read
+    ('git diff "$V"', DENY, "no_rule"),  # git diff's model is not complete: $V could be --output=...
+    ('git reset --hard "$TAG"', DENY, "no_rule"),  # $V could be --pathspec-from-file=/etc/x
+    ("git add -e src/app.py", DENY, "no_rule"),  # old: allow; the editor runs
+    ("git grep -O sh x", DENY, "no_rule"),
+    ("git grep --textconv x", DENY, "no_rule"),
+    ("git diff --ext-diff", DENY, "no_rule"),
+    ("git log --output=/tmp/x", DENY, "no_rule"),
+    ("git log --outp=/tmp/x", DENY, "no_rule"),  # git takes no abbreviation here, and nor does the model
+    ("git checkout -- /etc/passwd", DENY, "outside_write_roots"),
+    ("git restore --source=HEAD -- ../x", DENY, "outside_write_roots"),
+    ("git commit -F /etc/passwd", DENY, "outside_read_roots"),  # the message from a file
+    ("git commit -t /etc/passwd", DENY, "outside_read_roots"),  # old: no_rule (--template forbidden)
+    ("git add --pathspec-from-file=list.txt", DENY, "unknown_path"),  # the files it names: run time
+    ("git commit --frobnicate", DENY, "no_rule"),  # not in the model: nothing is guessed
+    ("git -c core.pager=sh log", DENY, "no_rule"),
+    ("git fetch --upload-pack='sh -c id' origin", DENY, "denied"),
+    # --- rg (gateway/programs/rg.yaml) ---------------------------------------------------------
+    ("rg -e /etc/passwd src", ALLOW, ""),  # old: deny (the pattern taken for a path)
+    ("rg -n '/usr/local' Makefile", ALLOW, ""),  # old: deny
+    ("rg --files src", ALLOW, ""),
+    ("rg x /etc", DENY, "outside_read_roots"),
+    ("rg --files /etc", DENY, "outside_read_roots"),  # --files: every operand is a path
+    ("rg -f /etc/shadow src", DENY, "outside_read_roots"),
+    ("rg --ignore-file=/etc/passwd x .", DENY, "outside_read_roots"),
+    ("rg --pre=sh x", DENY, "no_rule"),
+    ("rg --pr=sh x", DENY, "no_rule"),  # rg takes no abbreviation, nor does the model
+    ("rg $PAT src", DENY, "no_rule"),  # $PAT could be --pre=sh
+    # --- wrappers whose operand is a command (gateway/analysis/wrappers.py) ----------------------
+    ("xargs sh -c id", DENY, "denied"),  # the command after xargs is decided as a command
+    ("xargs -I{} sh -c 'cat {}'", DENY, "dynamic_shell_script"),
 ]
 
 
@@ -162,3 +202,99 @@ def test_check_json_shows_the_model_even_where_the_rule_overrides_it(tmp_path: P
     assert result["decision"] == "deny"  # the rule's path_args take the pattern for a path
     assert result["commands"][0]["model"]["applied"] is False
     assert result["commands"][0]["model"]["patterns"] == ["/usr/local"]
+
+
+def test_a_run_time_word_that_could_be_a_forbidden_option_is_refused(tmp_path: Path) -> None:
+    """Class 2 through a complete model: "$V" could be any option of git rev-parse, so a rule
+    forbidding one of them does not match (it would, were "$V" only taken for an operand)."""
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nworkspace: ws\nprincipals: {agent: {roles: [r]}}\n"
+        "roles: {r: {level: 1, read_roots: ['.']}}\ntools: {run: {allow_from: 1}}\nrules:\n"
+        "  - {id: g, decision: allow, justification: j, programs: [git], subcommands: [rev-parse],\n"
+        "     forbidden_options: [--show-toplevel], accept_unknown: true,\n"
+        "     examples: {match: ['git rev-parse HEAD'], not_match: ['git rev-parse --show-toplevel']}}\n"
+    )
+    (tmp_path / "ws").mkdir()
+    policy = load_checked(tmp_path / "p.yaml")
+    decision = evaluate(policy, 'git rev-parse --short "$V"', "agent").decision
+    assert decision.verdict is DENY and "could be the option --show-toplevel" in decision.reasons[0].message
+    assert evaluate(policy, 'git rev-parse --short -- "$V"', "agent").decision.verdict is ALLOW
+
+
+def _policy(tmp_path: Path, rules: str) -> CompiledPolicy:
+    (tmp_path / "p.yaml").write_text(
+        "version: 1\nworkspace: ws\nprincipals: {agent: {roles: [r]}}\n"
+        "roles: {r: {level: 1, read_roots: ['.'], write_roots: ['.']}}\ntools: {run: {allow_from: 1}}\n"
+        "rules:\n" + rules
+    )
+    (tmp_path / "ws").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "src").mkdir(exist_ok=True)
+    (tmp_path / "ws" / "README.md").write_text("hello\n")
+    return load_checked(tmp_path / "p.yaml")
+
+
+MODEL_RULES = (
+    "  - {id: m, decision: allow, justification: j, programs: [tar, ps, kill, cat], accept_unknown: true, env: [CI],\n"
+    "     examples: {match: ['ps aux']}}\n"
+    "  - {id: w, decision: allow, justification: j, programs: [env], accept_unknown: true,\n"
+    "     examples: {match: ['env CI=1 cat README.md']}}\n"
+)
+# (command, verdict, the code of the first reason when not allowed), under a policy whose rules
+# name tar, ps, kill, cat and env with no path handling of their own: the models decide
+MODEL_ROWS = [
+    ("tar -czf out.tgz src", ALLOW, ""),
+    ("tar -tzf out.tgz", ALLOW, ""),
+    ("tar -cf /tmp/x.tar src", DENY, "outside_write_roots"),
+    ("tar -czf out.tgz /etc", DENY, "outside_read_roots"),
+    ("tar -xzf out.tgz", DENY, "unknown_path"),  # the members' names are known only at run time
+    ("tar -xf x.tar --to-command=sh", DENY, "no_rule"),
+    ("tar -I 'sh -c id' -cf a.tar src", DENY, "no_rule"),
+    ("tar --use-compress-prog=sh -cf a.tar src", DENY, "no_rule"),  # a unique prefix
+    ("tar --checkpoint=1 --checkpoint-action=exec=id -cf a.tar src", DENY, "no_rule"),
+    ("tar -cf evil:a.tar src", DENY, "no_rule"),  # a remote archive: tar runs rsh
+    ("tar xzf out.tgz", DENY, "no_rule"),  # the old form: its options are not read
+    ("tar -cf a.tar -T /etc/list", DENY, "outside_read_roots"),
+    ("tar -czf out.tgz -C /etc .", DENY, "no_rule"),
+    ("ps aux", ALLOW, ""),
+    ("ps -eo pid,comm --sort=-%mem", ALLOW, ""),
+    ("kill -9 1234", ALLOW, ""),
+    ("env CI=1 cat README.md", ALLOW, ""),
+    ("env cat /etc/passwd", DENY, "outside_read_roots"),
+    ("env -C /etc cat passwd", DENY, "unsupported_wrapper_option"),  # old: cat passwd checked here, run in /etc
+    ("env --chdir=/etc cat passwd", DENY, "unsupported_wrapper_option"),
+    ("env -S 'cat /etc/passwd'", DENY, "unsupported_wrapper_option"),
+]
+
+
+@pytest.mark.parametrize(("command", "verdict", "code"), MODEL_ROWS, ids=[r[0][:70] for r in MODEL_ROWS])
+def test_model_decision(tmp_path: Path, command: str, verdict: Verdict, code: str) -> None:
+    policy = _policy(tmp_path, MODEL_RULES)
+    decision = evaluate(policy, command, "agent", tmp_path / "ws").decision
+    assert decision.verdict is verdict, decision
+    if code:
+        assert decision.reasons[0].code == code, decision
+
+
+# jq through the strict example (its rule relies on jq's model)
+JQ_ROWS = [
+    ("jq -r '.packages[0].version' package.json", ALLOW, ""),
+    ("jq -n --arg v /etc/passwd '{v: $v}'", ALLOW, ""),  # a value, not a path
+    ("jq --rawfile a /etc/shadow -n '$a'", DENY, "outside_read_roots"),
+    ("jq --slurpfile a /etc/passwd -n '$a'", DENY, "outside_read_roots"),
+    ("jq -n 'include \"/etc/x\"; 1'", DENY, "no_rule"),  # old: allow (the filter jailed as a path)
+    ("jq 'import \"m\" as m; m::f' package.json", DENY, "no_rule"),
+    ("jq -f prog.jq package.json", DENY, "no_rule"),  # old: allow; a filter the gateway cannot see
+    ("jq -rf prog.jq package.json", DENY, "no_rule"),
+    ("jq --run-tests t.txt", DENY, "no_rule"),
+    ("jq . /etc/passwd", DENY, "outside_read_roots"),
+    ("jq $F package.json", DENY, "no_rule"),
+]
+
+
+@pytest.mark.parametrize(("command", "verdict", "code"), JQ_ROWS, ids=[r[0][:70] for r in JQ_ROWS])
+def test_jq_decision(ws: Path, command: str, verdict: Verdict, code: str) -> None:
+    policy = load_checked(Path("policies/examples/read-mostly.yaml"), ws)
+    decision = evaluate(policy, command, "agent", ws).decision
+    assert decision.verdict is verdict, decision
+    if code:
+        assert decision.reasons[0].code == code, decision
