@@ -354,3 +354,20 @@ def test_replay_reads_no_file_of_the_server_but_a_draft_beside_the_policy(consol
     r = console.post("/console/api/replay", {"policy_file": name})
     assert r.status_code in (400, 404), r.text
     assert "root:" not in r.text
+
+
+@pytest.mark.parametrize("where", ["/etc/shadow", "tokens", "../../etc/passwd", "beside"])
+def test_a_draft_cannot_include_a_file_of_the_server(console: Console, where: str) -> None:
+    """Red team (issue 15): `include:` in a draft had the loader read any file as the server and
+    quote it in the 400 (/etc/shadow's hashes, the tokens file, the audit signing key...)."""
+    folder = console.server.policy_file.parent
+    target = {"tokens": str(console.server.tokens), "beside": "base.yaml"}.get(where, where)
+    (folder / "base.yaml").write_text("version: 1\nshells: [root:x:SECRET]\n")
+    draft = f"version: 1\ninclude: [{json.dumps(target)}]\n"
+    for body in ({"policy": draft}, {"policy_file": "draft-inc.yaml"}):
+        (folder / "draft-inc.yaml").write_text(draft)
+        r = console.post("/console/api/replay", body)
+        assert r.status_code == 400, r.text
+        assert "include" in r.json()["error"], r.text
+        for leak in ("root:", "sha256", "SECRET", "daemon"):
+            assert leak not in r.text, r.text

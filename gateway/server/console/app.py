@@ -305,7 +305,7 @@ class Console:
             raise Refused(429, "a replay is already running: try again when it has finished")
         try:
             report = await run_in_threadpool(
-                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows)
+                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows, confined=True)
             )
         except replay.ReplayError as exc:
             raise Refused(400, str(exc)) from None
