@@ -302,7 +302,7 @@ def test_an_approval_shows_the_workspace_files_it_is_bound_to(policy: Any) -> No
     base = {"call_id": "c1", "principal": "agent", "tool": "run", "command": "make\tx", "cwd": "/w",
             "rule": "rm-by-supervisor", "asking": ["rm-by-supervisor"], "reason": "r", "expires": 100.0}  # fmt: skip
     shown = _pending({**base, "files": [{"path": "Makefile\n", "sha256": "ab" * 32}]}, policy, 40.0)
-    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32}]
+    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32, "why": "", "bytes": None}]
     assert shown["command"] == "make\\tx" and shown["seconds_left"] == 60
     assert "files" not in _pending(base, policy, 40.0)
 
@@ -371,3 +371,37 @@ def test_a_draft_cannot_include_a_file_of_the_server(console: Console, where: st
         assert "include" in r.json()["error"], r.text
         for leak in ("root:", "sha256", "SECRET", "daemon"):
             assert leak not in r.text, r.text
+
+
+# --- red team (issue 15): what the page shows is what runs -----------------------------------------
+RLO = "\u202e"
+
+
+def test_the_inbox_shows_the_files_a_call_runs_as_approvals_show_does(
+    tmp_path: Path, ws: Path, policy_file: Path
+) -> None:
+    """The inbox listed each file's path and digest only: a supervisor in the browser approved a
+    script's content without seeing a line of it, and a file that cannot be bound (a link out of
+    the roots: the approval is void) showed as `sha256 None`."""
+    spec = yaml.safe_load(policy_file.read_text())
+    spec["rules"].append({"id": "scripts-by-supervisor", "decision": "ask", "justification": "a script",
+                          "programs": ["bash"], "accept_unknown": True, "accept_unknown_paths": True,
+                          "examples": {"match": ["bash x.sh"]}})  # fmt: skip
+    policy_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    (ws / "run.sh").write_text(f"echo fine {RLO}txt.exe\nrm -rf \x1b[2Kthe rest\n")
+    (ws / "out.sh").symlink_to("/etc/passwd")
+    server = HttpGateway(tmp_path, policy_file, ws, extra=("--pending-after", "600"))
+    try:
+        c = Console(server)
+        got = ask_in_background(server, c.agent, ("run", {"command": "bash run.sh && bash out.sh"}))
+        row = pending_one(c, got)
+        run, out = row["files"]
+        assert run["path"] == str(ws / "run.sh") and run["why"] == "bash's script", run
+        assert run["bytes"] == len((ws / "run.sh").read_bytes()) and len(run["sha256"]) == 64
+        assert run["head"][:2] == ["echo fine \\u{202e}txt.exe", "rm -rf \\u{001b}[2Kthe rest"], run
+        assert RLO not in json.dumps(row, ensure_ascii=False) and "\x1b" not in json.dumps(row, ensure_ascii=False)
+        assert "leads out of the root" in out["error"] and "head" not in out and "root:" not in json.dumps(out)
+        c.post(f"/console/api/approvals/{row['call_id']}/deny", {"reason": "no"})
+        wait_for("the agent's answer", lambda: got)
+    finally:
+        server.stop()

@@ -67,6 +67,8 @@ MAX_DRAFT = MAX_BODY
 """A draft policy replayed from a file next to the served one (text in a body is capped by MAX_BODY)."""
 """The largest body the console reads (an answer, a login, a reason)."""
 MAX_REASON = 4000
+HEAD_LINES = 40
+"""Lines of each file the command runs shown in the inbox (as `approvals show`)."""
 AUDIT_LIMIT_DEFAULT, AUDIT_LIMIT_MAX = 200, 2000
 PING_S = 15.0
 
@@ -464,6 +466,24 @@ def _pending(r: dict[str, Any], policy: CompiledPolicy, now: float) -> dict[str,
     }
     files = r.get("files")
     if isinstance(files, list):
-        out["files"] = [{"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", ""))}
-                        for f in files if isinstance(f, dict)]  # fmt: skip
+        out["files"] = [_file_shown(f) for f in files if isinstance(f, dict)]
     return out
+
+
+def _file_shown(f: dict[str, Any]) -> dict[str, Any]:
+    """A file the asked command runs as the inbox shows it, like `approvals show`: what runs it,
+    its digest and size, or why it cannot be bound (then the approval is void), and its first
+    lines, escaped line by line."""
+    head = str(f.get("head") or "")
+    shown: dict[str, Any] = {"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", "")),
+                             "why": escaped(str(f.get("why", ""))), "bytes": f.get("bytes")}  # fmt: skip
+    if f.get("error"):
+        shown["error"] = escaped(str(f["error"]))
+    elif f.get("sha256") is None:
+        shown["absent"] = True
+    if head:
+        lines = head.split("\n")
+        shown["head"] = [escaped(line) for line in lines[:HEAD_LINES]]
+        whole = isinstance(f.get("bytes"), int) and len(head.encode()) >= f["bytes"]
+        shown["head_complete"] = len(lines) <= HEAD_LINES and whole
+    return shown

@@ -52,7 +52,15 @@ function card(item) {
   }
   for (const a of item.asking) fact(facts, "rule " + (a.rule || "(a stage)"), a.justification || "(no justification)");
   fact(facts, "why", item.reason);
-  if (item.files) for (const f of item.files) fact(facts, "file", f.path + "  sha256 " + f.sha256);
+  const files = [];
+  if (item.files) for (const f of item.files) {
+    const state = f.error ? "cannot be bound (" + f.error + "): an approval of this call is void"
+      : f.absent ? "absent (bound as absent: planting it voids the approval)"
+      : f.bytes + " bytes, sha256 " + f.sha256;
+    fact(facts, "runs " + f.path, state + "    (" + f.why + ")");
+    if (f.head) files.push(el("pre", { class: "file-head", text: f.path + ":\n" + f.head.join("\n")
+      + (f.head_complete ? "" : "\n... (first lines only: gateway approvals show " + item.call_id + ")") }));
+  }
   fact(facts, "digest", item.digest);
   const reason = el("input", { class: "reason", type: "text", placeholder: "reason for a denial (reaches the agent and the audit log)", maxLength: 4000 });
   const status = el("span", { class: "error" });
@@ -76,7 +84,7 @@ function card(item) {
     el("div", { class: "head", text: item.principal + " · " + item.tool + " · call " + item.call_id }, left),
     el("pre", { class: "command", text: item.command }),
     el("div", { class: "note", text: item.command_chars + " characters, shown whole (escapes: \\n line break, \\u{...} invisible)" }),
-    facts, actions);
+    facts, ...files, actions);
 }
 
 async function loadApprovals() {
