@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.analysis import Command, RedirectMode, Word
-from gateway.analysis.model import Expansion
+from gateway.analysis.model import Context, Expansion
 
 MAX_BYTES = 64 << 20
 """A file larger than this is not read whole: it cannot be bound."""
@@ -126,8 +126,27 @@ def _interpreter(program: str) -> str | None:
     return None
 
 
+STDIN_NAMES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
+"""Names a program given a file reads its standard input by (`make -f -`, `bash /dev/stdin`)."""
+
+
 def _stdin_of(cmd: Command) -> Word | None:
     return next((r.target for r in cmd.redirects if r.mode is RedirectMode.READ and r.fd in (None, 0)), None)
+
+
+def _stdin_source(cmd: Command) -> Word | str | None:
+    """Where a program's standard input comes from: a file (`< x.mk`), or why that is known only
+    at run time (`cat x.py | python3`: another command's output), or None (text of the command
+    itself, a here-document, or the gateway's own empty input). The first command of a pipeline
+    is counted as reading a pipe too."""
+    for r in cmd.redirects:
+        if r.fd in (None, 0) and r.mode is RedirectMode.READ:
+            return r.target
+        if r.fd in (None, 0) and r.mode in (RedirectMode.HEREDOC, RedirectMode.HERESTRING):
+            return None
+    if Context.PIPELINE in cmd.context:
+        return "reads it from a pipe: what another command writes there is known only at run time"
+    return None
 
 
 @dataclass
@@ -219,14 +238,9 @@ def _script(cmd: Command, family: str) -> _Run:
                 run.unknown = f"{family} option -{ch} (in {v}) is not one the gateway knows"
                 return run
     if k < len(words):
-        if words[k].value != "-":
-            run.files.append(words[k])
-        elif (stdin := _stdin_of(cmd)) is not None:
-            run.files.append(stdin)
+        run.files.append(words[k])  # `-` or /dev/stdin: named() reads it as the stdin's source
         return run
-    stdin = _stdin_of(cmd)
-    if stdin is not None:
-        run.files.append(stdin)
+    run.files.append(Word("-"))  # no script: it reads its standard input
     return run
 
 
@@ -301,38 +315,60 @@ def _git_patches(cmd: Command) -> tuple[list[Word], list[Word]]:
     if k >= len(args) or args[k].value not in ("apply", "am"):
         return [], dirs
     operands = [w for w in args[k + 1 :] if not w.value.startswith("-")]
-    stdin = _stdin_of(cmd)
-    return operands or ([stdin] if stdin is not None else []), dirs
+    return operands or [Word("-")], dirs  # none: the patch comes on its standard input
 
 
-def _patches(cmd: Command) -> list[Word]:
-    """patch's patch files: -i, its second operand, else its stdin."""
+# GNU patch's options taking a value (getopt: `-Ni fix.diff` is -N, then -i fix.diff)
+_PATCH_SHORT_WITH_VALUE = "BdDFgiopVrYz"
+_PATCH_LONG_WITH_VALUE = (
+    "--prefix", "--directory", "--ifdef", "--fuzz", "--get", "--input", "--output", "--strip", "--reject-file",
+    "--version-control", "--basename-prefix", "--suffix", "--quoting-style", "--reject-format", "--read-only",
+)  # fmt: skip
+
+
+def _patches(cmd: Command) -> tuple[list[Word], list[Word]]:
+    """patch's patch files (-i, its second operand, else its standard input: `-`) and the
+    directories it changes to first (-d: an -i file is read from there)."""
     args = list(cmd.argv[1:])
-    out: list[Word] = []  # patch
+    out: list[Word] = []
+    dirs: list[Word] = []
     operands: list[Word] = []
     k = 0
     while k < len(args):
-        v = args[k].value
-        if v in ("-i", "--input") and k + 1 < len(args):
-            out.append(args[k + 1])
-            k += 2
-            continue
-        if v.startswith("--input="):
-            out.append(Word(v[len("--input=") :], args[k].expansions))
-        elif v.startswith("-i") and len(v) > 2:
-            out.append(Word(v[2:], args[k].expansions))
-        elif v in ("-o", "--output", "-r", "--reject-file", "-d", "--directory", "-B", "-D", "-p", "-F", "-V", "-z"):
-            k += 2
-            continue
-        elif not v.startswith("-"):
-            operands.append(args[k])
+        w = args[k]
+        v = w.value
+        nxt = args[k + 1] if k + 1 < len(args) else None
         k += 1
+        if v == "--":
+            operands.extend(args[k:])
+            break
+        if v.startswith("--"):
+            flag, eq, value = v.partition("=")
+            full = [o for o in _PATCH_LONG_WITH_VALUE if o == flag] or [
+                o for o in _PATCH_LONG_WITH_VALUE if len(flag) > 3 and o.startswith(flag)
+            ]
+            if len(full) != 1:
+                continue  # a flag (or ambiguous: patch refuses to start)
+            arg = Word(value, w.expansions, w.raw) if eq else nxt
+            k += 0 if eq else 1
+            if arg is not None and full[0] in ("--input", "--directory"):
+                (out if full[0] == "--input" else dirs).append(arg)
+            continue
+        if not v.startswith("-") or v == "-":
+            operands.append(w)
+            continue
+        for n, ch in enumerate(v[1:], 1):
+            if ch in _PATCH_SHORT_WITH_VALUE:
+                rest = v[n + 1 :]
+                arg = Word(rest, w.expansions, w.raw) if rest else nxt
+                if not rest:
+                    k += 1
+                if arg is not None and ch in "id":
+                    (out if ch == "i" else dirs).append(arg)
+                break
     if len(operands) >= 2:
         out.append(operands[1])
-    stdin = _stdin_of(cmd)
-    if not out and stdin is not None:
-        out.append(stdin)
-    return out
+    return out or [Word("-")], dirs
 
 
 def _join(base: Path | str, value: str) -> str:
@@ -415,6 +451,17 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
         for base in ["/"] if isinstance(bases, str) else bases:
             out.setdefault(_join(base, word.value), why)
 
+    def add_read(cmd: Command, word: Word, why: str, bases: list[Path] | str | None = None) -> None:
+        """`word` as a file the program reads, `-` and /dev/stdin being its standard input."""
+        if not (word.literal and word.value in STDIN_NAMES):
+            add(word, why, bases)
+            return
+        source = _stdin_source(cmd)
+        if isinstance(source, Word):
+            add(source, f"{why} (on its standard input)", lost or cwds)  # the shell opens it, where it is
+        elif isinstance(source, str):
+            out.setdefault(f"?{os.path.basename(cmd.program)} {source}", why)
+
     def moved(bases: list[Path] | str, directory: Word, what: str) -> list[Path] | str:
         """The directories `bases` lead to after a change into `directory` (each relative to
         them, resolved by the kernel: `sub/..` through a link is its target's parent)."""
@@ -466,7 +513,7 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
             if run.unknown:
                 out.setdefault(f"?{name} {run.unknown}", f"{name}'s script")
             for word in run.files:
-                add(word, f"{name}'s script", bases)
+                add_read(cmd, word, f"{name}'s script", bases)
             if run.module is not None:
                 if not run.module.literal or not all(p.isidentifier() for p in run.module.value.split(".")):
                     add(Word(run.module.value, (Expansion.PARAMETER,), run.module.raw), f"{name} -m's module")
@@ -482,7 +529,7 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
                 for part in value.value.split():
                     add(Word(part, value.expansions, value.raw), "a makefile MAKEFILES names", bases)
             for word in files:
-                add(word, "make's makefile", bases)
+                add_read(cmd, word, "make's makefile", bases)
             if not files:
                 for base in [] if isinstance(bases, str) else bases:
                     for candidate in MAKEFILES:
@@ -492,15 +539,19 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
                 if isinstance(bases, str):
                     add(Word("Makefile"), "make's makefile", bases)
         elif name == "patch":
-            for word in _patches(cmd):
-                add(word, "patch's patch")
+            patches, pdirs = _patches(cmd)
+            pbases = here
+            for d in pdirs:  # patch -d changes there first: -i is read from there
+                pbases = moved(pbases, d, "patch -d's directory")
+            for word in patches:
+                add_read(cmd, word, "patch's patch", pbases)
         elif name == "git":
             patches, gdirs = _git_patches(cmd)
             gbases = here
             for d in gdirs:  # each -C is relative to the one before
                 gbases = moved(gbases, d, "git -C's directory")
             for word in patches:
-                add(word, "git's patch", gbases)
+                add_read(cmd, word, "git's patch", gbases)
     return list(out.items())
 
 

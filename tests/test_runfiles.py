@@ -272,6 +272,7 @@ def test_which_files_a_command_runs(text: str, files: list[str]) -> None:
 MK_GOOD = "build:\n\techo good > built.txt\n"
 MK_EVIL = "build:\n\techo pwned > {ws}/pwned.txt\n"
 SH_EVIL = "echo pwned > {ws}/pwned.txt\n"
+NEW_FILE = "--- /dev/null\n+++ {name}\n@@ -0,0 +1 @@\n+x\n"
 ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
     ("make -kC sub build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # -C in a group
     ("make --dir=sub build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # a long option's prefix
@@ -287,18 +288,27 @@ ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
     ("python3 -Bm tool", {"tool.py": "print(1)\n"}, "tool.py", 'open("{ws}/pwned.txt", "w")\n'),
     ("node -r ./hook.js app.js", {"hook.js": "1;\n", "app.js": "1;\n"}, "hook.js",
      'require("fs").writeFileSync("{ws}/pwned.txt", "x");\n'),
+    # the file on the program's standard input, by name or through a pipe
+    ("bash /dev/stdin < s.sh", {"s.sh": "echo good\n"}, "s.sh", SH_EVIL),
+    ("make -f - build < x.mk", {"x.mk": MK_GOOD}, "x.mk", MK_EVIL),
+    ("cat x.py | python3", {"x.py": "print(1)\n"}, "x.py", 'open("{ws}/pwned.txt", "w")\n'),
+    ("cat fix.diff | patch -p0", {"fix.diff": NEW_FILE.format(name="good.txt")}, "fix.diff", NEW_FILE),
+    # patch's options as getopt reads them: -N then -i; -d first
+    ("patch -Ni fix.diff", {"fix.diff": NEW_FILE.format(name="good.txt")}, "fix.diff", NEW_FILE),
+    ("patch -d sub -i fix.diff", {"sub/fix.diff": NEW_FILE.format(name="good.txt")}, "sub/fix.diff", NEW_FILE),
 ]  # fmt: skip
 
 
 @pytest.fixture
 def asking(ws: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
     spec = copy.deepcopy(PERMISSIVE)
+    spec["roles"]["dev"]["read_roots"] = ["."]  # type: ignore[index]
     spec["rules"].append(  # type: ignore[attr-defined]
         {
             "id": "runs-files",
             "decision": "ask",
             "justification": "these run files of the workspace",
-            "programs": ["make", "bash", "perl", "node", "env", "find"],
+            "programs": ["make", "bash", "perl", "node", "env", "find", "patch"],
             "accept_unknown": True,
             "accept_unknown_paths": True,
             "path_args": {"write": "all"},
@@ -331,10 +341,25 @@ def test_no_file_an_approved_command_runs_can_change_unseen(
     hand_over(ws)
 
     def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
-        (ws / target).write_text(evil.format(ws=ws))
+        (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
 
     supervisor.then = rewrite
     out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
     assert supervisor.seen, out  # it was asked
-    assert not (ws / "pwned.txt").exists(), out
+    assert not list(ws.rglob("pwned.txt")), out
     assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("index", [0, 4, 5, 11, 12, 14, 17, 18])
+def test_an_unchanged_file_still_runs_as_approved(asking: tuple[Gateway, Supervisor], ws: Path, index: int) -> None:
+    command, files, _, _ = ATTACKS[index]
+    gw, supervisor = asking
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    if "link/" in command:
+        (ws / "link").symlink_to("real/x")
+    hand_over(ws)
+    out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
+    assert supervisor.seen and out["status"] == "ok", out
+    assert all(f.sha256 or not f.error for f in supervisor.seen[0].files), supervisor.seen[0].files
