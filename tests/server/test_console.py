@@ -156,8 +156,11 @@ def test_approve_for_the_session_runs_the_same_call_again_without_asking(console
     assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["status"] == "ok"
     (again,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "rm -f a"})))
     assert envelope_of(again)["status"] == "ok"
-    hows = [r["data"]["how"] for r in audit_records(console.server.audit) if r["event"] == "approval"]
-    assert hows == ["queue-session", "session"], hows
+    hows = [
+        (r["data"]["how"], r["data"]["by"]) for r in audit_records(console.server.audit) if r["event"] == "approval"
+    ]
+    # red team (issue 15): the repeat was recorded `by: session`, the supervisor who allowed it unnamed
+    assert hows == [("queue-session", "alice"), ("session", "alice")], hows
     # a denial has no session scope, and an id that is not pending is not a path
     assert console.post("/console/api/approvals/x/deny", {"scope": "session"}).status_code == 400
     assert console.post("/console/api/approvals/..%2F..%2Fetc/approve", {}).status_code == 404
