@@ -239,6 +239,46 @@ def test_a_revoked_secret_ends_its_sessions(console: Console) -> None:
     assert console.get("/console/api/approvals").status_code == 401
 
 
+@pytest.mark.parametrize("how", ["revoke", "logout"])
+def test_an_open_event_stream_ends_with_its_session(console: Console, how: str) -> None:
+    """Red team (issue 15): a stream opened before the secret was revoked (or the session signed
+    out) went on telling each call that waits and each answer."""
+    r = login(console, console.secret, console.origin)
+    jar = {"agw_console": r.cookies["agw_console"]}
+    csrf = httpx2.get(console.base + "/console/api/session", cookies=jar, timeout=30).json()["csrf"]
+    seen: list[dict[str, Any]] = []
+    hello, ended = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        with httpx2.stream("GET", console.base + "/console/api/events", cookies=jar, timeout=60) as s:
+            for line in s.iter_lines():
+                if line.startswith("data:"):
+                    seen.append(json.loads(line[5:]))
+                    hello.set()
+        ended.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert hello.wait(30)
+    if how == "revoke":
+        listed = gateway_cmd("token", "list", "--tokens", str(console.server.tokens)).stdout
+        sid = next(line.split()[0] for line in listed.splitlines() if "supervisor" in line)
+        gateway_cmd("token", "revoke", sid, "--tokens", str(console.server.tokens))
+        other = gateway_cmd("token", "create", "--supervisor", "bob", "--tokens", str(console.server.tokens))
+        bearer = {"Authorization": f"Bearer {other.stdout.strip().splitlines()[-1]}"}
+    else:
+        out = httpx2.post(console.base + "/console/logout", headers={"Origin": console.origin, "X-CSRF-Token": csrf},
+                          cookies=jar, timeout=30)  # fmt: skip
+        assert out.status_code == 303
+        bearer = console.bearer
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f nothing"}))
+    listed = lambda: console.get("/console/api/approvals", headers=bearer).json()["approvals"]  # noqa: E731
+    row = wait_for("a pending request", listed, agent=got)
+    assert ended.wait(30), seen  # the first event after it ends the stream, untold
+    assert [e["kind"] for e in seen] == ["hello"], seen
+    console.post(f"/console/api/approvals/{row[0]['call_id']}/deny", {"reason": "x"}, headers=bearer)
+    wait_for("the agent's answer", lambda: got)
+
+
 # --- events --------------------------------------------------------------------------------------
 def test_events_tell_added_and_answered_and_never_an_unauthenticated_client(console: Console) -> None:
     with httpx2.stream("GET", console.base + "/console/api/events", timeout=30) as anon:

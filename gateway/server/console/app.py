@@ -284,7 +284,7 @@ class Console:
         if method == "GET" and route == "verify":
             return _json(self.verify.get())
         if method == "GET" and route == "events":
-            return self._events()
+            return self._events(who)
         if method == "POST" and route == "replay":
             return await self._replay(request, who)
         raise Refused(404 if method in ("GET", "POST") else 405, f"no such API route: {method} /console/api/{route}")
@@ -410,7 +410,16 @@ class Console:
         items = [{"record": r, "summary": describe_record(r)} for r in found.pop("records")]
         return {"items": items, **found}
 
-    def _events(self) -> Response:
+    def _still_signed_in(self, who: Who) -> bool:
+        """Is the one who opened a stream still allowed to read it (secret not revoked, session
+        not ended)? Checked before each event: a stream outlives no sign-out or revocation."""
+        if self.config.tokens.current(who.token_id) is None:
+            if who.session_id:
+                self.sessions.end_for(who.token_id)
+            return False
+        return not who.session_id or self.sessions.get(who.session_id) is not None
+
+    def _events(self, who: Who) -> Response:
         queue = self.feed.subscribe(self.config.max_streams)
         if queue is None:
             raise Refused(503, f"{self.config.max_streams} event streams are open already (the console's limit)")
@@ -420,7 +429,7 @@ class Console:
                 yield ServerSentEvent(json.dumps({"kind": "hello"}), event="hello")
                 while True:
                     event = await queue.get()
-                    if event is END:
+                    if event is END or not await run_in_threadpool(self._still_signed_in, who):
                         return
                     yield ServerSentEvent(json.dumps(event), event=str(event["kind"]))
             except asyncio.CancelledError:
