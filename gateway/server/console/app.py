@@ -6,9 +6,10 @@ Who may ask (`identify`, before any route runs):
   supervisor's (`gateway token create --supervisor NAME`). An agent token is answered 403 on
   every path under /console (it is known, and it is not allowed here); anything else 401. Such
   a request needs no CSRF token: a browser never adds that header by itself.
-- otherwise the session cookie (`sessions.py`), for the API's reads; a state-changing request
-  from a session needs the session's CSRF token in `X-CSRF-Token` and an `Origin` equal to this
-  server's own origin, or it is refused 403. The login form needs that Origin too.
+- otherwise the session cookie (`sessions.py`) and the session's key in `X-CSRF-Token` (the
+  cookie alone reaches any port of this host); a state-changing request from a session also
+  needs an `Origin` equal to this server's own origin, or it is refused 403. The login form
+  needs that Origin too.
 - the page itself (`/console/`, `/console/login`, `/console/static/...`) is the same for
   everyone and holds no data: it asks the API.
 
@@ -214,10 +215,19 @@ class Console:
         if self.config.tokens.current(session.token_id) is None:
             self.sessions.end_for(session.token_id)
             raise Refused(401, "the secret this session signed in with was revoked: sign in again")
+        # the cookie alone is not enough, even to read: a browser sends it to every port of this
+        # host (cookies are not kept apart by port), so any other server on 127.0.0.1 the
+        # supervisor visits would get it. The session's key is not a cookie: the sign-in hands it
+        # to this origin's page only (in the redirect's fragment), which keeps it in its storage.
+        key = request.headers.get("x-csrf-token")
+        if key is None and request.url.path == f"{PREFIX}/api/events":
+            key = request.query_params.get("csrf")  # an EventSource sends no header of its own
+        if key is None:
+            raise Refused(401, "X-CSRF-Token: missing: this page has not this session's key; sign in again here")
+        if not Sessions.csrf_ok(session, key):
+            raise Refused(403, "X-CSRF-Token: not this session's")
         if changes:
             self._same_origin(request)
-            if not Sessions.csrf_ok(session, request.headers.get("x-csrf-token")):
-                raise Refused(403, "X-CSRF-Token: missing or not this session's (read it from /console/api/session)")
         return Who(session.supervisor, session.token_id, "session", session, session_id)
 
     def _same_origin(self, request: Request) -> None:
@@ -234,14 +244,15 @@ class Console:
         if entry is None:
             page = self.files["login.html"].replace(b'<p id="failed" hidden>', b'<p id="failed">')
             return Response(page, status_code=401, media_type="text/html; charset=utf-8")
-        session_id, _ = self.sessions.open(entry.principal, entry.id)
+        session_id, session = self.sessions.open(entry.principal, entry.id)
         try:
             await run_in_threadpool(self.config.audit.append, "console_login", data={"supervisor": entry.principal,
                                     "token": entry.id})  # fmt: skip
         except AuditUnavailable as exc:
             self.sessions.close(session_id)
             raise Refused(503, f"the sign-in could not be recorded: {exc}") from None
-        response = RedirectResponse(f"{PREFIX}/", 303)
+        # the key in the fragment: never sent to a server, read by the page and kept per tab
+        response = RedirectResponse(f"{PREFIX}/#key={session.csrf}", 303)
         response.set_cookie(COOKIE, session_id, path=PREFIX, httponly=True, samesite="strict",
                             secure=self.config.secure_cookie)  # fmt: skip
         return response
