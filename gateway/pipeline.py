@@ -112,7 +112,8 @@ class Gateway:
         # "approve for this session": the digests of calls a supervisor approved for the rest of
         # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
         # narrowest rule covering that one call, void when the policy changes.
-        self._session_approved: set[str] = set()
+        self._session_approved: dict[str, str] = {}
+        """Digests a supervisor approved for the session -> that supervisor (each repeat names them)."""
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
@@ -309,7 +310,8 @@ class Gateway:
                 tuple(r.rule for r in decision.reasons) or (None,), inherited, files,
             )  # fmt: skip
             if request.digest in self._session_approved:
-                answer: Approval | None = Approval(True, "session", request.digest, "session")
+                by = self._session_approved[request.digest]
+                answer: Approval | None = Approval(True, by, request.digest, "session")
             elif unattended:
                 answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
             else:
@@ -321,7 +323,7 @@ class Gateway:
             gone = cancellation.cancelled()  # the caller went away (or the server stops) while it waited
             granted = answer is not None and answer.approved and bound and unchanged and same_env and not gone
             if granted and answer is not None and answer.how.endswith("-session"):
-                self._session_approved.add(answer.digest)
+                self._session_approved[answer.digest] = answer.by
             note = answer.note if answer is not None else ""
             withdrawn = gone and answer is None  # nobody answered, and nobody ever will: say why
             why_gone = cancellation.reason() or "the call was cancelled (its client went away)"

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.analysis import Command, RedirectMode, Word
+from gateway.analysis.model import Context, Expansion
 
 MAX_BYTES = 64 << 20
 """A file larger than this is not read whole: it cannot be bound."""
@@ -35,19 +36,41 @@ MAX_FILES = 32
 """Files bound per call at most; a call naming more cannot be bound (an error entry)."""
 MAX_CWDS = 16
 """Directories a text's `cd`s may lead to that are followed; past them nothing can be bound."""
+UNFIXED = "known only at run time (named by an expansion, or in a directory the text does not fix)"
 HEAD_CHARS = 4000
 """Characters of each file shown to the supervisor (`approvals show`)."""
 
 SHELLS = frozenset({"bash", "sh", "dash", "zsh", "ksh", "mksh", "ash", "busybox"})
+_RUBY_LONG_WITH_VALUE = (
+    "--encoding", "--external-encoding", "--internal-encoding", "--enable", "--disable", "--dump",
+    "--backtrace-limit", "--crash-report", "--parser",
+)  # fmt: skip
 # per interpreter: options taking a value (apart), and options whose value is the program text
+# (perl's -x takes its directory attached only: `perl -x s.pl` runs s.pl)
 _INTERPRETERS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
     "shell": (frozenset({"-o", "+o", "-O", "+O", "--rcfile", "--init-file"}), frozenset({"-c"})),
-    "python": (frozenset({"-W", "-X", "-Q"}), frozenset({"-c", "-m"})),
+    "python": (frozenset({"-W", "-X", "--check-hash-based-pycs"}), frozenset({"-c", "-m"})),
     "node": (frozenset({"-r", "--require", "--import", "--loader"}), frozenset({"-e", "--eval", "-p", "--print"})),
-    "perl": (frozenset({"-I", "-M", "-m", "-x"}), frozenset({"-e", "-E"})),
-    "ruby": (frozenset({"-I", "-r", "-C"}), frozenset({"-e"})),
+    "perl": (frozenset({"-I", "-M", "-m"}), frozenset({"-e", "-E"})),
+    "ruby": (frozenset({"-I", "-r", "-C", *_RUBY_LONG_WITH_VALUE}), frozenset({"-e"})),
 }
+# options whose value is a file of code the interpreter loads before the script (when it is a path)
+_PRELOADS = {"node": frozenset({"-r", "--require", "--import", "--loader"}), "ruby": frozenset({"-r"})}
 MAKEFILES = ("GNUmakefile", "makefile", "Makefile")
+# GNU make's long options (getopt_long takes any unambiguous prefix: `--dir=sub` is --directory)
+# -> its short letter; the ones taking a value apart marked
+_MAKE_LONG = {
+    "always-make": "B", "directory": "C=", "debug": "d", "environment-overrides": "e", "eval": "E=",
+    "file": "f=", "makefile": "f=", "help": "h", "ignore-errors": "i", "include-dir": "I=", "jobs": "j",
+    "jobserver-style": "-=", "keep-going": "k", "load-average": "l", "check-symlink-times": "L",
+    "just-print": "n", "dry-run": "n", "recon": "n", "old-file": "o=", "assume-old": "o=",
+    "output-sync": "O", "print-data-base": "p", "question": "q", "no-builtin-rules": "r",
+    "no-builtin-variables": "R", "shuffle": "-", "silent": "s", "quiet": "s", "no-silent": "-",
+    "no-keep-going": "S", "stop": "S", "touch": "t", "trace": "-", "version": "v",
+    "print-directory": "w", "no-print-directory": "-", "what-if": "W=", "new-file": "W=",
+    "assume-new": "W=", "warn-undefined-variables": "-", "jobserver-auth": "-=", "jobserver-fds": "-=",
+}  # fmt: skip
+_MAKE_SHORT_WITH_VALUE = "CEfIoW"
 
 
 @dataclass(frozen=True)
@@ -103,60 +126,181 @@ def _interpreter(program: str) -> str | None:
     return None
 
 
+STDIN_NAMES = frozenset({"-", "/dev/stdin", "/dev/fd/0", "/proc/self/fd/0"})
+"""Names a program given a file reads its standard input by (`make -f -`, `bash /dev/stdin`)."""
+
+
 def _stdin_of(cmd: Command) -> Word | None:
     return next((r.target for r in cmd.redirects if r.mode is RedirectMode.READ and r.fd in (None, 0)), None)
 
 
-def _script(cmd: Command, family: str) -> list[Word]:
-    """The script an interpreter runs: its first operand, else its stdin; none with -c/-e/-m."""
+def _stdin_source(cmd: Command) -> Word | str | None:
+    """Where a program's standard input comes from: a file (`< x.mk`), or why that is known only
+    at run time (`cat x.py | python3`: another command's output), or None (text of the command
+    itself, a here-document, or the gateway's own empty input). The first command of a pipeline
+    is counted as reading a pipe too."""
+    for r in cmd.redirects:
+        if r.fd in (None, 0) and r.mode is RedirectMode.READ:
+            return r.target
+        if r.fd in (None, 0) and r.mode in (RedirectMode.HEREDOC, RedirectMode.HERESTRING):
+            return None
+    if Context.PIPELINE in cmd.context:
+        return "reads it from a pipe: what another command writes there is known only at run time"
+    return None
+
+
+@dataclass
+class _Run:
+    """What an interpreter's command line makes it read: its script (and files it loads first),
+    a module it looks up beneath its directory (`python -m NAME`), the directory it changes to
+    before it looks (`ruby -C DIR`), or why that cannot be told from the text."""
+
+    files: list[Word]
+    module: Word | None = None
+    directory: Word | None = None
+    unknown: str = ""
+
+
+# per interpreter, its one-letter options (they may be grouped, `-xe`, `-Bm mod`): plain flags;
+# those whose value is the rest of the word or else the next word; those whose value can only be
+# the rest of the word; those whose value is program text. A letter outside these is unknown and
+# the script cannot be told (no approval can bind it).
+_SHORT: dict[str, tuple[str, str, str, str]] = {
+    "shell": ("abefhklmnprstuvxBCDEHPTis", "oO", "", "c"),
+    "python": ("bBdEhiIOPqsSuvVxR", "WXm", "", "c"),
+    "perl": ("acnpsStTuUvwWX", "I", "CdDFiMmVx", "eE"),
+    "ruby": ("acdhlnpsSvwy", "CIrE", "xFKTWi0", "e"),
+}
+
+
+def _script(cmd: Command, family: str) -> _Run:
+    """The script an interpreter runs: its first operand, else its stdin; none with -c/-e (the
+    analyser read the text); the files `node -r ./x.js` or `ruby -r ./x.rb` load first; the
+    module of `python -m NAME`; ruby's `-C DIR`."""
     takes, inline = _INTERPRETERS[family]
+    preloads = _PRELOADS.get(family, frozenset())
+    run = _Run([])
     words = list(cmd.argv[1:])
+
+    def value_of(flag: str, value: Word | None) -> None:
+        if value is None:
+            return
+        if flag in preloads and value.value.startswith(("/", "./", "../")):
+            run.files.append(value)  # a path: the file is loaded as code (a bare name is a package)
+        elif family == "ruby" and flag == "-C":
+            run.directory = value
+
     k = 0
     while k < len(words):
-        v = words[k].value
+        w = words[k]
+        v = w.value
+        nxt = words[k + 1] if k + 1 < len(words) else None
         if v == "--":
             k += 1
             break
         if not v.startswith(("-", "+")) or v in ("-", "+"):
             break
-        flag = v.split("=", 1)[0]
-        if flag in inline or (family == "shell" and v.startswith("-") and not v.startswith("--") and "c" in v[1:]):
-            return []  # the program text is an argument: the analyser read it, no file runs it
-        if family in ("python", "perl", "ruby") and len(v) > 2 and v[:2] in inline:
-            return []  # -cTEXT, -eTEXT
-        k += 2 if flag in takes and "=" not in v else 1
+        if v.startswith("--") or family == "node":
+            flag, eq, attached = v.partition("=")
+            if flag in inline:
+                return _Run([])  # the program text is an argument: the analyser read it
+            if flag in takes:
+                value_of(flag, Word(attached, w.expansions, w.raw) if eq else nxt)
+            k += 2 if flag in takes and not eq else 1
+            continue
+        plain, apart, attached_only, text = _SHORT[family]
+        if not w.literal:
+            run.unknown = f"{family} option {w.raw or v} known only at run time"
+            return run
+        k += 1
+        body = v[1:]
+        for n, ch in enumerate(body):
+            rest = body[n + 1 :]
+            if ch in text:
+                return _Run([])  # the program text is an argument: the analyser read it
+            if ch in apart:
+                value = Word(rest, w.expansions, w.raw) if rest else nxt
+                if not rest:
+                    k += 1
+                if family == "python" and ch == "m":
+                    run.module = value
+                    return run  # the module runs; what follows are its arguments
+                value_of(f"-{ch}", value)
+                break
+            if ch in attached_only:
+                value_of(f"-{ch}", Word(rest, w.expansions, w.raw))
+                break
+            if family == "perl" and ch in "l0":
+                continue  # their digits follow: not letters of this table
+            if ch.isdigit() and family == "perl":
+                continue
+            if ch not in plain:
+                run.unknown = f"{family} option -{ch} (in {v}) is not one the gateway knows"
+                return run
     if k < len(words):
-        return [words[k]] if words[k].value != "-" else ([w] if (w := _stdin_of(cmd)) else [])
-    stdin = _stdin_of(cmd)
-    return [stdin] if stdin is not None else []
+        run.files.append(words[k])  # `-` or /dev/stdin: named() reads it as the stdin's source
+        return run
+    run.files.append(Word("-"))  # no script: it reads its standard input
+    return run
 
 
-def _make(cmd: Command) -> tuple[list[Word], Word | None]:
-    """make's `-f` files and its `-C` directory (the last one given)."""
+def _module_files(module: str) -> list[str]:
+    """Where `python -m module` finds it first (its own directory is first on sys.path): the
+    module's source, compiled or extension file, or its package's `__init__` and `__main__`."""
+    from importlib.machinery import all_suffixes
+
+    parts = module.split(".")
+    path = "/".join(parts)
+    out = [f"{'/'.join(parts[:n])}/__init__.py" for n in range(1, len(parts))]
+    out += [path + suffix for suffix in all_suffixes()]
+    out += [f"{path}/__init__.py", f"{path}/__main__.py"]
+    return out
+
+
+def _make(cmd: Command) -> tuple[list[Word], list[Word]]:
+    """make's `-f` files and its `-C` directories (each relative to the one before, as make
+    changes into them in turn), parsed as getopt does: `-kC sub`, `-sfx.mk`, `--dir=sub`."""
     files: list[Word] = []
-    directory: Word | None = None
+    dirs: list[Word] = []
     words = list(cmd.argv[1:])
     k = 0
     while k < len(words):
-        v = words[k].value
+        w = words[k]
+        v = w.value
         nxt = words[k + 1] if k + 1 < len(words) else None
-        if v in ("-f", "--file", "--makefile", "-C", "--directory") and nxt is not None:
-            if v in ("-C", "--directory"):
-                directory = nxt
-            else:
-                files.append(nxt)
-            k += 2
-            continue
-        if v.startswith(("--file=", "--makefile=")):
-            files.append(Word(v.split("=", 1)[1], words[k].expansions))
-        elif v.startswith("-f") and not v.startswith("--") and len(v) > 2:
-            files.append(Word(v[2:], words[k].expansions))
-        elif v.startswith("--directory="):
-            directory = Word(v.split("=", 1)[1], words[k].expansions)
-        elif v.startswith("-C") and len(v) > 2:
-            directory = Word(v[2:], words[k].expansions)
         k += 1
-    return files, directory
+        if v == "--":
+            break
+        if v.startswith("--"):
+            name, eq, value = v[2:].partition("=")
+            matches = {_MAKE_LONG[o] for o in _MAKE_LONG if o == name} or {
+                _MAKE_LONG[o] for o in _MAKE_LONG if o.startswith(name) and name
+            }
+            if len(matches) != 1:
+                continue  # unknown or ambiguous: make refuses to start
+            letter = matches.pop()
+            if not letter.endswith("="):
+                continue
+            if eq:
+                arg: Word | None = Word(value, w.expansions, w.raw)
+            else:
+                arg, k = nxt, k + 1
+            if arg is not None and letter[0] in "Cf":
+                (dirs if letter[0] == "C" else files).append(arg)
+            continue
+        if not v.startswith("-") or v == "-":
+            continue  # a target or a variable
+        for n, letter in enumerate(v[1:], 1):
+            if letter not in _MAKE_SHORT_WITH_VALUE:
+                continue
+            if n + 1 < len(v):
+                arg = Word(v[n + 1 :], w.expansions, w.raw)
+            else:
+                arg, k = nxt, k + 1
+            if arg is not None and letter in "Cf":
+                (dirs if letter == "C" else files).append(arg)
+            break
+    return files, dirs
 
 
 def _git_patches(cmd: Command) -> tuple[list[Word], list[Word]]:
@@ -171,111 +315,243 @@ def _git_patches(cmd: Command) -> tuple[list[Word], list[Word]]:
     if k >= len(args) or args[k].value not in ("apply", "am"):
         return [], dirs
     operands = [w for w in args[k + 1 :] if not w.value.startswith("-")]
-    stdin = _stdin_of(cmd)
-    return operands or ([stdin] if stdin is not None else []), dirs
+    return operands or [Word("-")], dirs  # none: the patch comes on its standard input
 
 
-def _patches(cmd: Command) -> list[Word]:
-    """patch's patch files: -i, its second operand, else its stdin."""
+# GNU patch's options taking a value (getopt: `-Ni fix.diff` is -N, then -i fix.diff)
+_PATCH_SHORT_WITH_VALUE = "BdDFgiopVrYz"
+_PATCH_LONG_WITH_VALUE = (
+    "--prefix", "--directory", "--ifdef", "--fuzz", "--get", "--input", "--output", "--strip", "--reject-file",
+    "--version-control", "--basename-prefix", "--suffix", "--quoting-style", "--reject-format", "--read-only",
+)  # fmt: skip
+
+
+def _patches(cmd: Command) -> tuple[list[Word], list[Word]]:
+    """patch's patch files (-i, its second operand, else its standard input: `-`) and the
+    directories it changes to first (-d: an -i file is read from there)."""
     args = list(cmd.argv[1:])
-    out: list[Word] = []  # patch
+    out: list[Word] = []
+    dirs: list[Word] = []
     operands: list[Word] = []
     k = 0
     while k < len(args):
-        v = args[k].value
-        if v in ("-i", "--input") and k + 1 < len(args):
-            out.append(args[k + 1])
-            k += 2
-            continue
-        if v.startswith("--input="):
-            out.append(Word(v[len("--input=") :], args[k].expansions))
-        elif v.startswith("-i") and len(v) > 2:
-            out.append(Word(v[2:], args[k].expansions))
-        elif v in ("-o", "--output", "-r", "--reject-file", "-d", "--directory", "-B", "-D", "-p", "-F", "-V", "-z"):
-            k += 2
-            continue
-        elif not v.startswith("-"):
-            operands.append(args[k])
+        w = args[k]
+        v = w.value
+        nxt = args[k + 1] if k + 1 < len(args) else None
         k += 1
+        if v == "--":
+            operands.extend(args[k:])
+            break
+        if v.startswith("--"):
+            flag, eq, value = v.partition("=")
+            full = [o for o in _PATCH_LONG_WITH_VALUE if o == flag] or [
+                o for o in _PATCH_LONG_WITH_VALUE if len(flag) > 3 and o.startswith(flag)
+            ]
+            if len(full) != 1:
+                continue  # a flag (or ambiguous: patch refuses to start)
+            arg = Word(value, w.expansions, w.raw) if eq else nxt
+            k += 0 if eq else 1
+            if arg is not None and full[0] in ("--input", "--directory"):
+                (out if full[0] == "--input" else dirs).append(arg)
+            continue
+        if not v.startswith("-") or v == "-":
+            operands.append(w)
+            continue
+        for n, ch in enumerate(v[1:], 1):
+            if ch in _PATCH_SHORT_WITH_VALUE:
+                rest = v[n + 1 :]
+                arg = Word(rest, w.expansions, w.raw) if rest else nxt
+                if not rest:
+                    k += 1
+                if arg is not None and ch in "id":
+                    (out if ch == "i" else dirs).append(arg)
+                break
     if len(operands) >= 2:
         out.append(operands[1])
-    stdin = _stdin_of(cmd)
-    if not out and stdin is not None:
-        out.append(stdin)
-    return out
+    return out or [Word("-")], dirs
+
+
+def _join(base: Path | str, value: str) -> str:
+    """`value` against `base`, as the kernel would resolve it: `..` is left in (resolved beneath
+    the root, where a link on the way leads), anything else normalised."""
+    joined = os.path.join(str(base), value)
+    return joined if ".." in Path(joined).parts else os.path.normpath(joined)
+
+
+# wrappers that change directory before they start their program: {name: (letters, long options)}
+_CHDIR_WRAPPERS = {"env": ("C", "--chdir"), "sudo": ("D", "--chdir")}
+_WRAPPER_VALUES = {"env": "uCaS", "sudo": "CDghpRrtTUu"}
+
+
+def _wrapper_directory(cmd: Command) -> Word | str | None:
+    """The directory `env -C DIR` / `sudo -D DIR` starts its program in (None: its own), or why
+    it cannot be told (`find -execdir` runs its program in each file's directory)."""
+    name = os.path.basename(cmd.program)
+    if name == "find":
+        found = {w.value for w in cmd.argv[1:]} & {"-execdir", "-okdir"}
+        return f"find {sorted(found)[0]} runs it in each found file's directory" if found else None
+    if name not in _CHDIR_WRAPPERS:
+        return None
+    letter, long = _CHDIR_WRAPPERS[name]
+    directory: Word | None = None
+    words = list(cmd.argv[1:])
+    k = 0
+    while k < len(words):
+        w = words[k]
+        v = w.value
+        nxt = words[k + 1] if k + 1 < len(words) else None
+        k += 1
+        if v == "--" or not v.startswith("-") or v == "-":
+            break
+        if v.startswith("--"):
+            flag, eq, value = v.partition("=")
+            if len(flag) >= 3 and long.startswith(flag):
+                directory = Word(value, w.expansions, w.raw) if eq else nxt
+                k += 0 if eq else 1
+            continue
+        for n, ch in enumerate(v[1:], 1):
+            if ch in _WRAPPER_VALUES[name]:
+                rest = v[n + 1 :]
+                if ch == letter:
+                    directory = Word(rest, w.expansions, w.raw) if rest else nxt
+                if not rest:
+                    k += 1
+                break
+    return directory
 
 
 def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> list[tuple[str, str]]:
     """(path, why) for every file of the text's commands that a program runs, paths absolute
-    (relative ones against every directory a `cd` of the text may have led to). A word with an
-    expansion is kept as its text, prefixed with `?` (it cannot be bound)."""
+    (relative ones against every directory a `cd` of the text, a wrapper's `-C` or make's may
+    have led to). A file that cannot be told from the text (a word with an expansion, a
+    directory known only at run time: `cd -`, `popd`, `find -execdir`) is kept as its text,
+    prefixed with `?` (it cannot be bound)."""
+    commands = list(commands)
     cwds = [cwd]
+    lost = ""  # why the directory a later command runs in is known only at run time
     out: dict[str, str] = {}
+    chain: list[Path] | str | None = None  # a wrapper's directory for the commands it starts
+    here: list[Path] | str = cwds
+    # make reads the makefiles MAKEFILES names before its own: however the text sets it
+    # (`MAKEFILES=x make`, `export MAKEFILES=x`, `env MAKEFILES=x make`)
+    makefiles_var = [a.value for c in commands for a in c.assignments if a.name == "MAKEFILES"]
+    makefiles_var += [
+        Word(w.value.split("=", 1)[1], w.expansions, w.raw)
+        for c in commands for w in c.argv[1:] if w.value.startswith(("MAKEFILES=", "MAKEFILES+="))
+    ]  # fmt: skip
 
-    def add(word: Word, why: str, bases: list[Path] | None = None) -> None:
+    def add(word: Word, why: str, bases: list[Path] | str | None = None) -> None:
         if not word.literal:
             out.setdefault(f"?{word.raw or word.value}", why)
             return
-        for base in cwds if bases is None else bases:
-            joined = os.path.join(str(base), word.value)
-            # `..` is left to the kernel: resolved beneath the root, where a link on the way leads
-            path = joined if ".." in Path(word.value).parts else os.path.normpath(joined)
-            out.setdefault(path, why)
+        bases = here if bases is None else bases
+        if isinstance(bases, str) and not word.value.startswith("/"):
+            out.setdefault(f"?{word.value}", f"{why}, in a directory known only at run time: {bases}")
+            return
+        for base in ["/"] if isinstance(bases, str) else bases:
+            out.setdefault(_join(base, word.value), why)
+
+    def add_read(cmd: Command, word: Word, why: str, bases: list[Path] | str | None = None) -> None:
+        """`word` as a file the program reads, `-` and /dev/stdin being its standard input."""
+        if not (word.literal and word.value in STDIN_NAMES):
+            add(word, why, bases)
+            return
+        source = _stdin_source(cmd)
+        if isinstance(source, Word):
+            add(source, f"{why} (on its standard input)", lost or cwds)  # the shell opens it, where it is
+        elif isinstance(source, str):
+            out.setdefault(f"?{os.path.basename(cmd.program)} {source}", why)
+
+    def moved(bases: list[Path] | str, directory: Word, what: str) -> list[Path] | str:
+        """The directories `bases` lead to after a change into `directory` (each relative to
+        them, resolved by the kernel: `sub/..` through a link is its target's parent)."""
+        if not directory.literal:
+            return f"{what} {directory.raw or directory.value}"
+        if isinstance(bases, str):
+            return bases if not directory.value.startswith("/") else [Path(_join("/", directory.value))]
+        return list(dict.fromkeys(Path(_join(b, directory.value)) for b in bases))
 
     for cmd in commands:
         if not cmd.argv:
             continue
         program = cmd.program
         name = os.path.basename(program)
-        if name in ("cd", "pushd"):
-            target = next((w for w in cmd.argv[1:] if not w.value.startswith("-")), None)
-            if target is None and home is not None:
+        if cmd.wrapper is None:
+            chain = None
+        here = lost or cwds
+        if chain is not None:
+            here = chain
+        if name in ("cd", "pushd", "popd"):
+            target = next((w for w in cmd.argv[1:] if not w.value.startswith(("-", "+")) or w.value == "-"), None)
+            if name == "popd" or (name == "pushd" and (target is None or target.value.startswith(("+", "-")))):
+                lost = lost or f"{name} goes to a directory of the stack (DIRSTACK can be assigned)"
+            elif target is not None and target.value == "-":
+                lost = lost or f"{name} - goes to $OLDPWD (which the text can assign)"
+            elif target is None and home is not None:
                 cwds = [*cwds, home]
             elif target is not None and target.literal:
-                cwds = [*cwds, *(Path(os.path.normpath(os.path.join(str(c), target.value))) for c in cwds)]
+                logical = [Path(os.path.normpath(os.path.join(str(c), target.value))) for c in cwds]
+                physical = [Path(_join(c, target.value)) for c in cwds]  # cd -P, set -P
+                cwds = [*cwds, *logical, *physical]
             else:
-                out.setdefault(f"?{target.raw if target is not None else name}", f"{name}'s directory")
+                lost = lost or f"{name} {target.raw if target is not None else ''}".strip()
             cwds = list(dict.fromkeys(cwds))
             if len(cwds) > MAX_CWDS:
-                out.setdefault("?cd", f"more than {MAX_CWDS} directories the text may cd to")
-                cwds = cwds[:MAX_CWDS]
+                lost = lost or f"more than {MAX_CWDS} directories the text may cd to"
             continue
+        wrapped = _wrapper_directory(cmd)
+        if isinstance(wrapped, str):
+            chain = wrapped
+        elif wrapped is not None:
+            chain = moved(here, wrapped, f"{name}'s directory")
         if "/" in program:
             add(cmd.argv[0], "the program itself")
         family = _interpreter(program)
         if family is not None:
-            for word in _script(cmd, family):
-                add(word, f"{name}'s script")
+            run = _script(cmd, family)
+            bases = here if run.directory is None else moved(here, run.directory, f"{name} -C's directory")
+            if run.unknown:
+                out.setdefault(f"?{name} {run.unknown}", f"{name}'s script")
+            for word in run.files:
+                add_read(cmd, word, f"{name}'s script", bases)
+            if run.module is not None:
+                if not run.module.literal or not all(p.isidentifier() for p in run.module.value.split(".")):
+                    add(Word(run.module.value, (Expansion.PARAMETER,), run.module.raw), f"{name} -m's module")
+                else:
+                    for rel in _module_files(run.module.value):
+                        add(Word(rel), f"{name} -m's module", bases)
         elif name in ("make", "gmake"):
-            files, directory = _make(cmd)
-            bases = cwds
-            if directory is not None:
-                if not directory.literal:
-                    add(directory, "make -C's directory")
-                    continue
-                bases = [Path(os.path.normpath(os.path.join(str(c), directory.value))) for c in cwds]
+            files, dirs = _make(cmd)
+            bases = here
+            for d in dirs:  # each -C is relative to the one before
+                bases = moved(bases, d, "make -C's directory")
+            for value in makefiles_var:
+                for part in value.value.split():
+                    add(Word(part, value.expansions, value.raw), "a makefile MAKEFILES names", bases)
             for word in files:
-                add(word, "make's makefile", bases)
+                add_read(cmd, word, "make's makefile", bases)
             if not files:
-                for base in bases:
+                for base in [] if isinstance(bases, str) else bases:
                     for candidate in MAKEFILES:
                         add(Word(candidate), "make's makefile", [base])
                         if os.path.lexists(os.path.join(base, candidate)):
                             break  # make reads the first that exists: the ones before it bound as absent
+                if isinstance(bases, str):
+                    add(Word("Makefile"), "make's makefile", bases)
         elif name == "patch":
-            for word in _patches(cmd):
-                add(word, "patch's patch")
-        elif name == "git":
-            patches, dirs = _git_patches(cmd)
-            bases = cwds
-            for d in dirs:  # each -C is relative to the one before
-                if not d.literal:
-                    add(d, "git -C's directory")
-                    bases = []
-                    break
-                bases = [Path(os.path.normpath(os.path.join(str(b), d.value))) for b in bases]
+            patches, pdirs = _patches(cmd)
+            pbases = here
+            for d in pdirs:  # patch -d changes there first: -i is read from there
+                pbases = moved(pbases, d, "patch -d's directory")
             for word in patches:
-                add(word, "git's patch", bases)
+                add_read(cmd, word, "patch's patch", pbases)
+        elif name == "git":
+            patches, gdirs = _git_patches(cmd)
+            gbases = here
+            for d in gdirs:  # each -C is relative to the one before
+                gbases = moved(gbases, d, "git -C's directory")
+            for word in patches:
+                add_read(cmd, word, "git's patch", gbases)
     return list(out.items())
 
 
@@ -293,7 +569,10 @@ def _read(path: str, why: str, root: Path) -> BoundFile:
     """`path` read beneath `root` (never leaving it, whatever links lie on the way), hashed."""
     from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
 
-    relative = os.path.relpath(path, root)
+    # the path as named, beneath the root: not relpath, which would fold `link/..` lexically where
+    # the kernel goes to the link target's parent
+    top_text = str(root).rstrip("/") + "/"
+    relative = path[len(top_text) :] if path.startswith(top_text) else "."
     try:
         top = open_absolute(str(root))
     except OSError as exc:
@@ -352,7 +631,7 @@ def bind(found: list[tuple[str, str]], roots: tuple[Path, ...]) -> tuple[BoundFi
         with identity.acting_as_sandbox():
             for path, why, root in todo:
                 if root is None:
-                    out.append(BoundFile(path, why, error="named by an expansion: known only at run time"))
+                    out.append(BoundFile(path, why, error=UNFIXED))
                 else:
                     out.append(_read(path, why, root))
     except identity.ActAsUnavailable as exc:

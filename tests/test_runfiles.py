@@ -235,7 +235,7 @@ def test_approvals_show_prints_the_files_escaped(policy: CompiledPolicy, tmp_pat
         ("bash -c 'ls'", []),
         ("./run.sh", ["run.sh"]),
         ("python3 -u tool.py", ["tool.py"]),
-        ("python3 -m pytest", []),
+        ("python3 -c 'import x'", []),
         ("make -f build.mk all", ["build.mk"]),
         ("make -C sub", ["sub/GNUmakefile", "sub/makefile", "sub/Makefile"]),
         ("cd sub && make -fM", ["M", "sub/M"]),
@@ -245,10 +245,121 @@ def test_approvals_show_prints_the_files_escaped(policy: CompiledPolicy, tmp_pat
         ("patch -p1 < fix.diff", ["fix.diff"]),
         ("patch src.c fix.diff", ["fix.diff"]),
         ("ls -la && git status", []),
+        ("ruby -C sub x.rb", ["sub/x.rb"]),
+        ("ruby -wC sub -r ./pre.rb x.rb", ["sub/pre.rb", "sub/x.rb"]),
+        ("perl -lne 'print' f", []),
+        ("perl -Mre s.pl", ["s.pl"]),
+        ("python3 -c 'import x'", []),
+        ("python3 -Z x.py", ["?python3 python option -Z (in -Z) is not one the gateway knows"]),
+        ("popd && make", ["?Makefile"]),
+        (
+            "pushd sub && make",
+            ["GNUmakefile", "makefile", "Makefile", "sub/GNUmakefile", "sub/makefile", "sub/Makefile"],
+        ),
+        ("env MAKEFILES=m.mk make -f x.mk", ["m.mk", "x.mk"]),
     ],
 )
 def test_which_files_a_command_runs(text: str, files: list[str]) -> None:
     analysis = analyze(text, second_opinion_enabled=False)
     assert analysis.denial is None
-    got = [os.path.relpath(p, "/ws") for p, _ in named(analysis.commands, Path("/ws"))]
+    got = [p if p.startswith("?") else os.path.relpath(p, "/ws") for p, _ in named(analysis.commands, Path("/ws"))]
     assert got == files
+
+
+# --- red team (issue 15): ways to make the asked program read a file the approval did not bind --
+# each: the command, the files before the approval, the file rewritten after it (its new text
+# writes pwned.txt at the workspace's top). On the code before, each ran the rewritten file.
+MK_GOOD = "build:\n\techo good > built.txt\n"
+MK_EVIL = "build:\n\techo pwned > {ws}/pwned.txt\n"
+SH_EVIL = "echo pwned > {ws}/pwned.txt\n"
+NEW_FILE = "--- /dev/null\n+++ {name}\n@@ -0,0 +1 @@\n+x\n"
+ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
+    ("make -kC sub build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # -C in a group
+    ("make --dir=sub build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # a long option's prefix
+    ("make -C a -C b build", {"a/b/Makefile": MK_GOOD}, "a/b/Makefile", MK_EVIL),  # -C relative to -C
+    ("make -sf x.mk build", {"x.mk": MK_GOOD}, "x.mk", MK_EVIL),  # -f in a group
+    ("make -C link/.. build", {"real/Makefile": MK_GOOD, "real/x/.keep": ""}, "real/Makefile", MK_EVIL),
+    ("env -C sub make build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # the wrapper's cd
+    ("find sub -name Makefile -execdir make build ';'", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),
+    ("MAKEFILES=inc.mk make build", {"inc.mk": "X = 1\n"}, "inc.mk", "$(shell echo pwned > {ws}/pwned.txt)\n"),
+    ("bash -xo posix s.sh", {"s.sh": "echo good\n"}, "s.sh", SH_EVIL),  # -o in a group
+    ("perl -x s.pl", {"s.pl": "#!perl\nprint 1;\n"}, "s.pl", '#!perl\nopen(F, ">", "{ws}/pwned.txt");\n'),
+    ("python3 -m tool", {"tool.py": "print(1)\n"}, "tool.py", 'open("{ws}/pwned.txt", "w")\n'),
+    ("python3 -Bm tool", {"tool.py": "print(1)\n"}, "tool.py", 'open("{ws}/pwned.txt", "w")\n'),
+    ("node -r ./hook.js app.js", {"hook.js": "1;\n", "app.js": "1;\n"}, "hook.js",
+     'require("fs").writeFileSync("{ws}/pwned.txt", "x");\n'),
+    # the file on the program's standard input, by name or through a pipe
+    ("bash /dev/stdin < s.sh", {"s.sh": "echo good\n"}, "s.sh", SH_EVIL),
+    ("make -f - build < x.mk", {"x.mk": MK_GOOD}, "x.mk", MK_EVIL),
+    ("cat x.py | python3", {"x.py": "print(1)\n"}, "x.py", 'open("{ws}/pwned.txt", "w")\n'),
+    ("cat fix.diff | patch -p0", {"fix.diff": NEW_FILE.format(name="good.txt")}, "fix.diff", NEW_FILE),
+    # patch's options as getopt reads them: -N then -i; -d first
+    ("patch -Ni fix.diff", {"fix.diff": NEW_FILE.format(name="good.txt")}, "fix.diff", NEW_FILE),
+    ("patch -d sub -i fix.diff", {"sub/fix.diff": NEW_FILE.format(name="good.txt")}, "sub/fix.diff", NEW_FILE),
+]  # fmt: skip
+
+
+@pytest.fixture
+def asking(ws: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
+    spec = copy.deepcopy(PERMISSIVE)
+    spec["roles"]["dev"]["read_roots"] = ["."]  # type: ignore[index]
+    spec["rules"].append(  # type: ignore[attr-defined]
+        {
+            "id": "runs-files",
+            "decision": "ask",
+            "justification": "these run files of the workspace",
+            "programs": ["make", "bash", "perl", "node", "env", "find", "patch"],
+            "accept_unknown": True,
+            "accept_unknown_paths": True,
+            "path_args": {"write": "all"},
+            "examples": {"match": ["make build"]},
+            "env": ["MAKEFILES"],
+        }
+    )
+    for rule in spec["rules"]:  # type: ignore[attr-defined]
+        if rule["id"] == "anything":
+            rule["programs"] = [p for p in rule["programs"] if p != "python3"]
+    spec["rules"][-1]["programs"].append("python3")  # type: ignore[index]
+    policy = compile_policy(Policy.model_validate(spec), ws.parent / "p.yaml", ws, sha256="test")
+    supervisor = Supervisor()
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"), CallbackApprover(supervisor, "alice"),
+                 state_dir=tmp_path / "state")  # fmt: skip
+    yield gw, supervisor
+    gw.close()
+
+
+@pytest.mark.parametrize(("command", "files", "target", "evil"), ATTACKS, ids=[a[0] for a in ATTACKS])
+def test_no_file_an_approved_command_runs_can_change_unseen(
+    asking: tuple[Gateway, Supervisor], ws: Path, command: str, files: dict[str, str], target: str, evil: str
+) -> None:
+    gw, supervisor = asking
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    if "link/" in command:
+        (ws / "link").symlink_to("real/x")
+    hand_over(ws)
+
+    def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
+        (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
+
+    supervisor.then = rewrite
+    out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
+    assert supervisor.seen, out  # it was asked
+    assert not list(ws.rglob("pwned.txt")), out
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("index", [0, 4, 5, 11, 12, 14, 17, 18])
+def test_an_unchanged_file_still_runs_as_approved(asking: tuple[Gateway, Supervisor], ws: Path, index: int) -> None:
+    command, files, _, _ = ATTACKS[index]
+    gw, supervisor = asking
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    if "link/" in command:
+        (ws / "link").symlink_to("real/x")
+    hand_over(ws)
+    out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
+    assert supervisor.seen and out["status"] == "ok", out
+    assert all(f.sha256 or not f.error for f in supervisor.seen[0].files), supervisor.seen[0].files

@@ -210,15 +210,22 @@ def replay(
     workspace: Path | None = None,
     max_rows: int = MAX_ROWS,
     max_calls: int = MAX_CALLS,
+    confined: bool = False,
 ) -> ReplayReport:
     """Decide every recorded command call in [since, until) again under `draft` (a policy file,
     or its YAML text) and report those whose decision or deciding rule would change. `workspace`
     overrides the recorded one. Raises ReplayError when the draft does not load (file:line) or a
-    bound is not a time. Nothing runs and nothing is written."""
+    bound is not a time. Nothing runs and nothing is written.
+
+    `confined` (the console: whoever sends the draft may read no other file of the server): a
+    draft with an `include` is refused before anything it names is read; otherwise `include:
+    [/etc/shadow]` has the loader read that file as the server and quote it in its error."""
     lower, upper = parse_time(since, "--since"), parse_time(until, "--until")
     if not Path(audit_dir).is_dir():
         raise ReplayError(f"no audit directory at {audit_dir}")
     with _DraftFile(draft) as (path, name, text):
+        if confined:
+            _check_includes(path)
         report = ReplayReport(
             draft=name, draft_sha256=hashlib.sha256(text).hexdigest(), audit_dir=str(audit_dir),
             since=since, until=until, max_rows=max_rows,
@@ -232,6 +239,21 @@ def replay(
                 continue
             _replay_one(record, drafts, report)
     return report
+
+
+def _check_includes(path: Path) -> None:
+    """A confined draft includes no file: the loader would read any path it names, as the server."""
+    from gateway.policy.loader import parse_policy_at
+
+    try:
+        includes = parse_policy_at(path)[0].include
+    except PolicyError as exc:
+        raise ReplayError(f"the draft does not load: {exc}") from None
+    if includes:
+        raise ReplayError(
+            f"include: {includes[0]!r}: a draft replayed here includes no file (the server would read it): "
+            "write the layers it needs into the draft, or replay it with `gateway audit replay`"
+        )
 
 
 class _DraftFile:

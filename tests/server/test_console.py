@@ -156,8 +156,11 @@ def test_approve_for_the_session_runs_the_same_call_again_without_asking(console
     assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["status"] == "ok"
     (again,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "rm -f a"})))
     assert envelope_of(again)["status"] == "ok"
-    hows = [r["data"]["how"] for r in audit_records(console.server.audit) if r["event"] == "approval"]
-    assert hows == ["queue-session", "session"], hows
+    hows = [
+        (r["data"]["how"], r["data"]["by"]) for r in audit_records(console.server.audit) if r["event"] == "approval"
+    ]
+    # red team (issue 15): the repeat was recorded `by: session`, the supervisor who allowed it unnamed
+    assert hows == [("queue-session", "alice"), ("session", "alice")], hows
     # a denial has no session scope, and an id that is not pending is not a path
     assert console.post("/console/api/approvals/x/deny", {"scope": "session"}).status_code == 400
     assert console.post("/console/api/approvals/..%2F..%2Fetc/approve", {}).status_code == 404
@@ -194,6 +197,36 @@ def login(c: Console, secret: str, origin: str | None) -> httpx2.Response:
     return httpx2.post(c.base + "/console/login", data={"secret": secret}, headers=headers, timeout=30)
 
 
+def signed_in(c: Console) -> tuple[dict[str, str], dict[str, str]]:
+    """A browser session: its cookie, and its key as the page sends it (from the redirect's fragment)."""
+    r = login(c, c.secret, c.origin)
+    assert r.status_code == 303 and "#key=" in r.headers["location"], r.headers
+    return {"agw_console": r.cookies["agw_console"]}, {"X-CSRF-Token": r.headers["location"].split("#key=", 1)[1]}
+
+
+def test_the_session_cookie_alone_opens_nothing(console: Console) -> None:
+    """Red team (issue 15): a browser sends the console's cookie to every port of the host
+    (cookies are not kept apart by port, SameSite counts the host only): a page the supervisor
+    opens on any other server on 127.0.0.1 (another user's, or an agent's with the network
+    allowed) got it, and with it read the CSRF token from /console/api/session, the audit, and
+    answered approvals. The key the page holds is now needed for every request."""
+    r = login(console, console.secret, console.origin)
+    jar = {"agw_console": r.cookies["agw_console"]}  # what a server on another port receives
+    for path in ("/console/api/session", "/console/api/approvals", "/console/api/audit", "/console/api/verify"):
+        stolen = httpx2.get(console.base + path, cookies=jar, timeout=30)
+        assert stolen.status_code == 401 and "csrf" not in stolen.text.lower().replace("x-csrf-token", ""), stolen.text
+    key = {"X-CSRF-Token": r.headers["location"].split("#key=", 1)[1]}  # what this origin's page reads
+    for path in ("/console/api/session", "/console/api/approvals", "/console/api/audit", "/console/api/verify"):
+        wrong = httpx2.get(console.base + path, cookies=jar, headers={"X-CSRF-Token": "guess"}, timeout=30)
+        assert wrong.status_code == 403, wrong.text
+        assert httpx2.get(console.base + path, cookies=jar, headers=key, timeout=30).status_code == 200
+    with httpx2.stream("GET", console.base + "/console/api/events", cookies=jar, timeout=30) as events:
+        assert events.status_code == 401 and b"event:" not in events.read()
+    with httpx2.stream("GET", console.base + "/console/api/events", params={"csrf": key["X-CSRF-Token"]},
+                       cookies=jar, timeout=30) as events:  # fmt: skip
+        assert events.status_code == 200
+
+
 def test_a_session_cookie_is_httponly_strict_and_needs_csrf_and_origin_to_change_anything(console: Console) -> None:
     assert login(console, console.secret, "http://evil.example").status_code == 403
     assert login(console, console.secret, None).status_code == 403
@@ -205,14 +238,16 @@ def test_a_session_cookie_is_httponly_strict_and_needs_csrf_and_origin_to_change
     assert {"httponly", "samesite=strict", "path=/console"} <= flags, cookie
     assert "secure" not in flags  # plain HTTP on loopback; Secure when served over TLS
     jar = {"agw_console": r.cookies["agw_console"]}
-    session = httpx2.get(console.base + "/console/api/session", cookies=jar, timeout=30).json()
-    assert session["supervisor"] == "alice" and session["csrf"]
+    key = r.headers["location"].split("#key=", 1)[1]
+    session = httpx2.get(console.base + "/console/api/session", cookies=jar, headers={"X-CSRF-Token": key},
+                         timeout=30).json()  # fmt: skip
+    assert session["supervisor"] == "alice" and session["csrf"] == key
     path = "/console/api/approvals/nope/deny"
     good = {"Origin": console.origin, "X-CSRF-Token": session["csrf"]}
     for headers in ({"Origin": console.origin}, {**good, "X-CSRF-Token": "guess"}, {**good, "Origin": "http://evil.example"},
                     {"X-CSRF-Token": session["csrf"]}):  # fmt: skip
         refused = httpx2.post(console.base + path, json={}, headers=headers, cookies=jar, timeout=30)
-        assert refused.status_code == 403, (headers, refused.text)
+        assert refused.status_code in (401, 403), (headers, refused.text)
     assert httpx2.post(console.base + path, json={}, headers=good, cookies=jar, timeout=30).status_code == 404
     # the page's script and style come from here, under a CSP without inline script
     page = httpx2.get(console.base + "/console/", timeout=30)
@@ -222,18 +257,57 @@ def test_a_session_cookie_is_httponly_strict_and_needs_csrf_and_origin_to_change
     # logout ends it
     out = httpx2.post(console.base + "/console/logout", headers=good, cookies=jar, timeout=30)
     assert out.status_code == 303
-    assert httpx2.get(console.base + "/console/api/session", cookies=jar, timeout=30).status_code == 401
+    assert httpx2.get(console.base + "/console/api/session", cookies=jar, headers=good, timeout=30).status_code == 401
 
 
 def test_a_revoked_secret_ends_its_sessions(console: Console) -> None:
-    r = login(console, console.secret, console.origin)
-    jar = {"agw_console": r.cookies["agw_console"]}
-    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, timeout=30).status_code == 200
+    jar, key = signed_in(console)
+    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, headers=key, timeout=30).status_code == 200
     listed = gateway_cmd("token", "list", "--tokens", str(console.server.tokens)).stdout
     sid = next(line.split()[0] for line in listed.splitlines() if "supervisor" in line)
     gateway_cmd("token", "revoke", sid, "--tokens", str(console.server.tokens))
-    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, timeout=30).status_code == 401
+    assert httpx2.get(console.base + "/console/api/approvals", cookies=jar, headers=key, timeout=30).status_code == 401
     assert console.get("/console/api/approvals").status_code == 401
+
+
+@pytest.mark.parametrize("how", ["revoke", "logout"])
+def test_an_open_event_stream_ends_with_its_session(console: Console, how: str) -> None:
+    """Red team (issue 15): a stream opened before the secret was revoked (or the session signed
+    out) went on telling each call that waits and each answer."""
+    jar, key = signed_in(console)
+    csrf = key["X-CSRF-Token"]
+    seen: list[dict[str, Any]] = []
+    hello, ended = threading.Event(), threading.Event()
+
+    def listen() -> None:
+        with httpx2.stream("GET", console.base + "/console/api/events", params={"csrf": csrf}, cookies=jar,
+                           timeout=60) as s:  # fmt: skip
+            for line in s.iter_lines():
+                if line.startswith("data:"):
+                    seen.append(json.loads(line[5:]))
+                    hello.set()
+        ended.set()
+
+    threading.Thread(target=listen, daemon=True).start()
+    assert hello.wait(30)
+    if how == "revoke":
+        listed = gateway_cmd("token", "list", "--tokens", str(console.server.tokens)).stdout
+        sid = next(line.split()[0] for line in listed.splitlines() if "supervisor" in line)
+        gateway_cmd("token", "revoke", sid, "--tokens", str(console.server.tokens))
+        other = gateway_cmd("token", "create", "--supervisor", "bob", "--tokens", str(console.server.tokens))
+        bearer = {"Authorization": f"Bearer {other.stdout.strip().splitlines()[-1]}"}
+    else:
+        out = httpx2.post(console.base + "/console/logout", headers={"Origin": console.origin, "X-CSRF-Token": csrf},
+                          cookies=jar, timeout=30)  # fmt: skip
+        assert out.status_code == 303
+        bearer = console.bearer
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f nothing"}))
+    listed = lambda: console.get("/console/api/approvals", headers=bearer).json()["approvals"]  # noqa: E731
+    row = wait_for("a pending request", listed, agent=got)
+    assert ended.wait(30), seen  # the first event after it ends the stream, untold
+    assert [e["kind"] for e in seen] == ["hello"], seen
+    console.post(f"/console/api/approvals/{row[0]['call_id']}/deny", {"reason": "x"}, headers=bearer)
+    wait_for("the agent's answer", lambda: got)
 
 
 # --- events --------------------------------------------------------------------------------------
@@ -302,7 +376,7 @@ def test_an_approval_shows_the_workspace_files_it_is_bound_to(policy: Any) -> No
     base = {"call_id": "c1", "principal": "agent", "tool": "run", "command": "make\tx", "cwd": "/w",
             "rule": "rm-by-supervisor", "asking": ["rm-by-supervisor"], "reason": "r", "expires": 100.0}  # fmt: skip
     shown = _pending({**base, "files": [{"path": "Makefile\n", "sha256": "ab" * 32}]}, policy, 40.0)
-    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32}]
+    assert shown["files"] == [{"path": "Makefile\\n", "sha256": "ab" * 32, "why": "", "bytes": None}]
     assert shown["command"] == "make\\tx" and shown["seconds_left"] == 60
     assert "files" not in _pending(base, policy, 40.0)
 
@@ -354,3 +428,54 @@ def test_replay_reads_no_file_of_the_server_but_a_draft_beside_the_policy(consol
     r = console.post("/console/api/replay", {"policy_file": name})
     assert r.status_code in (400, 404), r.text
     assert "root:" not in r.text
+
+
+@pytest.mark.parametrize("where", ["/etc/shadow", "tokens", "../../etc/passwd", "beside"])
+def test_a_draft_cannot_include_a_file_of_the_server(console: Console, where: str) -> None:
+    """Red team (issue 15): `include:` in a draft had the loader read any file as the server and
+    quote it in the 400 (/etc/shadow's hashes, the tokens file, the audit signing key...)."""
+    folder = console.server.policy_file.parent
+    target = {"tokens": str(console.server.tokens), "beside": "base.yaml"}.get(where, where)
+    (folder / "base.yaml").write_text("version: 1\nshells: [root:x:SECRET]\n")
+    draft = f"version: 1\ninclude: [{json.dumps(target)}]\n"
+    for body in ({"policy": draft}, {"policy_file": "draft-inc.yaml"}):
+        (folder / "draft-inc.yaml").write_text(draft)
+        r = console.post("/console/api/replay", body)
+        assert r.status_code == 400, r.text
+        assert "include" in r.json()["error"], r.text
+        for leak in ("root:", "sha256", "SECRET", "daemon"):
+            assert leak not in r.text, r.text
+
+
+# --- red team (issue 15): what the page shows is what runs -----------------------------------------
+RLO = "\u202e"
+
+
+def test_the_inbox_shows_the_files_a_call_runs_as_approvals_show_does(
+    tmp_path: Path, ws: Path, policy_file: Path
+) -> None:
+    """The inbox listed each file's path and digest only: a supervisor in the browser approved a
+    script's content without seeing a line of it, and a file that cannot be bound (a link out of
+    the roots: the approval is void) showed as `sha256 None`."""
+    spec = yaml.safe_load(policy_file.read_text())
+    spec["rules"].append({"id": "scripts-by-supervisor", "decision": "ask", "justification": "a script",
+                          "programs": ["bash"], "accept_unknown": True, "accept_unknown_paths": True,
+                          "examples": {"match": ["bash x.sh"]}})  # fmt: skip
+    policy_file.write_text(yaml.safe_dump(spec, sort_keys=False))
+    (ws / "run.sh").write_text(f"echo fine {RLO}txt.exe\nrm -rf \x1b[2Kthe rest\n")
+    (ws / "out.sh").symlink_to("/etc/passwd")
+    server = HttpGateway(tmp_path, policy_file, ws, extra=("--pending-after", "600"))
+    try:
+        c = Console(server)
+        got = ask_in_background(server, c.agent, ("run", {"command": "bash run.sh && bash out.sh"}))
+        row = pending_one(c, got)
+        run, out = row["files"]
+        assert run["path"] == str(ws / "run.sh") and run["why"] == "bash's script", run
+        assert run["bytes"] == len((ws / "run.sh").read_bytes()) and len(run["sha256"]) == 64
+        assert run["head"][:2] == ["echo fine \\u{202e}txt.exe", "rm -rf \\u{001b}[2Kthe rest"], run
+        assert RLO not in json.dumps(row, ensure_ascii=False) and "\x1b" not in json.dumps(row, ensure_ascii=False)
+        assert "leads out of the root" in out["error"] and "head" not in out and "root:" not in json.dumps(out)
+        c.post(f"/console/api/approvals/{row['call_id']}/deny", {"reason": "no"})
+        wait_for("the agent's answer", lambda: got)
+    finally:
+        server.stop()

@@ -6,9 +6,10 @@ Who may ask (`identify`, before any route runs):
   supervisor's (`gateway token create --supervisor NAME`). An agent token is answered 403 on
   every path under /console (it is known, and it is not allowed here); anything else 401. Such
   a request needs no CSRF token: a browser never adds that header by itself.
-- otherwise the session cookie (`sessions.py`), for the API's reads; a state-changing request
-  from a session needs the session's CSRF token in `X-CSRF-Token` and an `Origin` equal to this
-  server's own origin, or it is refused 403. The login form needs that Origin too.
+- otherwise the session cookie (`sessions.py`) and the session's key in `X-CSRF-Token` (the
+  cookie alone reaches any port of this host); a state-changing request from a session also
+  needs an `Origin` equal to this server's own origin, or it is refused 403. The login form
+  needs that Origin too.
 - the page itself (`/console/`, `/console/login`, `/console/static/...`) is the same for
   everyone and holds no data: it asks the API.
 
@@ -67,6 +68,8 @@ MAX_DRAFT = MAX_BODY
 """A draft policy replayed from a file next to the served one (text in a body is capped by MAX_BODY)."""
 """The largest body the console reads (an answer, a login, a reason)."""
 MAX_REASON = 4000
+HEAD_LINES = 40
+"""Lines of each file the command runs shown in the inbox (as `approvals show`)."""
 AUDIT_LIMIT_DEFAULT, AUDIT_LIMIT_MAX = 200, 2000
 PING_S = 15.0
 
@@ -212,10 +215,19 @@ class Console:
         if self.config.tokens.current(session.token_id) is None:
             self.sessions.end_for(session.token_id)
             raise Refused(401, "the secret this session signed in with was revoked: sign in again")
+        # the cookie alone is not enough, even to read: a browser sends it to every port of this
+        # host (cookies are not kept apart by port), so any other server on 127.0.0.1 the
+        # supervisor visits would get it. The session's key is not a cookie: the sign-in hands it
+        # to this origin's page only (in the redirect's fragment), which keeps it in its storage.
+        key = request.headers.get("x-csrf-token")
+        if key is None and request.url.path == f"{PREFIX}/api/events":
+            key = request.query_params.get("csrf")  # an EventSource sends no header of its own
+        if key is None:
+            raise Refused(401, "X-CSRF-Token: missing: this page has not this session's key; sign in again here")
+        if not Sessions.csrf_ok(session, key):
+            raise Refused(403, "X-CSRF-Token: not this session's")
         if changes:
             self._same_origin(request)
-            if not Sessions.csrf_ok(session, request.headers.get("x-csrf-token")):
-                raise Refused(403, "X-CSRF-Token: missing or not this session's (read it from /console/api/session)")
         return Who(session.supervisor, session.token_id, "session", session, session_id)
 
     def _same_origin(self, request: Request) -> None:
@@ -232,14 +244,15 @@ class Console:
         if entry is None:
             page = self.files["login.html"].replace(b'<p id="failed" hidden>', b'<p id="failed">')
             return Response(page, status_code=401, media_type="text/html; charset=utf-8")
-        session_id, _ = self.sessions.open(entry.principal, entry.id)
+        session_id, session = self.sessions.open(entry.principal, entry.id)
         try:
             await run_in_threadpool(self.config.audit.append, "console_login", data={"supervisor": entry.principal,
                                     "token": entry.id})  # fmt: skip
         except AuditUnavailable as exc:
             self.sessions.close(session_id)
             raise Refused(503, f"the sign-in could not be recorded: {exc}") from None
-        response = RedirectResponse(f"{PREFIX}/", 303)
+        # the key in the fragment: never sent to a server, read by the page and kept per tab
+        response = RedirectResponse(f"{PREFIX}/#key={session.csrf}", 303)
         response.set_cookie(COOKIE, session_id, path=PREFIX, httponly=True, samesite="strict",
                             secure=self.config.secure_cookie)  # fmt: skip
         return response
@@ -282,7 +295,7 @@ class Console:
         if method == "GET" and route == "verify":
             return _json(self.verify.get())
         if method == "GET" and route == "events":
-            return self._events()
+            return self._events(who)
         if method == "POST" and route == "replay":
             return await self._replay(request, who)
         raise Refused(404 if method in ("GET", "POST") else 405, f"no such API route: {method} /console/api/{route}")
@@ -305,7 +318,7 @@ class Console:
             raise Refused(429, "a replay is already running: try again when it has finished")
         try:
             report = await run_in_threadpool(
-                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows)
+                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows, confined=True)
             )
         except replay.ReplayError as exc:
             raise Refused(400, str(exc)) from None
@@ -408,7 +421,16 @@ class Console:
         items = [{"record": r, "summary": describe_record(r)} for r in found.pop("records")]
         return {"items": items, **found}
 
-    def _events(self) -> Response:
+    def _still_signed_in(self, who: Who) -> bool:
+        """Is the one who opened a stream still allowed to read it (secret not revoked, session
+        not ended)? Checked before each event: a stream outlives no sign-out or revocation."""
+        if self.config.tokens.current(who.token_id) is None:
+            if who.session_id:
+                self.sessions.end_for(who.token_id)
+            return False
+        return not who.session_id or self.sessions.get(who.session_id) is not None
+
+    def _events(self, who: Who) -> Response:
         queue = self.feed.subscribe(self.config.max_streams)
         if queue is None:
             raise Refused(503, f"{self.config.max_streams} event streams are open already (the console's limit)")
@@ -418,7 +440,7 @@ class Console:
                 yield ServerSentEvent(json.dumps({"kind": "hello"}), event="hello")
                 while True:
                     event = await queue.get()
-                    if event is END:
+                    if event is END or not await run_in_threadpool(self._still_signed_in, who):
                         return
                     yield ServerSentEvent(json.dumps(event), event=str(event["kind"]))
             except asyncio.CancelledError:
@@ -464,6 +486,24 @@ def _pending(r: dict[str, Any], policy: CompiledPolicy, now: float) -> dict[str,
     }
     files = r.get("files")
     if isinstance(files, list):
-        out["files"] = [{"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", ""))}
-                        for f in files if isinstance(f, dict)]  # fmt: skip
+        out["files"] = [_file_shown(f) for f in files if isinstance(f, dict)]
     return out
+
+
+def _file_shown(f: dict[str, Any]) -> dict[str, Any]:
+    """A file the asked command runs as the inbox shows it, like `approvals show`: what runs it,
+    its digest and size, or why it cannot be bound (then the approval is void), and its first
+    lines, escaped line by line."""
+    head = str(f.get("head") or "")
+    shown: dict[str, Any] = {"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", "")),
+                             "why": escaped(str(f.get("why", ""))), "bytes": f.get("bytes")}  # fmt: skip
+    if f.get("error"):
+        shown["error"] = escaped(str(f["error"]))
+    elif f.get("sha256") is None:
+        shown["absent"] = True
+    if head:
+        lines = head.split("\n")
+        shown["head"] = [escaped(line) for line in lines[:HEAD_LINES]]
+        whole = isinstance(f.get("bytes"), int) and len(head.encode()) >= f["bytes"]
+        shown["head_complete"] = len(lines) <= HEAD_LINES and whole
+    return shown

@@ -3,9 +3,10 @@
 A supervisor signs in with their secret (the login form); the server answers with a session
 cookie that scripts cannot read (HttpOnly), that no other site's request carries
 (SameSite=Strict), scoped to `/console`, and `Secure` when the server speaks TLS. The session
-holds a CSRF token, which the page's script reads from `GET /console/api/session` (same-origin
-only: the API sends no CORS headers) and sends back in `X-CSRF-Token` on every state-changing
-request. Sessions live in this server's memory only: a restart signs everybody out.
+holds a key (`csrf`) that is not a cookie: the sign-in's redirect hands it to the page in its
+fragment, the page keeps it in its tab's storage and sends it in `X-CSRF-Token` with every
+request. A browser sends the cookie to every port of the host, so the cookie alone opens
+nothing (app.py checks both). Sessions live in this server's memory only: a restart signs everybody out.
 
 A session ends at logout, after `idle_s` without a request, `max_age_s` after sign-in, and as
 soon as its supervisor's secret is revoked (checked on every request by the caller). At most

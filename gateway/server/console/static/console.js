@@ -3,7 +3,18 @@
 // attributes set one by one, never HTML: an agent's command is text, whatever it holds.
 "use strict";
 
-let csrf = "";
+// The session's key: handed to this page in the sign-in's redirect (#key=...), kept in this tab's
+// storage (this origin's alone: another port of the host cannot read it, unlike the cookie) and
+// sent with every request; without it the cookie opens nothing.
+function sessionKey() {
+  const found = /^#key=([A-Za-z0-9_-]+)$/.exec(window.location.hash);
+  if (found) {
+    sessionStorage.setItem("agw_console_key", found[1]);
+    history.replaceState(null, "", window.location.pathname);
+  }
+  return sessionStorage.getItem("agw_console_key") || "";
+}
+let csrf = sessionKey();
 const byId = (id) => document.getElementById(id);
 
 function el(tag, props, ...children) {
@@ -20,10 +31,8 @@ function el(tag, props, ...children) {
 
 async function api(path, options) {
   const opts = Object.assign({ credentials: "same-origin", headers: {} }, options || {});
-  if (opts.method && opts.method !== "GET") {
-    opts.headers["X-CSRF-Token"] = csrf;
-    opts.headers["Content-Type"] = "application/json";
-  }
+  opts.headers["X-CSRF-Token"] = csrf;
+  if (opts.method && opts.method !== "GET") opts.headers["Content-Type"] = "application/json";
   const response = await fetch("/console/api/" + path, opts);
   if (response.status === 401) {
     window.location.assign("/console/login");
@@ -52,7 +61,15 @@ function card(item) {
   }
   for (const a of item.asking) fact(facts, "rule " + (a.rule || "(a stage)"), a.justification || "(no justification)");
   fact(facts, "why", item.reason);
-  if (item.files) for (const f of item.files) fact(facts, "file", f.path + "  sha256 " + f.sha256);
+  const files = [];
+  if (item.files) for (const f of item.files) {
+    const state = f.error ? "cannot be bound (" + f.error + "): an approval of this call is void"
+      : f.absent ? "absent (bound as absent: planting it voids the approval)"
+      : f.bytes + " bytes, sha256 " + f.sha256;
+    fact(facts, "runs " + f.path, state + "    (" + f.why + ")");
+    if (f.head) files.push(el("pre", { class: "file-head", text: f.path + ":\n" + f.head.join("\n")
+      + (f.head_complete ? "" : "\n... (first lines only: gateway approvals show " + item.call_id + ")") }));
+  }
   fact(facts, "digest", item.digest);
   const reason = el("input", { class: "reason", type: "text", placeholder: "reason for a denial (reaches the agent and the audit log)", maxLength: 4000 });
   const status = el("span", { class: "error" });
@@ -76,7 +93,7 @@ function card(item) {
     el("div", { class: "head", text: item.principal + " · " + item.tool + " · call " + item.call_id }, left),
     el("pre", { class: "command", text: item.command }),
     el("div", { class: "note", text: item.command_chars + " characters, shown whole (escapes: \\n line break, \\u{...} invisible)" }),
-    facts, actions);
+    facts, ...files, actions);
 }
 
 async function loadApprovals() {
@@ -112,7 +129,7 @@ function tick() {
 }
 
 function listen() {
-  const source = new EventSource("/console/api/events");
+  const source = new EventSource("/console/api/events?csrf=" + encodeURIComponent(csrf));
   const live = byId("live");
   source.addEventListener("hello", () => {
     live.textContent = "live";
@@ -128,7 +145,7 @@ function listen() {
   source.onerror = () => {
     live.textContent = "live: reconnecting";
     live.className = "live off";
-    fetch("/console/api/session", { credentials: "same-origin" }).then((r) => {
+    fetch("/console/api/session", { credentials: "same-origin", headers: { "X-CSRF-Token": csrf } }).then((r) => {
       if (r.status === 401) window.location.assign("/console/login");
     });
   };
@@ -230,10 +247,10 @@ async function loadVerify() {
 // --- start -------------------------------------------------------------------------------------
 async function start() {
   const session = await api("session");
-  csrf = session.csrf || "";
   byId("who").textContent = "signed in as " + session.supervisor;
   byId("logout").onclick = async () => {
     await fetch("/console/logout", { method: "POST", credentials: "same-origin", headers: { "X-CSRF-Token": csrf } });
+    sessionStorage.removeItem("agw_console_key");
     window.location.assign("/console/login");
   };
   byId("filters").onsubmit = (event) => {
