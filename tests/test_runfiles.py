@@ -279,7 +279,7 @@ ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
     ("make -C a -C b build", {"a/b/Makefile": MK_GOOD}, "a/b/Makefile", MK_EVIL),  # -C relative to -C
     ("make -sf x.mk build", {"x.mk": MK_GOOD}, "x.mk", MK_EVIL),  # -f in a group
     ("make -C link/.. build", {"real/Makefile": MK_GOOD, "real/x/.keep": ""}, "real/Makefile", MK_EVIL),
-    ("env -C sub make build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # the wrapper's cd
+    ("cd sub && make build", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),  # a cd before
     ("find sub -name Makefile -execdir make build ';'", {"sub/Makefile": MK_GOOD}, "sub/Makefile", MK_EVIL),
     ("MAKEFILES=inc.mk make build", {"inc.mk": "X = 1\n"}, "inc.mk", "$(shell echo pwned > {ws}/pwned.txt)\n"),
     ("bash -xo posix s.sh", {"s.sh": "echo good\n"}, "s.sh", SH_EVIL),  # -o in a group
@@ -308,7 +308,7 @@ def asking(ws: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
             "id": "runs-files",
             "decision": "ask",
             "justification": "these run files of the workspace",
-            "programs": ["make", "bash", "perl", "node", "env", "find", "patch"],
+            "programs": ["make", "bash", "perl", "node", "env", "find", "patch", "cd"],
             "accept_unknown": True,
             "accept_unknown_paths": True,
             "path_args": {"write": "all"},
@@ -348,6 +348,18 @@ def test_no_file_an_approved_command_runs_can_change_unseen(
     assert supervisor.seen, out  # it was asked
     assert not list(ws.rglob("pwned.txt")), out
     assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+def test_env_changing_directory_never_reaches_a_supervisor(asking: tuple[Gateway, Supervisor], ws: Path) -> None:
+    """`env -C DIR make` (the wrapper's own cd) is refused by the analysis before anyone is asked:
+    its paths would mean something else where they are checked (gateway/analysis/wrappers.py)."""
+    gw, supervisor = asking
+    (ws / "sub").mkdir()
+    (ws / "sub" / "Makefile").write_text(MK_GOOD)
+    for command in ("env -C sub make build", "env --chdir=sub make build"):
+        out = gw.handle(RunCall(principal="agent", command=command))
+        assert out["status"] == "denied" and out["error"]["code"] == "POLICY_DENIED", out  # type: ignore[index]
+    assert supervisor.seen == [] and not (ws / "sub" / "built.txt").exists()
 
 
 @pytest.mark.parametrize("index", [0, 4, 5, 11, 12, 14, 17, 18])
