@@ -118,7 +118,7 @@ def test_system_ops_run_examples_and_error_codes(tmp_path: Path, ws: Path) -> No
                 "ls": {"command": "ls -la"},
                 "with_timeout": {"command": "echo tested", "timeout": 60000},
                 "with_cwd": {"command": "pwd", "cwd": str(ws / "sub")},
-                "with_env": {"command": "printenv APP_ENV", "env": {"APP_ENV": "production"}},  # the policy allows APP_*
+                "with_env": {"command": "printenv APP_ENV", "env": {"APP_ENV": "production"}},  # APP_* allowed
                 "ok": {"command": "echo hello"},
                 "silent": {"command": "echo hello", "silent": True},
                 "cwd_env": {"command": "printenv APP_X", "cwd": "sub", "env": {"APP_X": "42"}},

@@ -50,7 +50,7 @@ class Run(_Args):
     timeout: Millis = DEFAULT_TIMEOUT_MS
     """Milliseconds before the command is killed (COMMAND_TIMEOUT); the policy's limits.timeout_ms caps it."""
     silent: bool = False
-    """Suppress the output: `stdout` and `stderr` are empty (`stdout_bytes` and `stderr_bytes` say how much there was)."""
+    """Suppress the output: `stdout` and `stderr` are empty (`stdout_bytes`, `stderr_bytes`: how much there was)."""
     cwd: PathText | None = None
     """Directory to run in (default: the workspace; `~`: the policy's home). Must lie in your roots."""
     env: EnvMap = {}
