@@ -50,8 +50,9 @@ def test_terminal_lists_the_seeds_tools_and_arguments(tmp_path: Path, ws: Path) 
     start = tools["start_interactive_shell"]
     assert set(start["properties"]) == {"shell_type", "working_directory", "prompt", "startup_commands"}
     assert "required" not in start
-    fmt = tools["format_terminal_output"]
-    assert set(fmt["properties"]) == {"content", "format_type", "headers", "terminal_codes"}
+    fmt = tools["format_terminal_output"]  # the seed's parameters (codomyrmex MCP_TOOL_SPECIFICATION.md)
+    assert set(fmt["properties"]) == {"content", "format_type", "table_headers", "table_rows"}
+    assert fmt["required"] == ["content"]
     assert fmt["properties"]["format_type"]["enum"] == ["success", "error", "warning", "info", "table", "json"]
 
 
@@ -60,7 +61,8 @@ def test_run_terminal_command_examples_and_errors(tmp_path: Path, ws: Path) -> N
     (ws / "sub").chmod(0o777)
     calls: list[dict[str, Any]] = [
         {"command": "echo hello"},
-        {"command": "pwd", "working_directory": "sub", "timeout_seconds": 10},
+        # the seed's example: {"command": "ls -la", "working_directory": "/path/to/project", ...}
+        {"command": "pwd", "working_directory": str(ws / "sub"), "timeout_seconds": 30, "capture_output": True},
         {"command": "echo out; echo err >&2; false"},
         {"command": "echo secret", "capture_output": False},
         {"command": "sleep 30", "timeout_seconds": 0.5},
@@ -76,7 +78,9 @@ def test_run_terminal_command_examples_and_errors(tmp_path: Path, ws: Path) -> N
 
     results = asyncio.run(scenario())
     ok, cwd, failed, quiet, timeout, denied, outside, bad, unknown = (reply(r) for r in results)
-    assert list(ok) == ["success", "return_code", "stdout", "stderr", "execution_time", "working_directory", "call_id"]
+    # the seed's output schema, field by field and in its order (after `success`, the gateway's)
+    seed = ["command", "return_code", "stdout", "stderr", "execution_time", "working_directory"]
+    assert list(ok) == ["success", *seed, "call_id"] and ok["command"] == "echo hello"
     assert ok["success"] is True and ok["return_code"] == 0 and ok["stdout"] == "hello\n" and ok["stderr"] == ""
     assert isinstance(ok["execution_time"], float) and ok["working_directory"] == str(ws)
     assert cwd["stdout"] == f"{ws / 'sub'}\n" and cwd["working_directory"] == str(ws / "sub")
@@ -95,7 +99,7 @@ def test_run_terminal_command_examples_and_errors(tmp_path: Path, ws: Path) -> N
     decisions = {r["call_id"]: r for r in records if r["event"] == "decision"}
     d = decisions[denied["call_id"]]
     assert d["tool"] == "run" and d["decision"] == "deny" and d["rule"] == "no-curl"
-    assert decisions[cwd["call_id"]]["arguments"]["timeout_ms"] == 10_000
+    assert decisions[cwd["call_id"]]["arguments"]["timeout_ms"] == 30_000
     assert decisions[quiet["call_id"]]["arguments"]["capture_output"] is False
     assert verify(tmp_path / "audit").ok
 
@@ -103,14 +107,20 @@ def test_run_terminal_command_examples_and_errors(tmp_path: Path, ws: Path) -> N
 def test_format_terminal_output_every_format_type(tmp_path: Path, ws: Path) -> None:
     calls: list[dict[str, Any]] = [
         {"content": "built", "format_type": "success"},
-        {"content": "failed", "format_type": "error"},
+        {"content": "Error: Connection failed", "format_type": "error"},  # the seed's example
         {"content": "disk almost full", "format_type": "warning"},
-        {"content": "3 files", "format_type": "info", "terminal_codes": False},
-        {"content": [{"name": "a", "size": 10}, {"name": "bb"}], "format_type": "table", "terminal_codes": False},
-        {"content": [["a", 1], ["bb", 2]], "headers": ["name", "n"], "format_type": "table"},
-        {"content": {"b": 1, "a": [1, 2]}, "format_type": "json", "terminal_codes": False},
-        {"content": '{"k": "v"}', "format_type": "json", "terminal_codes": False},
-        {"content": "x", "format_type": "table"},
+        {"content": "3 files"},  # format_type: info by default
+        # the seed's example table
+        {
+            "content": "files",
+            "format_type": "table",
+            "table_headers": ["Name", "Status", "Size"],
+            "table_rows": [["file1.txt", "active", "1.2MB"]],
+        },
+        {"content": "", "format_type": "table", "table_rows": [["name", "n"], ["bb", "2"]]},  # first row: header
+        {"content": '{"b": 1, "a": [1, 2]}', "format_type": "json"},
+        {"content": "not json", "format_type": "json"},
+        {"content": "x", "format_type": "table"},  # no rows
         {"content": ["x"], "format_type": "success"},
         {"content": "x", "format_type": "rainbow"},
     ]
@@ -121,17 +131,25 @@ def test_format_terminal_output_every_format_type(tmp_path: Path, ws: Path) -> N
 
     results = asyncio.run(scenario())
     out = [reply(r) for r in results]
-    for i, (code, mark) in enumerate((("32", "✔"), ("31", "✖"), ("33", "⚠"))):
-        assert list(out[i]) == ["success", "formatted_output", "terminal_codes", "call_id"]
-        assert out[i]["success"] is True and out[i]["terminal_codes"] == [code]
-        assert out[i]["formatted_output"].startswith(f"\x1b[{code}m{mark} ")
-    assert out[3]["formatted_output"] == "\u2139 3 files" and out[3]["terminal_codes"] == []
-    assert out[4]["formatted_output"] == "name  size\n----  ----\na     10\nbb"
-    assert "\x1b[1m" in out[5]["formatted_output"] and "bb    2" in out[5]["formatted_output"]
-    assert "1" in out[5]["terminal_codes"]
-    assert out[6]["formatted_output"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
-    assert out[7]["formatted_output"] == '{\n  "k": "v"\n}'
-    for i, field in ((8, "content"), (9, "content"), (10, "format_type")):
+    seed = ["formatted_content", "format_type", "original_content", "terminal_codes"]  # the seed's output schema
+    for i, (code, mark) in enumerate((("32", "✔"), ("31", "✖"), ("33", "⚠"), ("36", "\u2139"))):
+        assert list(out[i]) == ["success", *seed, "call_id"], out[i]
+        assert out[i]["success"] is True and out[i]["terminal_codes"] == [f"{code}m", "0m"]
+        assert out[i]["formatted_content"] == f"\x1b[{code}m{mark} {calls[i]['content']}\x1b[0m"
+        assert out[i]["original_content"] == calls[i]["content"]
+    # the seed's example: {"formatted_content": "\u001b[31m❌ Error: Connection failed\u001b[0m",
+    #   "format_type": "error", "original_content": "Error: Connection failed", "terminal_codes": ["31m", "0m"]}
+    assert out[1]["format_type"] == "error" and out[1]["original_content"] == "Error: Connection failed"
+    assert out[3]["format_type"] == "info"
+    table = out[4]["formatted_content"]
+    assert table.splitlines()[1:] == ["---------  ------  -----", "file1.txt  active  1.2MB"]
+    assert table.startswith("\x1b[1mName") and out[4]["terminal_codes"] == ["1m", "0m"]
+    assert out[4]["original_content"] == "files" and out[4]["format_type"] == "table"
+    assert "bb    2" in out[5]["formatted_content"] and out[5]["formatted_content"].startswith("\x1b[1mname  n")
+    assert out[6]["formatted_content"] == '{\n  "a": [\n    1,\n    2\n  ],\n  "b": 1\n}'
+    assert out[6]["terminal_codes"] == []
+    assert out[7]["formatted_content"] == '"not json"'
+    for i, field in ((8, "table_rows"), (9, "content"), (10, "format_type")):
         assert out[i]["success"] is False and out[i]["error_code"] == "INVALID_INPUT" and field in out[i]["error"]
         assert results[i].is_error
 
@@ -180,7 +198,10 @@ def test_interactive_shell_every_line_decided(tmp_path: Path, ws: Path) -> None:
 
     start = out["start"]
     assert start["success"] is True and not r["start"].is_error
-    assert start["status"] == "active" and start["working_directory"] == str(ws / "sub")
+    # the seed's output schema: shell_id, shell_type, status "started", working_directory,
+    # startup_commands_executed, available_commands
+    assert start["status"] == "started" and start["shell_type"] == "bash"
+    assert start["working_directory"] == str(ws / "sub")
     assert start["startup_commands_executed"] == 2 and [s["status"] for s in start["startup_results"]] == ["ok", "ok"]
     assert start["available_commands"] == list(terminal.SHELL_TOOLS) and start["output"] == "$ "
     assert {"shell_id", "call_id"} <= set(start)

@@ -114,6 +114,11 @@ def test_system_ops_run_examples_and_error_codes(tmp_path: Path, ws: Path) -> No
     async def scenario() -> dict[str, CallToolResult]:
         async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "system-ops")) as c:
             calls: dict[str, dict[str, Any]] = {
+                # the seed's own examples (CaptainPhantasy/Floyd, docs/tools/system.md)
+                "ls": {"command": "ls -la"},
+                "with_timeout": {"command": "echo tested", "timeout": 60000},
+                "with_cwd": {"command": "pwd", "cwd": str(ws / "sub")},
+                "with_env": {"command": "printenv APP_ENV", "env": {"APP_ENV": "production"}},  # APP_* allowed
                 "ok": {"command": "echo hello"},
                 "silent": {"command": "echo hello", "silent": True},
                 "cwd_env": {"command": "printenv APP_X", "cwd": "sub", "env": {"APP_X": "42"}},
@@ -132,12 +137,21 @@ def test_system_ops_run_examples_and_error_codes(tmp_path: Path, ws: Path) -> No
 
     ok = out["ok"]
     assert set(ok) == {"success", "data", "call_id"} and ok["success"] is True and not r["ok"].is_error
+    # the seed's response, field by field and first: {exit_code, stdout, stderr, timed_out}
+    assert list(ok["data"])[:4] == ["exit_code", "stdout", "stderr", "timed_out"]
     assert ok["data"]["exit_code"] == 0 and ok["data"]["stdout"] == "hello\n" and ok["data"]["stderr"] == ""
+    assert ok["data"]["timed_out"] is False
+    # `ls -la` is the policy's to decide: this one sends listings to the files tool, and says so
+    assert out["ls"]["success"] is False and out["ls"]["error"]["code"] == "POLICY_DENIED", out["ls"]
+    assert "files" in out["ls"]["error"]["message"] and "data" not in out["ls"]
+    assert out["with_timeout"]["data"]["stdout"] == "tested\n" and out["with_timeout"]["data"]["timed_out"] is False
+    assert out["with_cwd"]["data"]["stdout"] == f"{ws / 'sub'}\n"
+    assert out["with_env"]["data"]["stdout"] == "production\n"
     assert isinstance(ok["data"]["duration_ms"], int) and ok["data"]["cwd"] == str(ws)
     assert {"started_at", "ended_at"} <= set(ok["data"])
 
     silent = out["silent"]["data"]
-    assert silent["exit_code"] == 0 and "stdout" not in silent and "stderr" not in silent
+    assert silent["exit_code"] == 0 and silent["stdout"] == "" and silent["stderr"] == "" and not silent["timed_out"]
     assert silent["stdout_bytes"] == 6 and silent["stderr_bytes"] == 0
 
     assert out["cwd_env"]["success"] is True, out["cwd_env"]
@@ -151,6 +165,7 @@ def test_system_ops_run_examples_and_error_codes(tmp_path: Path, ws: Path) -> No
 
     timeout = out["timeout"]
     assert timeout["success"] is False and timeout["error"]["code"] == "COMMAND_TIMEOUT" and r["timeout"].is_error
+    assert timeout["data"]["timed_out"] is True
 
     nf = out["not_found"]
     assert nf["success"] is False and nf["error"]["code"] == "COMMAND_NOT_FOUND" and nf["data"]["exit_code"] == 127
@@ -191,6 +206,10 @@ def test_system_ops_ask_user_examples_and_error_codes(tmp_path: Path, ws: Path) 
         ElicitResult(action="accept", content={"answer": "v1.2"}),
         ElicitResult(action="accept", content={"answer": "hunter2hunter2"}),
         ElicitResult(action="decline"),
+        ElicitResult(action="accept", content={"answer": "Ada"}),
+        ElicitResult(action="accept", content={"answer": ""}),
+        ElicitResult(action="accept", content={"answer": "ada@example.com"}),
+        ElicitResult(action="accept", content={"answer": "s3cret-pass"}),
         asked=asked,
     )
     calls: list[dict[str, Any]] = [
@@ -202,6 +221,11 @@ def test_system_ops_ask_user_examples_and_error_codes(tmp_path: Path, ws: Path) 
         {"prompt": "Version?", "validation": {"pattern": "[0-9]+\\.[0-9]+\\.[0-9]+"}},
         {"prompt": "Password?", "password": True, "validation": {"min_length": 8}},
         {"prompt": "Continue?"},
+        # the seed's own examples (CaptainPhantasy/Floyd, docs/tools/system.md)
+        {"prompt": "Enter your name:"},
+        {"prompt": "Enter port:", "default": "3000"},
+        {"prompt": "Enter email:", "validation": {"pattern": "^[\\w-\\.]+@([\\w-]+\\.)+[\\w-]{2,4}$"}},
+        {"prompt": "Enter password:", "password": True},
     ]
 
     async def scenario() -> list[CallToolResult]:
@@ -213,7 +237,14 @@ def test_system_ops_ask_user_examples_and_error_codes(tmp_path: Path, ws: Path) 
             return out
 
     results = asyncio.run(scenario())
-    chosen, defaulted, not_allowed, short, long, bad_pattern, password, declined, unknown = map(reply, results)
+    (chosen, defaulted, not_allowed, short, long, bad_pattern, password, declined, name, port, email, secret,
+     unknown) = map(reply, results)  # fmt: skip
+    # the seed's examples, its response {value, validated} field by field
+    # (`validated` is true only where a `validation` was checked)
+    assert name["data"] == {"value": "Ada", "validated": False}
+    assert port["data"] == {"value": "3000", "validated": False}
+    assert email["data"] == {"value": "ada@example.com", "validated": True}
+    assert secret["data"] == {"value": "s3cret-pass", "validated": False}
 
     assert set(chosen) == {"success", "data", "call_id"}
     assert chosen["success"] is True and chosen["data"] == {"value": "postgres", "validated": True}
@@ -225,12 +256,12 @@ def test_system_ops_ask_user_examples_and_error_codes(tmp_path: Path, ws: Path) 
     assert password["success"] is True and password["data"] == {"value": "hunter2hunter2", "validated": True}
     assert declined["success"] is False and declined["error"]["code"] == "USER_CANCELLED"
     assert unknown["error"]["code"] == "INVALID_INPUT" and "question" in unknown["error"]["message"]
-    assert [r.is_error for r in results] == [False, False, True, True, True, True, False, True, True]
-    assert len(asked) == 8  # nobody is asked an invalid call
+    assert [r.is_error for r in results] == [False, False, True, True, True, True, False, True] + [False] * 4 + [True]
+    assert len(asked) == 12  # nobody is asked an invalid call
 
     text = (tmp_path / "audit").read_text() if (tmp_path / "audit").is_file() else ""
     records = audit_records(tmp_path / "audit")
-    assert "hunter2" not in text + json.dumps(records)
+    assert "hunter2" not in text + json.dumps(records) and "s3cret" not in text + json.dumps(records)
     results_ = {r["call_id"]: r for r in records if r["event"] == "result" and r["tool"] == "ask_user"}
     assert results_[chosen["call_id"]]["data"]["answered"]["answer"] == "postgres"
     assert verify(tmp_path / "audit").ok

@@ -73,7 +73,7 @@ def test_shell_cmd_timeout_seconds_keeps_a_runs_reply_bound(tmp_path: Path, ws: 
     assert len(text_of(plain)) < 40_000
     assert len(text_of(handed)) < 40_000  # was 200,000
     out = yaml.safe_load(text_of(handed))
-    assert out["status"] in ("success", "daemon") and out["reply_cut"]["output"]["bytes"] == 200_000
+    assert out["status"] == "ok" and out["reply_cut"]["output"]["bytes"] == 200_000
     saved = out["reply_cut"]["output"]["saved"]
     assert Path(saved).read_bytes() == b" " * 200_000
 

@@ -147,7 +147,7 @@ def test_a_lowlevel_server_gains_the_tools(policy: CompiledPolicy, tmp_path: Pat
         close_gateway(gw, tmp_path)
     assert {"shout", "shell_cmd", "stop_daemon", "env_get", "await_call"} <= out["names"]
     assert text(out["shout"]) == "HEY"
-    assert text(out["cmd"]).startswith("status: success\n") and not out["cmd"].is_error
+    assert text(out["cmd"]).startswith("status: ok\n") and not out["cmd"].is_error
     assert out["curl"].is_error and "error_code: POLICY_DENIED" in text(out["curl"])
     assert any(r["event"] == "decision" and r["decision"] == "deny" for r in audit_records(tmp_path / "audit"))
 

@@ -1,20 +1,24 @@
 """The `os` profile (seed 001): `shell_cmd`, `stop_daemon`, `get_daemon_output`, `env_get`,
-`env_set`, `env_unset`, every reply in the seed's YAML output contract (`status` first, then the
-fields; an error is `status: error`, `error_code`, `message`), emitted with pyyaml's safe_dump:
+`env_set`, `env_unset`, every reply in the seed's YAML output contract (`status: ok` first, then
+the fields; an error is `status: error`, `error_code`, `message`), emitted with pyyaml's safe_dump.
+The seed's text is public: longrun-ai/dominds, `main/tools/prompts/os/en/tools.md` and
+`errors.md` (its implementation `main/tools/os.ts` gives the defaults); read for facts only.
 
-    status: success                      status: error
-    exit_code: 0                         error_code: DAEMON_NOT_FOUND
-    stdout: |                            message: no daemon 7 of yours ...
+    status: ok                           status: error
+    command: echo hi                     error_code: DAEMON_NOT_FOUND
+    exit_code: 0                         message: no daemon 7 of yours ...
+    stdout: |                            pid: 7
       hi                                 call_id: 3f2a...
     ...
 
 A command still running after `timeoutSeconds` is tracked as a daemon rather than killed: the
 call is a `run` with `background_after_ms`, so the gateway's durable background processes take
-it over (decided like any `run`, sandboxed, audited), and the reply names it by a number. Each
-principal's daemons are numbered 1, 2, 3... in the order they were tracked; the number maps to
-the gateway's process id for this principal only (another principal's number 1 is another
-process, and a number that maps to nothing of yours is DAEMON_NOT_FOUND, decided and audited
-like any process call). The numbers last for the gateway's life.
+it over (decided like any `run`, sandboxed, audited), and the reply names it by its `pid`. That
+`pid` is a number of the principal's own, not the kernel's (the command runs in a sandbox's pid
+namespace): each principal's daemons are numbered 1, 2, 3... in the order they were tracked; the
+number maps to the gateway's process id for this principal only (another principal's number 1
+is another process, and a number that maps to nothing of yours is DAEMON_NOT_FOUND, decided and
+audited like any process call). The numbers last for the gateway's life.
 
 A `shell` other than bash or sh is refused (INVALID_INPUT, recorded): the gateway's analyser
 reads bash, so no other shell's text can be checked.
@@ -25,8 +29,8 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from contextvars import ContextVar
-from datetime import UTC, datetime
-from typing import Any
+from datetime import datetime
+from typing import Any, Literal
 
 import yaml
 from mcp.types import ToolAnnotations
@@ -37,7 +41,8 @@ from gateway.policy.schema import Tool
 from gateway.server.specs import Spec
 
 NAME = "os"
-DEFAULT_BUFFER_LINES = 1000
+DEFAULT_BUFFER_LINES = 500
+"""The seed's default (its implementation's `bufferSize` description: "default: 500")."""
 MAX_BUFFER_LINES = 100_000
 MAX_TIMEOUT_SECONDS = 24 * 3600
 SHELLS = ("bash", "sh")
@@ -48,7 +53,19 @@ MAX_NUMBERED = 10_000
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    """The seed's timestamp format (its `formatUnifiedTimestamp`): `YYYY-MM-DD HH:MM:SS`, the
+    gateway's local time."""
+    return datetime.now().astimezone().strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _stamp(iso: Any) -> str:
+    """A gateway ISO-8601 timestamp in the seed's format (local time)."""
+    if not isinstance(iso, str):
+        return _now()
+    try:
+        return datetime.fromisoformat(iso.replace("Z", "+00:00")).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except ValueError:
+        return _now()
 
 
 class Daemons:
@@ -94,7 +111,11 @@ DAEMONS = Daemons()
 _BUFFER: ContextVar[int] = ContextVar("os_buffer_lines", default=DEFAULT_BUFFER_LINES)
 """The bufferSize of the shell_cmd call this request makes: its adapter sets it, its reply reads
 it (one MCP request is one task). A result fetched later by `await_call` keeps the default."""
+_COMMAND: ContextVar[str | None] = ContextVar("os_command", default=None)
+"""The command of the shell_cmd call this request makes (the seed's reply names it)."""
 _ASKED: ContextVar[int | None] = ContextVar("os_daemon_asked", default=None)
+_VALUE: ContextVar[str | None] = ContextVar("os_env_value", default=None)
+"""The value this request's env_set sets (its reply repeats it, as the seed's does)."""
 """The daemon number this request's stop_daemon or get_daemon_output asked for (for its reply)."""
 
 
@@ -117,31 +138,40 @@ class ShellCmd(_Args):
     shell: str = Field(default="bash", max_length=100)
     """`bash` (default) or `sh` (bash in POSIX mode, where the policy's `shells` lists it).
     Any other shell is refused: the gateway can only check bash."""
-    bufferSize: int = Field(default=DEFAULT_BUFFER_LINES, ge=1, le=MAX_BUFFER_LINES)  # the seed's name
-    """Lines of stdout and of stderr kept in the reply (the last ones), and of a daemon's output."""
-    timeoutSeconds: int | None = Field(default=None, gt=0, le=MAX_TIMEOUT_SECONDS)  # the seed's name
-    """Seconds after which a still-running command is tracked as a daemon (its id is in the reply)
-    instead of killed. Without it, the command is killed at the policy's time limit."""
+    bufferSize: int = Field(default=DEFAULT_BUFFER_LINES, ge=0, le=MAX_BUFFER_LINES)  # the seed's name
+    """Lines of stdout and of stderr kept in the reply (the last ones), and of a daemon's output
+    (default 500; 0 means the default, as in the seed)."""
+    timeoutSeconds: int | None = Field(default=None, ge=0, le=MAX_TIMEOUT_SECONDS)  # the seed's name
+    """Seconds after which a still-running command is tracked as a daemon (its pid is in the reply)
+    instead of killed. Without it (or 0), the command is killed at the policy's time limit."""
 
 
 class DaemonId(_Args):
-    """Arguments of seed 001's `stop_daemon` and `get_daemon_output`."""
+    """Arguments of seed 001's `stop_daemon`."""
 
-    id: int = Field(ge=1)
-    """The daemon's number, as shell_cmd returned it."""
+    pid: int = Field(ge=1)
+    """The daemon's pid, as shell_cmd returned it (a number of yours, not the kernel's)."""
+
+
+class DaemonOutput(DaemonId):
+    """Arguments of seed 001's `get_daemon_output`."""
+
+    stream: Literal["stdout", "stderr"] | None = None
+    """Accepted as the seed's implementation has it; a daemon's stdout and stderr are one stream
+    here (the reply says `merged_output: true`), so either gives the same output."""
 
 
 class EnvGet(_Args):
     """Arguments of seed 001's `env_get` and `env_unset`."""
 
-    name: EnvName = Field(min_length=1)
+    key: EnvName = Field(min_length=1)
     """The variable's name."""
 
 
 class EnvSet(_Args):
     """Arguments of seed 001's `env_set`."""
 
-    name: EnvName = Field(min_length=1)
+    key: EnvName = Field(min_length=1)
     """The variable's name (the policy's environment.allow must list it; PATH, LD_* and the like never)."""
     value: str = Field(max_length=128 * 1024)
     """Its value, for later shell_cmd calls."""
@@ -154,15 +184,15 @@ def _shell_call(args: ShellCmd, principal: str) -> RunCall:
             f"shell: {args.shell!r} is refused: the gateway's analyser reads bash, so only bash and sh "
             "(bash in POSIX mode) commands can be checked; use bash"
         )
-    after = args.timeoutSeconds * 1000 if args.timeoutSeconds is not None else None
+    after = args.timeoutSeconds * 1000 if args.timeoutSeconds else None
     return RunCall(principal=principal, command=args.command, shell=args.shell, background_after_ms=after)  # type: ignore[arg-type]
 
 
 def _daemon(action: str) -> Any:
     def adapt(args: DaemonId, principal: str) -> ProcessCall:
-        _ASKED.set(args.id)
-        found = DAEMONS.find(principal, args.id)
-        process_id = found[0] if found is not None else _nowhere(args.id)
+        _ASKED.set(args.pid)
+        found = DAEMONS.find(principal, args.pid)
+        process_id = found[0] if found is not None else _nowhere(args.pid)
         if action == "output":
             return ProcessCall(
                 principal=principal, action="output", process_id=process_id, max_bytes=DAEMON_OUTPUT_BYTES
@@ -173,20 +203,27 @@ def _daemon(action: str) -> Any:
 
 
 def _env_get(args: EnvGet, principal: str) -> EnvCall:
-    return EnvCall(principal=principal, action="get", name=args.name)
+    return EnvCall(principal=principal, action="get", name=args.key)
 
 
 def _env_set(args: EnvSet, principal: str) -> EnvCall:
-    return EnvCall(principal=principal, action="set", name=args.name, value=args.value)
+    _VALUE.set(args.value)  # the seed's env_set reply repeats it
+    return EnvCall(principal=principal, action="set", name=args.key, value=args.value)
 
 
 def _env_unset(args: EnvGet, principal: str) -> EnvCall:
-    return EnvCall(principal=principal, action="unset", name=args.name)
+    return EnvCall(principal=principal, action="unset", name=args.key)
 
 
 # --- replies ------------------------------------------------------------------------------------
-CODES = {"PROCESS_NOT_FOUND": "DAEMON_NOT_FOUND", "ENV_NOT_SET": "ENV_NOT_FOUND"}
-"""The gateway's codes under the seed's names; every other code comes through unchanged."""
+CODES = {
+    "PROCESS_NOT_FOUND": "DAEMON_NOT_FOUND", "ENV_NOT_SET": "ENV_NOT_FOUND",
+    "COMMAND_NOT_FOUND": "SHELL_COMMAND_FAILED", "COMMAND_TIMEOUT": "SHELL_COMMAND_FAILED",
+    "SPAWN_FAILED": "SHELL_COMMAND_FAILED",
+}  # fmt: skip
+"""The gateway's codes under the seed's names (its errors.md: SHELL_COMMAND_FAILED is "command
+doesn't exist, insufficient permissions, command execution timeout"; the gateway's own code stays
+in `cause`); every other code comes through unchanged."""
 
 
 class _Dumper(yaml.SafeDumper):
@@ -219,15 +256,17 @@ def _last_lines(text: str, keep: int) -> tuple[str, int]:
 
 def _error(envelope: dict[str, Any], **fields: Any) -> dict[str, Any]:
     err = envelope.get("error") or {}
-    code = str(err.get("code", "INTERNAL_ERROR"))
-    code = CODES.get(code, code)
+    cause = str(err.get("code", "INTERNAL_ERROR"))
+    code = CODES.get(cause, cause)
     message = str(err.get("message", ""))
     asked = _ASKED.get()
     if code == "DAEMON_NOT_FOUND" and asked is not None:
-        message = f"no daemon {asked} of yours: the ids are the daemon_id values shell_cmd returned"
+        message = f"no daemon {asked} of yours: the pids are the ones shell_cmd returned"
     elif code == "DAEMON_NOT_RUNNING" and asked is not None:
         message = f"daemon {asked} is not running (it is {(envelope.get('process') or {}).get('state', 'ended')})"
     out: dict[str, Any] = {"status": "error", "error_code": code, "message": message}
+    if code == "SHELL_COMMAND_FAILED":
+        out["cause"] = cause
     out |= {k: v for k, v in fields.items() if v is not None}
     out |= {k: envelope[k] for k in ("rule", "reasons") if envelope.get(k) is not None}
     return out
@@ -255,14 +294,18 @@ def shell_reply(keep: int) -> Any:
         status = envelope.get("status")
         if status == "pending":
             return _pending(envelope)
+        command = _COMMAND.get()
         if envelope.get("backgrounded") is True and status == "ok":
             pid = str(envelope.get("process_id"))
             n = DAEMONS.number(principal, pid, keep)
             output, dropped = _last_lines(str(envelope.get("output", "")), keep)
-            out: dict[str, Any] = {
-                "status": "daemon", "daemon_id": n, "output": output, "tracked_at": _now(), "cwd": envelope.get("cwd"),
-                "message": f"still running after timeoutSeconds: tracked as daemon {n} (get_daemon_output, stop_daemon "
-                f"with id {n})",
+            out: dict[str, Any] = {"status": "ok"}
+            if command is not None:
+                out["command"] = command
+            out |= {
+                "pid": n, "daemon": True, "output": output, "executed_at": _now(), "cwd": envelope.get("cwd"),
+                "message": f"still running after timeoutSeconds: tracked as daemon pid {n} (get_daemon_output, "
+                f"stop_daemon with pid {n})",
             }  # fmt: skip
             if dropped:
                 out["output_lines_dropped"] = dropped
@@ -275,23 +318,24 @@ def shell_reply(keep: int) -> Any:
             out = _error(envelope, exit_code=code)
             if code is not None:  # it ran: what it printed belongs with the error
                 _tail_fields(out, envelope, keep)
-            for k_in, k_out in (("started_at", "started_at"), ("ended_at", "finished_at")):
-                if k_in in envelope:
-                    out[k_out] = envelope[k_in]
+            if "started_at" in envelope:
+                out["executed_at"] = _stamp(envelope["started_at"])
             out["call_id"] = envelope.get("call_id")
             return out
-        out = {"status": "success", "exit_code": envelope.get("exit_code")}
+        out = {"status": "ok"}
+        if command is not None:
+            out["command"] = command
+        out["exit_code"] = envelope.get("exit_code")
         if "backgrounded" in envelope:  # ran as a tracked process and ended in time: one merged stream
             out["stdout"], dropped = _last_lines(str(envelope.get("output", "")), keep)
             out["stderr"] = ""
             out["merged_output"] = True
             if dropped:
                 out["stdout_lines_dropped"] = dropped
-            out["finished_at"] = _now()
+            out["executed_at"] = _now()
         else:
             _tail_fields(out, envelope, keep)
-            out["started_at"] = envelope.get("started_at")
-            out["finished_at"] = envelope.get("ended_at")
+            out["executed_at"] = _stamp(envelope.get("started_at"))
             out["duration_ms"] = envelope.get("duration_ms")
         out["cwd"] = envelope.get("cwd")
         out |= {k: envelope[k] for k in ("notice", "reply_cut") if k in envelope}
@@ -318,11 +362,10 @@ def stop_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
     n = _number(envelope, principal)
     proc = envelope.get("process") or {}
     if status != "ok":
-        return _error(envelope, daemon_id=n or _ASKED.get(), state=proc.get("state")) | _call_id(envelope)
+        return _error(envelope, pid=n or _ASKED.get(), state=proc.get("state")) | _call_id(envelope)
     return {
-        "status": "success", "daemon_id": n, "state": proc.get("state"), "exit_code": proc.get("exit_code"),
-        "started_at": proc.get("started_at"), "stopped_at": proc.get("ended_at") or _now(),
-        "call_id": envelope.get("call_id"),
+        "status": "ok", "pid": n, "stopped_at": _stamp(proc.get("ended_at")), "state": proc.get("state"),
+        "exit_code": proc.get("exit_code"), "call_id": envelope.get("call_id"),
     }  # fmt: skip
 
 
@@ -332,18 +375,16 @@ def output_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
         return _pending(envelope)
     n = _number(envelope, principal)
     if status != "ok":
-        return _error(envelope, daemon_id=n or _ASKED.get()) | _call_id(envelope)
+        return _error(envelope, pid=n or _ASKED.get()) | _call_id(envelope)
     found = DAEMONS.find(principal, n) if n is not None else None
     keep = found[1] if found is not None else DEFAULT_BUFFER_LINES
     output, dropped = _last_lines(str(envelope.get("output", "")), keep)
-    out: dict[str, Any] = {
-        "status": "success", "daemon_id": n, "state": envelope.get("state"),
-        "running": envelope.get("state") in ("running", "backoff"), "output": output,
-    }  # fmt: skip
+    out: dict[str, Any] = {"status": "ok", "pid": n, "output": output, "retrieved_at": _now()}
+    out |= {"state": envelope.get("state"), "running": envelope.get("state") in ("running", "backoff")}
+    out["merged_output"] = True
     if dropped or envelope.get("truncated"):
         out["output_lines_dropped"] = dropped
         out["truncated"] = True
-    out["retrieved_at"] = _now()
     out["call_id"] = envelope.get("call_id")
     return out
 
@@ -355,12 +396,14 @@ def env_reply(stamp: str) -> Any:
             return _pending(envelope)
         if status != "ok":
             return _error(envelope) | _call_id(envelope)
-        out: dict[str, Any] = {"status": "success", "name": envelope.get("name")}
+        out: dict[str, Any] = {"status": "ok", "key": envelope.get("name")}
         if "value" in envelope:
             out["value"] = envelope["value"]
+        elif stamp == "set_at" and _VALUE.get() is not None:
+            out["value"] = _VALUE.get()
+        out[stamp] = _now()
         if "was_set" in envelope:
             out["was_set"] = envelope["was_set"]
-        out[stamp] = _now()
         out["call_id"] = envelope.get("call_id")
         return out
 
@@ -380,7 +423,8 @@ _ENV = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_
 
 def _shell_spec() -> Spec:
     def adapt(args: ShellCmd, principal: str) -> RunCall:
-        _BUFFER.set(args.bufferSize)  # for this request's reply (the same task, after the call)
+        _BUFFER.set(args.bufferSize or DEFAULT_BUFFER_LINES)  # for this request's reply (the same task)
+        _COMMAND.set(args.command)
         return _shell_call(args, principal)
 
     return Spec(
@@ -388,11 +432,11 @@ def _shell_spec() -> Spec:
         ShellCmd,
         Tool.RUN,
         "Run a shell command",
-        "Run one command (bash, or sh) in a sandbox and reply in YAML: status success with exit_code, "
-        "stdout, stderr (their last bufferSize lines, default 1000), started_at, finished_at. With "
-        "timeoutSeconds, a command still running then is tracked as a daemon: status daemon with a "
-        "numeric daemon_id for get_daemon_output and stop_daemon. Errors: status error, error_code "
-        "(COMMAND_TIMEOUT, COMMAND_NOT_FOUND, ...), message." + _GATE,
+        "Run one command (bash, or sh) in a sandbox and reply in YAML: status ok with command, exit_code, "
+        "stdout, stderr (their last bufferSize lines, default 500), executed_at. With timeoutSeconds, a "
+        "command still running then is tracked as a daemon: status ok, daemon true and a numeric pid for "
+        "get_daemon_output and stop_daemon. Errors: status error, error_code (SHELL_COMMAND_FAILED for a "
+        "command not found or timed out, with the cause), message." + _GATE,
         _RUNS,
         resolver="client",
         adapt=adapt,
@@ -408,8 +452,8 @@ SPECS: tuple[Spec, ...] = (
         DaemonId,
         Tool.PROCESSES,
         "Stop a daemon",
-        "Stop the daemon shell_cmd tracked with this id: status success with state and stopped_at; "
-        "DAEMON_NOT_FOUND for an id that is not one of yours, DAEMON_NOT_RUNNING if it already ended." + _GATE,
+        "Stop the daemon shell_cmd tracked with this pid: status ok with pid and stopped_at; "
+        "DAEMON_NOT_FOUND for a pid that is not one of yours, DAEMON_NOT_RUNNING if it already ended." + _GATE,
         _RUNS,
         adapt=_daemon("stop"),
         reply_for=stop_reply,
@@ -417,11 +461,12 @@ SPECS: tuple[Spec, ...] = (
     ),
     Spec(
         "get_daemon_output",
-        DaemonId,
+        DaemonOutput,
         Tool.PROCESSES,
         "A daemon's output",
-        "The output of the daemon shell_cmd tracked with this id (its last bufferSize lines), its state "
-        "and whether it still runs; DAEMON_NOT_FOUND for an id that is not one of yours." + _GATE,
+        "The output of the daemon shell_cmd tracked with this pid (its last bufferSize lines, stdout and "
+        "stderr as one stream), its state and whether it still runs; DAEMON_NOT_FOUND for a pid that is "
+        "not one of yours." + _GATE,
         _READS,
         adapt=_daemon("output"),
         reply_for=output_reply,
@@ -432,7 +477,7 @@ SPECS: tuple[Spec, ...] = (
         EnvGet,
         Tool.ENV,
         "Read a variable",
-        "The value of a variable you set for later shell_cmd calls (status success, name, value, "
+        "The value of a variable you set for later shell_cmd calls (status ok, key, value, "
         "retrieved_at); ENV_NOT_FOUND if it is not set." + _GATE,
         _READS,
         adapt=_env_get,
@@ -444,7 +489,7 @@ SPECS: tuple[Spec, ...] = (
         EnvSet,
         Tool.ENV,
         "Set a variable",
-        "Set a variable that later shell_cmd calls inherit (status success, name, set_at). Only names "
+        "Set a variable that later shell_cmd calls inherit (status ok, key, value, set_at). Only names "
         "the policy allows; PATH, HOME, LD_* and the like never." + _GATE,
         _ENV,
         adapt=_env_set,
@@ -456,7 +501,7 @@ SPECS: tuple[Spec, ...] = (
         EnvGet,
         Tool.ENV,
         "Unset a variable",
-        "Remove a variable you set (status success, name, was_set, unset_at)." + _GATE,
+        "Remove a variable you set (status ok, key, unset_at, was_set)." + _GATE,
         _ENV,
         adapt=_env_unset,
         reply=env_reply("unset_at"),

@@ -1,4 +1,6 @@
 """The `system-ops` profile (seed 004): `run` and `ask_user`, each replying `{success, data}`.
+The seed's text is public: CaptainPhantasy/Floyd, `floyd-wrapper-main/docs/tools/system.md`
+("System Operations API"); read for facts only.
 
     {"success": true,  "data": {...}, "call_id": "..."}
     {"success": false, "error": {"code": "COMMAND_FAILED", "message": "..."}, "data": {...}?, "call_id": "..."}
@@ -48,7 +50,7 @@ class Run(_Args):
     timeout: Millis = DEFAULT_TIMEOUT_MS
     """Milliseconds before the command is killed (COMMAND_TIMEOUT); the policy's limits.timeout_ms caps it."""
     silent: bool = False
-    """Leave stdout and stderr out of `data` (`stdout_bytes` and `stderr_bytes` say how much there was)."""
+    """Suppress the output: `stdout` and `stderr` are empty (`stdout_bytes`, `stderr_bytes`: how much there was)."""
     cwd: PathText | None = None
     """Directory to run in (default: the workspace; `~`: the policy's home). Must lie in your roots."""
     env: EnvMap = {}
@@ -107,8 +109,17 @@ def _reply(envelope: dict[str, Any], data: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_reply(envelope: dict[str, Any]) -> dict[str, Any]:
-    """The gateway's run envelope as seed 004's `{success, data}`."""
-    return _reply(envelope, {k: envelope[k] for k in _RUN_DATA if k in envelope})
+    """The gateway's run envelope as seed 004's `{success, data}`: the seed's `exit_code`, `stdout`,
+    `stderr`, `timed_out` (stdout and stderr empty with `silent`, their sizes in `stdout_bytes` and
+    `stderr_bytes`), then the gateway's own fields."""
+    data = {k: envelope[k] for k in _RUN_DATA if k in envelope}
+    if "exit_code" in envelope or envelope.get("status") == "timeout":  # it ran
+        for stream in ("stdout", "stderr"):
+            data.setdefault(stream, "")
+        data["timed_out"] = envelope.get("status") == "timeout"
+        seed = {k: data.pop(k) for k in ("exit_code", "stdout", "stderr", "timed_out") if k in data}
+        data = seed | data
+    return _reply(envelope, data)
 
 
 def ask_reply(envelope: dict[str, Any]) -> dict[str, Any]:
@@ -129,9 +140,9 @@ SPECS: tuple[Spec, ...] = (
         Tool.RUN,
         "Run a shell command",
         "Run one bash command in a sandbox and reply {success, data: {exit_code, stdout, stderr, "
-        "duration_ms}}. A non-zero exit is success false with COMMAND_FAILED (data still has the "
+        "timed_out, duration_ms}}. A non-zero exit is success false with COMMAND_FAILED (data still has the "
         "output); COMMAND_TIMEOUT after `timeout` ms (default 30000); COMMAND_NOT_FOUND for an "
-        "unknown program. `silent` leaves the output out." + _PENDING,
+        "unknown program. `silent` suppresses the output." + _PENDING,
         ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
         resolver="client",
         adapt=_run_call,

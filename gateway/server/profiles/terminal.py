@@ -1,10 +1,12 @@
 """The `terminal-interface` profile (seed 003): `run_terminal_command`,
 `format_terminal_output`, `start_interactive_shell`, and the tools that use the shell it starts
 (`execute_in_shell`, `send_shell_input`, `read_shell_output`, `close_shell`, `list_shells`).
+The seed's text is public: docxology/codomyrmex,
+`src/codomyrmex/terminal_interface/MCP_TOOL_SPECIFICATION.md`; read for facts only.
 
     {"command": "ls", "working_directory": "src", "timeout_seconds": 30}
-    {"success": true, "return_code": 0, "stdout": "...", "stderr": "", "execution_time": 0.012,
-     "working_directory": "/srv/ws/src", "call_id": "..."}
+    {"success": true, "command": "ls", "return_code": 0, "stdout": "...", "stderr": "",
+     "execution_time": 0.012, "working_directory": "/srv/ws/src", "call_id": "..."}
 
 An interactive shell is one of the gateway's sessions, on a pseudo-terminal: every line sent to
 it as a command (`startup_commands`, `execute_in_shell`, each line `send_shell_input` writes to
@@ -20,6 +22,7 @@ with `status: pending` and a `call_id` for `await_call`.
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
 from mcp.types import ToolAnnotations
@@ -28,6 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from gateway.calls import (
     MAX_SHELL_CHARS,
     MAX_STARTUP_COMMANDS,
+    Content,
     FormatOutputCall,
     PathText,
     RunCall,
@@ -68,18 +72,21 @@ class RunTerminalCommand(_Args):
 FormatType = Literal["success", "error", "warning", "info", "table", "json"]
 
 
+Cell = Annotated[str, Field(max_length=10_000)]
+
+
 class FormatTerminalOutput(_Args):
     """Arguments of seed 003's `format_terminal_output`."""
 
-    content: Any
-    """success / error / warning / info: the text. table: a list of objects, or of rows (lists)
-    with `headers`. json: any value, or JSON text."""
-    format_type: FormatType
-    """How to format it."""
-    headers: Annotated[list[Annotated[str, Field(max_length=200)]], Field(max_length=100)] | None = None
-    """table: the column names, when `content` is a list of rows."""
-    terminal_codes: bool = True
-    """Use ANSI terminal codes (colours, bold); false gives plain text."""
+    content: Content
+    """The content: the message (success, error, warning, info), JSON text (json); for a table,
+    kept as `original_content` (the table is `table_headers` and `table_rows`)."""
+    format_type: FormatType = "info"
+    """success, error, warning, info, table or json."""
+    table_headers: Annotated[list[Cell], Field(max_length=100)] | None = None
+    """table: the column names (without them, the first row is the header)."""
+    table_rows: Annotated[list[Annotated[list[Cell], Field(max_length=100)]], Field(max_length=10_000)] | None = None
+    """table: the rows, each a list of cells."""
 
 
 class StartInteractiveShell(_Args):
@@ -126,7 +133,17 @@ class NoArgs(_Args):
 
 
 # --- adapters -------------------------------------------------------------------------------------
+_COMMAND: ContextVar[str | None] = ContextVar("terminal_command", default=None)
+"""The command of the run_terminal_command call this request makes (the seed's reply names it;
+one MCP request is one task). A result fetched later by `await_call` has no `command`."""
+_FORMAT: ContextVar[tuple[str, str] | None] = ContextVar("terminal_format", default=None)
+"""(format_type, content) of this request's format_terminal_output (its reply repeats them)."""
+_SHELL: ContextVar[str | None] = ContextVar("terminal_shell_type", default=None)
+"""The shell_type of this request's start_interactive_shell (its reply repeats it)."""
+
+
 def _run(args: RunTerminalCommand, principal: str) -> RunCall:
+    _COMMAND.set(args.command)
     return RunCall(
         principal=principal, command=args.command, cwd=args.working_directory,
         timeout_ms=max(1, round(args.timeout_seconds * 1000)), capture_output=args.capture_output,
@@ -134,21 +151,15 @@ def _run(args: RunTerminalCommand, principal: str) -> RunCall:
 
 
 def _format(args: FormatTerminalOutput, principal: str) -> FormatOutputCall:
-    if args.format_type in ("table", "json"):
-        data = args.content
-        if args.format_type == "table":
-            if not isinstance(data, list):
-                raise ValueError("content: a table is a list of objects, or of rows (lists) with headers")
-            if args.headers is not None:
-                data = [list(args.headers), *data]
-        message = data if args.format_type == "json" and isinstance(data, str) else None
-        return FormatOutputCall(
-            principal=principal, kind=args.format_type, data=None if message is not None else data, message=message,
-            color=args.terminal_codes,
-        )  # fmt: skip
-    if not isinstance(args.content, str):
-        raise ValueError(f"content: {args.format_type} formats text: give a string")
-    return FormatOutputCall(principal=principal, kind=args.format_type, message=args.content, color=args.terminal_codes)
+    _FORMAT.set((args.format_type, args.content))
+    if args.format_type == "table":
+        if not args.table_rows:
+            raise ValueError("table_rows: a table needs its rows (a list of lists of cells)")
+        rows: list[list[str]] = [list(r) for r in args.table_rows]
+        if args.table_headers is not None:
+            rows = [list(args.table_headers), *rows]
+        return FormatOutputCall(principal=principal, kind="table", data=rows)
+    return FormatOutputCall(principal=principal, kind=args.format_type, message=args.content)
 
 
 def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
@@ -158,6 +169,7 @@ def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
             "its analyser reads bash only (sh is bash in POSIX mode); a zsh, fish or python line could not be "
             "checked, so it is not run unchecked either. Use bash"
         )
+    _SHELL.set(args.shell_type)
     return SessionCall(
         principal=principal, action="start", pty=True, shell_type=args.shell_type,  # type: ignore[arg-type]
         cwd=args.working_directory, prompt=args.prompt, startup_commands=list(args.startup_commands),
@@ -216,6 +228,7 @@ def run_reply(envelope: dict[str, Any]) -> dict[str, Any]:
     code = envelope.get("exit_code")
     duration = envelope.get("duration_ms")
     out = _shaped(envelope, {
+        "command": _COMMAND.get(),
         "return_code": code if code is not None else (-1 if not ran or envelope.get("status") == "timeout" else None),
         "stdout": envelope.get("stdout", "") if ran else None,
         "stderr": envelope.get("stderr", "") if ran else None,
@@ -228,9 +241,16 @@ def run_reply(envelope: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The seed's reply: `formatted_content`, `format_type`, `original_content`, `terminal_codes`
+    (the escape codes used, as the seed writes them: `["31m", "0m"]`)."""
+    asked = _FORMAT.get()
+    codes = envelope.get("ansi_codes")
+    used = [f"{c}m" for c in codes] + ["0m"] if codes else ([] if codes is not None else None)
     return _shaped(envelope, {
-        "formatted_output": envelope.get("text"),
-        "terminal_codes": envelope.get("ansi_codes"),
+        "formatted_content": envelope.get("text"),
+        "format_type": asked[0] if asked else None,
+        "original_content": asked[1] if asked else None,
+        "terminal_codes": used,
     })  # fmt: skip
 
 
@@ -250,7 +270,8 @@ def start_reply(envelope: dict[str, Any]) -> dict[str, Any]:
     startup = _startup(envelope)
     return _shaped(envelope, {
         "shell_id": shell_id,
-        "status": ("active" if envelope.get("alive") else "closed") if shell_id else None,
+        "shell_type": (envelope.get("shell_type") or _SHELL.get()) if shell_id else None,
+        "status": ("started" if envelope.get("alive") else "closed") if shell_id else None,
         "working_directory": envelope.get("cwd"),
         "output": envelope.get("output") if shell_id else None,
         "startup_commands_executed": sum(1 for s in startup if s["status"] == "ok") if shell_id else None,
@@ -329,7 +350,7 @@ SPECS: tuple[Spec, ...] = (
         RunTerminalCommand,
         Tool.RUN,
         "Run a terminal command",
-        "Run one bash command and reply {success, return_code, stdout, stderr, execution_time (seconds), "
+        "Run one bash command and reply {success, command, return_code, stdout, stderr, execution_time (seconds), "
         "working_directory}. timeout_seconds defaults to 30; capture_output false discards the output." + _GATE,
         _RUNS,
         resolver="client",
@@ -341,9 +362,9 @@ SPECS: tuple[Spec, ...] = (
         FormatTerminalOutput,
         None,
         "Format text for a terminal",
-        "Format content as a success, error, warning or info message, a table or JSON, with ANSI terminal "
-        "codes or without (terminal_codes false): {success, formatted_output, terminal_codes (the codes "
-        "used)}. Runs nothing.",
+        "Format content as a success, error, warning or info message, or JSON text, or format table_rows "
+        "(with table_headers) as a table, with ANSI terminal codes: {success, formatted_content, format_type, "
+        "original_content, terminal_codes (the codes used)}. Runs nothing.",
         ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
         adapt=_format,
         reply=format_reply,
@@ -354,7 +375,7 @@ SPECS: tuple[Spec, ...] = (
         Tool.SESSION,
         "Start an interactive shell",
         "Start a persistent bash on a terminal (keeps cwd and variables) and run startup_commands in it: "
-        "{success, shell_id, status, startup_commands_executed, available_commands}. Use the shell with "
+        "{success, shell_id, shell_type, status, startup_commands_executed, available_commands}. Use it with "
         "execute_in_shell, send_shell_input, read_shell_output, close_shell, list_shells. shell_type bash "
         "or sh only." + _GATE,
         _RUNS,
