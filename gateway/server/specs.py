@@ -96,6 +96,15 @@ _DENIALS = (
     "call_id: call `await_call` with it to get the result."
 )
 
+RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+"""A tool that runs commands or changes files: every profile's hints for such a tool."""
+READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+"""A tool that only reads."""
+SETS = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+"""A tool that sets state idempotently (the stored environment)."""
+ASKS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True)
+"""A tool that asks a person."""
+
 SPECS: tuple[Spec, ...] = (
     Spec(
         "run",
@@ -106,7 +115,7 @@ SPECS: tuple[Spec, ...] = (
         "workspace), and return exit_code, stdout, stderr and duration. Use it for builds, tests, git "
         "and inspection. State does not persist between calls: use `session` for a shell that keeps "
         "cwd and variables, `process` for servers and watchers." + _DENIALS,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
         resolver="client",
     ),
     Spec(
@@ -118,7 +127,7 @@ SPECS: tuple[Spec, ...] = (
         "start (returns session_id), exec (run a command, wait for it), write (send input to the running "
         "program, or commands to the idle shell; '\\u0003' is Ctrl-C), read (new output), resize, kill, "
         "list. Every command is decided like `run`." + _DENIALS,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
     ),
     Spec(
         "files",
@@ -130,7 +139,7 @@ SPECS: tuple[Spec, ...] = (
         "write (atomic), edit (replace text that occurs exactly once), list, stat, mkdir, delete, grep "
         "(regex), find (glob), write_output (save a markdown/JSON report). Paths outside the allowed "
         "roots are refused (PATH_OUTSIDE_JAIL)." + _DENIALS,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
     ),
     Spec(
         "process",
@@ -140,7 +149,7 @@ SPECS: tuple[Spec, ...] = (
         "Durable background processes (dev servers, watchers) that outlive the call: start (with "
         "keep_alive to restart on exit), list, get, output (tail of its log), stop, stop_all. Each start "
         "is decided like `run`." + _DENIALS,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
         resolver="client",  # a session's cwd is the shell's: only a supervisor answers there
     ),
     Spec(
@@ -150,7 +159,7 @@ SPECS: tuple[Spec, ...] = (
         "Environment variables for later calls",
         "Get, set, unset or list variables that your later run, session and process calls inherit. "
         "Only names the policy allows can be set; PATH, HOME, LD_* and the like never." + _DENIALS,
-        ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        SETS,
     ),
     Spec(
         "ask_user",
@@ -160,7 +169,7 @@ SPECS: tuple[Spec, ...] = (
         "Ask your user a question and wait for the answer (through your MCP client's form). Use it for "
         "choices and missing information, not to ask permission for commands: the gateway's policy does "
         "that. `validation` constrains the answer; `password` keeps it out of the logs.",
-        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+        ASKS,
         resolver="user",
     ),
     Spec(
@@ -170,7 +179,7 @@ SPECS: tuple[Spec, ...] = (
         "Format a message",
         "Format a success/error/warning/info message, a table or JSON for a human, with or without ANSI "
         "colours. Runs nothing.",
-        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        READS,
     ),
     Spec(
         "await_call",
@@ -180,7 +189,7 @@ SPECS: tuple[Spec, ...] = (
         "Wait for the result of a call that returned status `pending` (a supervisor must approve it). "
         "Returns the call's result once answered (denied if the supervisor said no or did not answer in "
         "time), or `pending` again after wait_ms.",
-        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        READS,
     ),
 )
 

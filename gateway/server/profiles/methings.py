@@ -29,12 +29,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from gateway.calls import MAX_SHELL_CHARS, Content, EnvMap, FilesCall, PathText, RunCall, SessionCall, ShellText
 from gateway.policy.schema import Tool
-from gateway.server.specs import Spec
+from gateway.server.specs import RUNS, Spec
 
 NAME = "methings"
 DEFAULT_TIMEOUT_MS = 60_000
@@ -313,7 +312,7 @@ _GATE = (
     "retry unchanged). A call a supervisor must approve returns status `pending` and a call_id: call "
     "`await_call` with it."
 )
-_HINTS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+_HINTS = RUNS
 
 SPECS: tuple[Spec, ...] = (
     Spec(
@@ -382,7 +381,7 @@ SPECS: tuple[Spec, ...] = (
         "(show_hidden: {items}), stat, mkdir (parents, default true), delete (recursive). Paths are "
         "absolute, `~/...` or relative to `~` (the home). A read that gives no max_bytes returns at most "
         "the policy's reply limit and says where to go on (truncated, next_offset)." + _GATE,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
         adapt=_fs_call,
         reply=fs_reply,
     ),

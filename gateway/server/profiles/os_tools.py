@@ -33,12 +33,11 @@ from datetime import datetime
 from typing import Any, Literal
 
 import yaml
-from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.calls import EnvCall, EnvName, ProcessCall, RunCall, ShellText
 from gateway.policy.schema import Tool
-from gateway.server.specs import Spec
+from gateway.server.specs import READS, RUNS, SETS, Spec
 
 NAME = "os"
 DEFAULT_BUFFER_LINES = 500
@@ -416,9 +415,9 @@ _GATE = (
     "call a supervisor must approve is `status: pending` with a call_id: call `await_call` with it. "
     "Replies are YAML."
 )
-_RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
-_READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-_ENV = ToolAnnotations(read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+_RUNS = RUNS
+_READS = READS
+_ENV = SETS
 
 
 def _shell_spec() -> Spec:

@@ -36,7 +36,7 @@ from gateway.calls import (
     ShellText,
 )
 from gateway.policy.schema import Tool
-from gateway.server.specs import Spec
+from gateway.server.specs import READS, RUNS, Spec
 
 NAME = "shell-plugin"
 READ_MAX_LINES = 2000
@@ -685,8 +685,8 @@ _GATE = (
     "PATH_OUTSIDE_JAIL, ...) and the rule's justification (follow it, do not retry unchanged). A call "
     "a supervisor must approve returns status `pending` and a call_id: call `await_call` with it."
 )
-_READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
-_WRITES = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
+_READS = READS
+_WRITES = RUNS
 
 
 def _spec(name: str, model: type[BaseModel], family: Tool, title: str, text: str, hints: ToolAnnotations,

@@ -21,12 +21,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.calls import AskUserCall, EnvMap, Millis, PathText, RunCall, ShellText, ValidationSpec
 from gateway.policy.schema import Tool
-from gateway.server.specs import Spec
+from gateway.server.specs import ASKS, RUNS, Spec
 
 NAME = "system-ops"
 DEFAULT_TIMEOUT_MS = 30_000
@@ -143,7 +142,7 @@ SPECS: tuple[Spec, ...] = (
         "timed_out, duration_ms}}. A non-zero exit is success false with COMMAND_FAILED (data still has the "
         "output); COMMAND_TIMEOUT after `timeout` ms (default 30000); COMMAND_NOT_FOUND for an "
         "unknown program. `silent` suppresses the output." + _PENDING,
-        ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False),
+        RUNS,
         resolver="client",
         adapt=_run_call,
         reply=run_reply,
@@ -157,7 +156,7 @@ SPECS: tuple[Spec, ...] = (
         "`validation` (pattern, min_length, max_length, allowed_values) constrains the answer "
         "(INVALID_INPUT otherwise); `default` is used for an empty answer; `password` keeps it out of "
         "the logs. USER_CANCELLED when the user declines.",
-        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=False, open_world_hint=True),
+        ASKS,
         resolver="user",
         adapt=_ask_call,
         reply=ask_reply,

@@ -25,7 +25,6 @@ from __future__ import annotations
 from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
-from mcp.types import ToolAnnotations
 from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.calls import (
@@ -39,7 +38,7 @@ from gateway.calls import (
     ShellText,
 )
 from gateway.policy.schema import Tool
-from gateway.server.specs import Spec
+from gateway.server.specs import READS, RUNS, Spec
 
 NAME = "terminal-interface"
 DEFAULT_TIMEOUT_S = 30
@@ -341,8 +340,8 @@ _GATE = (
     "retry unchanged). A call a supervisor must approve returns status `pending` and a call_id: call "
     "`await_call` with it."
 )
-_RUNS = ToolAnnotations(read_only_hint=False, destructive_hint=True, idempotent_hint=False, open_world_hint=False)
-_READS = ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False)
+_RUNS = RUNS
+_READS = READS
 
 SPECS: tuple[Spec, ...] = (
     Spec(
@@ -365,7 +364,7 @@ SPECS: tuple[Spec, ...] = (
         "Format content as a success, error, warning or info message, or JSON text, or format table_rows "
         "(with table_headers) as a table, with ANSI terminal codes: {success, formatted_content, format_type, "
         "original_content, terminal_codes (the codes used)}. Runs nothing.",
-        ToolAnnotations(read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False),
+        READS,
         adapt=_format,
         reply=format_reply,
     ),
