@@ -22,7 +22,7 @@ import errno
 import hashlib
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -71,6 +71,7 @@ _MAKE_LONG = {
     "assume-new": "W=", "warn-undefined-variables": "-", "jobserver-auth": "-=", "jobserver-fds": "-=",
 }  # fmt: skip
 _MAKE_SHORT_WITH_VALUE = "CEfIoW"
+_MAKE_LONGS = {name: (code[0], code.endswith("=")) for name, code in _MAKE_LONG.items()}
 
 
 @dataclass(frozen=True)
@@ -257,12 +258,16 @@ def _module_files(module: str) -> list[str]:
     return out
 
 
-def _make(cmd: Command) -> tuple[list[Word], list[Word]]:
-    """make's `-f` files and its `-C` directories (each relative to the one before, as make
-    changes into them in turn), parsed as getopt does: `-kC sub`, `-sfx.mk`, `--dir=sub`."""
-    files: list[Word] = []
-    dirs: list[Word] = []
-    words = list(cmd.argv[1:])
+def _getopt(
+    words: list[Word], short_values: str, longs: dict[str, tuple[str, bool]], *, permute: bool
+) -> Iterator[tuple[str, Word | None]]:
+    """(option, its value) for each option of `short_values` or `longs` that takes one, as glibc's
+    getopt_long reads `words`: short options grouped (`-kC sub`, `-sfx.mk`), a value attached or
+    in the next word; long options by their name or a prefix that names one (`longs`: name ->
+    (key, takes a value); names sharing a key are one option, as getopt_long judges ambiguity),
+    the value after `=` or in the next word. `--` ends the options; so does the first operand
+    unless `permute` (GNU programs read options after operands too). The value is None when the
+    text ends first."""
     k = 0
     while k < len(words):
         w = words[k]
@@ -270,36 +275,37 @@ def _make(cmd: Command) -> tuple[list[Word], list[Word]]:
         nxt = words[k + 1] if k + 1 < len(words) else None
         k += 1
         if v == "--":
-            break
+            return
+        if not v.startswith("-") or v == "-":
+            if permute:
+                continue
+            return
         if v.startswith("--"):
             name, eq, value = v[2:].partition("=")
-            matches = {_MAKE_LONG[o] for o in _MAKE_LONG if o == name} or {
-                _MAKE_LONG[o] for o in _MAKE_LONG if o.startswith(name) and name
-            }
-            if len(matches) != 1:
-                continue  # unknown or ambiguous: make refuses to start
-            letter = matches.pop()
-            if not letter.endswith("="):
-                continue
-            if eq:
-                arg: Word | None = Word(value, w.expansions, w.raw)
-            else:
-                arg, k = nxt, k + 1
-            if arg is not None and letter[0] in "Cf":
-                (dirs if letter[0] == "C" else files).append(arg)
+            hits = {longs[name]} if name in longs else {longs[o] for o in longs if name and o.startswith(name)}
+            if len(hits) != 1:
+                continue  # unknown or ambiguous: the program refuses to start
+            key, takes = hits.pop()
+            if takes:
+                yield key, (Word(value, w.expansions, w.raw) if eq else nxt)
+                k += 0 if eq else 1
             continue
-        if not v.startswith("-") or v == "-":
-            continue  # a target or a variable
         for n, letter in enumerate(v[1:], 1):
-            if letter not in _MAKE_SHORT_WITH_VALUE:
-                continue
-            if n + 1 < len(v):
-                arg = Word(v[n + 1 :], w.expansions, w.raw)
-            else:
-                arg, k = nxt, k + 1
-            if arg is not None and letter in "Cf":
-                (dirs if letter == "C" else files).append(arg)
-            break
+            if letter in short_values:
+                rest = v[n + 1 :]
+                yield letter, (Word(rest, w.expansions, w.raw) if rest else nxt)
+                k += 0 if rest else 1
+                break
+
+
+def _make(cmd: Command) -> tuple[list[Word], list[Word]]:
+    """make's `-f` files and its `-C` directories (each relative to the one before, as make
+    changes into them in turn), parsed as getopt does: `-kC sub`, `-sfx.mk`, `--dir=sub`."""
+    files: list[Word] = []
+    dirs: list[Word] = []
+    for key, arg in _getopt(list(cmd.argv[1:]), _MAKE_SHORT_WITH_VALUE, _MAKE_LONGS, permute=True):
+        if arg is not None and key in "Cf":
+            (dirs if key == "C" else files).append(arg)
     return files, dirs
 
 
@@ -379,8 +385,14 @@ def _join(base: Path | str, value: str) -> str:
 
 
 # wrappers that change directory before they start their program: {name: (letters, long options)}
-_CHDIR_WRAPPERS = {"env": ("C", "--chdir"), "sudo": ("D", "--chdir")}
+_CHDIR_WRAPPERS = {"env": "C", "sudo": "D"}
 _WRAPPER_VALUES = {"env": "uCaS", "sudo": "CDghpRrtTUu"}
+_WRAPPER_LONGS = {
+    "env": {"chdir": ("C", True), "unset": ("u", True), "split-string": ("S", True), "argv0": ("a", True)},
+    "sudo": {"chdir": ("D", True), "close-from": ("C", True), "group": ("g", True), "host": ("h", True),
+             "prompt": ("p", True), "chroot": ("R", True), "role": ("r", True), "type": ("t", True),
+             "command-timeout": ("T", True), "other-user": ("U", True), "user": ("u", True)},
+}  # fmt: skip
 
 
 def _wrapper_directory(cmd: Command) -> Word | str | None:
@@ -392,31 +404,11 @@ def _wrapper_directory(cmd: Command) -> Word | str | None:
         return f"find {sorted(found)[0]} runs it in each found file's directory" if found else None
     if name not in _CHDIR_WRAPPERS:
         return None
-    letter, long = _CHDIR_WRAPPERS[name]
+    letter = _CHDIR_WRAPPERS[name]
     directory: Word | None = None
-    words = list(cmd.argv[1:])
-    k = 0
-    while k < len(words):
-        w = words[k]
-        v = w.value
-        nxt = words[k + 1] if k + 1 < len(words) else None
-        k += 1
-        if v == "--" or not v.startswith("-") or v == "-":
-            break
-        if v.startswith("--"):
-            flag, eq, value = v.partition("=")
-            if len(flag) >= 3 and long.startswith(flag):
-                directory = Word(value, w.expansions, w.raw) if eq else nxt
-                k += 0 if eq else 1
-            continue
-        for n, ch in enumerate(v[1:], 1):
-            if ch in _WRAPPER_VALUES[name]:
-                rest = v[n + 1 :]
-                if ch == letter:
-                    directory = Word(rest, w.expansions, w.raw) if rest else nxt
-                if not rest:
-                    k += 1
-                break
+    for key, arg in _getopt(list(cmd.argv[1:]), _WRAPPER_VALUES[name], _WRAPPER_LONGS[name], permute=False):
+        if key == letter:
+            directory = arg
     return directory
 
 

@@ -257,6 +257,10 @@ def test_approvals_show_prints_the_files_escaped(policy: CompiledPolicy, tmp_pat
             ["GNUmakefile", "makefile", "Makefile", "sub/GNUmakefile", "sub/makefile", "sub/Makefile"],
         ),
         ("env MAKEFILES=m.mk make -f x.mk", ["m.mk", "x.mk"]),
+        ("make --fi=x.mk --directory sub", ["sub/x.mk"]),  # long options by a prefix, a value apart
+        ("make --d=sub", ["GNUmakefile", "makefile", "Makefile"]),  # ambiguous: make refuses to start
+        # a wrapper's own options that take a value are skipped before its directory is found
+        ("sudo --user bob --chdir sub make", ["sub/GNUmakefile", "sub/makefile", "sub/Makefile"]),
     ],
 )
 def test_which_files_a_command_runs(text: str, files: list[str]) -> None:
