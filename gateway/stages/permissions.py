@@ -282,7 +282,10 @@ def _patterns(args: tuple[str, ...]) -> tuple[PolicyPattern, ...]:
 
 def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
     """argv indices of the values of the options `names` (`-o F`, `-oF`, `--out=F`, `--out F`);
-    attached values are returned as the option word's own index."""
+    attached values are returned as the option word's own index. A long option is matched by
+    any prefix of its name too (`--from-fi=F` for `--from-file`), as getopt_long and git's
+    parse-options accept a unique one: a rule's path options are jailed in every spelling, as
+    its forbidden options are refused in every spelling (`_has_option`)."""
     found: list[int] = []
     argv = cmd.argv
     k = start
@@ -291,14 +294,33 @@ def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
         if v == "--":
             break
         for name in names:
+            if name.startswith("--"):
+                given, eq, _ = v[2:].partition("=")
+                if not (v.startswith("--") and given and name[2:].startswith(given)):
+                    continue
+                if eq:
+                    found.append(k)
+                elif k + 1 < len(argv):
+                    found.append(k + 1)
+                    k += 1
+                break
             if v == name and k + 1 < len(argv):
                 found.append(k + 1)
                 k += 1
                 break
-            if (name.startswith("--") and v.startswith(name + "=")) or (
-                not name.startswith("--") and v.startswith(name) and len(v) > len(name)
-            ):
+            if not v.startswith("--") and v.startswith(name) and len(v) > len(name):
                 found.append(k)
                 break
         k += 1
     return found
+
+
+def attached_value(word: str, names: list[str]) -> str:
+    """The value attached to the option word `word`, one of `names` in any spelling
+    (`--out=F`, `--ou=F`, `-oF`): F."""
+    if word.startswith("--"):
+        return word.partition("=")[2]
+    for name in names:
+        if not name.startswith("--") and word.startswith(name):
+            return word[len(name) :]
+    return word

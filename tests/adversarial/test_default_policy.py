@@ -349,6 +349,16 @@ POLICY_ROUND = [
     "rg --pr=sh x",
     "rg --files /etc",
     "rg --ignore-file=/etc/passwd x .",
+    # red team 13: a value attached to an option of a rule that takes its words for paths
+    "diff --from-fi=/etc/passwd README.md",  # a prefix of --from-file, which the rule lists
+    "diff --to-fi=/etc/passwd README.md",
+    "git blame --cont=/etc/passwd README.md",  # git's parse-options takes --contents' prefix
+    "git blame --ignore-revs-f=/etc/passwd README.md",
+    "git blame -S/root/.bash_history README.md",  # -S REVS-FILE, attached
+    "git blame -wS/root/.bash_history README.md",
+    "du --files0-fr=/etc/passwd",  # the names du reports come from the file
+    "du --exclude-from=/etc/passwd .",
+    "file --magic-f=/etc/passwd README.md",
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 

@@ -1,0 +1,52 @@
+"""The strict example policy (policies/examples/read-mostly.yaml) under attack: a reviewer that
+may read and search the workspace and record work with git, nothing else. Every attack must be
+denied (not merely asked about): each reads a file outside the workspace, runs code the policy
+did not decide, or writes where the policy says the agent writes nothing. Found by red team 13;
+every one was allowed before its fix.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gateway.decision import Verdict
+from gateway.pipeline import evaluate
+from gateway.policy.compile import CompiledPolicy
+from gateway.policy.selftest import load_checked
+
+
+@pytest.fixture(scope="module")
+def policy(tmp_path_factory: pytest.TempPathFactory) -> CompiledPolicy:
+    ws = tmp_path_factory.mktemp("ws")
+    (ws / "src").mkdir()
+    (ws / "src" / "app.py").write_text("print(1)\n")
+    (ws / "README.md").write_text("hello\n")
+    (ws / "prog.awk").write_text('BEGIN { system("id") }\n')
+    (ws / "escape").symlink_to("/etc")
+    return load_checked(Path("policies/examples/read-mostly.yaml"), ws)
+
+
+ATTACKS = [
+    # a value attached to an option, where the rule takes every word for a path
+    "git blame --contents=/etc/passwd README.md",  # the rule lists no path options
+    "git blame --cont=/etc/passwd README.md",
+    "git blame --ignore-revs-file=/etc/passwd README.md",
+    "git blame -S/etc/passwd README.md",
+    "git blame -Sescape/passwd README.md",
+    "diff --from-fi=/etc/passwd README.md",
+    "du --files0-from=/etc/passwd",
+    "file -m/etc/passwd README.md",
+    "file --magic-file=/etc/passwd README.md",
+    "wc --files0-from=/etc/passwd",
+    "head --files0-from=/etc/passwd",
+    "sort --files0-from=/etc/passwd",
+    "sort -R --random-s=/etc/passwd README.md",
+]
+
+
+@pytest.mark.parametrize("command", ATTACKS)
+def test_attack_is_denied(policy: CompiledPolicy, command: str) -> None:
+    decision = evaluate(policy, command, "agent").decision
+    assert decision.verdict is Verdict.DENY, decision
