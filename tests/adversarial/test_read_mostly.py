@@ -43,6 +43,16 @@ ATTACKS = [
     "head --files0-from=/etc/passwd",
     "sort --files0-from=/etc/passwd",
     "sort -R --random-s=/etc/passwd README.md",
+    # awk, read on its words with a pattern over them; now through its model (awk.yaml)
+    "awk 'BEGIN{ARGV[1]=\"/etc/passwd\"} {print}' README.md",  # reads /etc/passwd (mawk too)
+    "awk 'BEGIN{ARGV[ARGC++]=\"/etc/passwd\"} {print}' README.md",
+    "awk -W exec prog.awk",  # mawk: the program comes from a file, whose system() nobody checked
+    "awk -E prog.awk",  # gawk's -f that ends the options
+    "awk --source='BEGIN{system(\"id\")}'",  # gawk: the program in an option's value
+    "awk -e '{print > \"out.txt\"}' README.md",
+    "awk -l ./ext",  # gawk loads a shared library
+    "awk -d 1 README.md",  # gawk writes awkvars.out
+    "awk --profile 1 README.md",  # gawk writes awkprof.out
 ]
 
 
