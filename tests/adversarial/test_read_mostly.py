@@ -53,6 +53,10 @@ ATTACKS = [
     "awk -l ./ext",  # gawk loads a shared library
     "awk -d 1 README.md",  # gawk writes awkvars.out
     "awk --profile 1 README.md",  # gawk writes awkprof.out
+    # git add/commit, read on their words; now through git's model
+    "git commit -S -m x",  # gpg.program runs
+    "git commit --gpg-sign=KEY -m x",
+    "git commit --frobnicate -m x",  # an option nobody knows
 ]
 
 
