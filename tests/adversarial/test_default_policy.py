@@ -359,6 +359,14 @@ POLICY_ROUND = [
     "du --files0-fr=/etc/passwd",  # the names du reports come from the file
     "du --exclude-from=/etc/passwd .",
     "file --magic-f=/etc/passwd README.md",
+    # red team 13: a run-time value the shell splits into more words, options among them
+    "V='1 --output=/tmp/x'; git log -n $V",  # git log -n 1 --output=/tmp/x
+    "V='x --ext-diff'; git log -p --author=$V",
+    "V='x -S'; git commit -m $V",  # gpg runs
+    'git commit -m {"$V",-S}',  # a brace expansion left unexpanded is one word per element
+    'git log -n {"$N",--output=/tmp/x}',
+    'git rev-parse {"$V",--resolve-git-dir} /etc/passwd',
+    'rg -e {"$V",--pre=./x} src',
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 

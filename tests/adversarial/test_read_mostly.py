@@ -57,6 +57,11 @@ ATTACKS = [
     "git commit -S -m x",  # gpg.program runs
     "git commit --gpg-sign=KEY -m x",
     "git commit --frobnicate -m x",  # an option nobody knows
+    # a run-time value the shell splits into more words, options among them
+    "V='1 --output=/tmp/x'; git log -n $V",
+    'git log -n {"$N",--output=/tmp/x}',
+    'grep -e {"$V",--file=/etc/passwd} README.md',
+    "m=$(cat msg); git commit -m $m",  # msg holding 'x -S' runs gpg
 ]
 
 
