@@ -62,6 +62,9 @@ ATTACKS = [
     'git log -n {"$N",--output=/tmp/x}',
     'grep -e {"$V",--file=/etc/passwd} README.md',
     "m=$(cat msg); git commit -m $m",  # msg holding 'x -S' runs gpg
+    # a run-time word where a rule without a model forbids options
+    'V=-f/etc/passwd; date "$V"',
+    "date $(cat args)",
 ]
 
 
