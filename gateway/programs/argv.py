@@ -91,9 +91,51 @@ def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
         return w.value.startswith("-")
     if set(w.expansions) <= _PATH_EXPANSIONS:
         return w.value.startswith("-")  # a glob: the path jail refuses a match that would be an option
-    if w.value[:1] not in "$`-" and w.value:
-        return False  # the value is quote-removed: a leading character other than these is literal
-    return not (model is not None and model.only_reads and producers.starting_points(w) is not None)
+    if model is not None and model.only_reads and producers.starting_points(w) is not None:
+        return False
+    # the value is quote-removed: a leading character other than these is literal, unless the
+    # shell may split the word (`x$V` with V=' --output=F')
+    return not w.value or w.value[:1] in "$`-{" or may_split(w)
+
+
+def may_split(w: Word) -> bool:
+    """Could the shell make several words of `w`, the later ones options? An unquoted `$V`,
+    `$(...)` or backquote is split at blanks (`-n $V` with V='1 --output=F' is `-n 1
+    --output=F`), and a brace expansion the analyser left unexpanded (`{"$V",--output=F}`, not
+    plain: braces.py) makes one word per element. Quoted ones (`"$V"`, `x"$(cmd)"`) are one
+    word. Red team 13."""
+    if w.literal:
+        return False
+    if Expansion.BRACE in w.expansions:
+        return True
+    return _unquoted_expansion(w.raw)
+
+
+def _unquoted_expansion(raw: str) -> bool:
+    """Does the word as written hold a `$` expansion or a backquote outside quotes?"""
+    quote = ""
+    k = 0
+    while k < len(raw):
+        c = raw[k]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            k += 1  # the next character is literal (inside double quotes too, where it matters not)
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "`":
+            return True
+        elif c == "$" and k + 1 < len(raw):
+            nxt = raw[k + 1]
+            if nxt == "'" or nxt == '"':  # $'...' and $"...": quoted text
+                quote = nxt
+                k += 1
+            elif nxt.isalnum() or nxt in "_{(@*#?!$-":
+                return True
+        k += 1
+    return False
 
 
 class _Reader:
@@ -168,6 +210,11 @@ class _Reader:
                 ended = True
                 i += 1
                 continue
+            if may_split(w):
+                raise _Refused(
+                    f"{w.raw or v} holds an unquoted value known only at run time, which the shell may split into "
+                    f'more words, options to {self.model.program}: quote it ("$V")'
+                )
             i = self._long(i) if v.startswith("--") else self._short(i)
             if self.ended_by_option:
                 ended, self.ended_by_option = True, False
@@ -268,6 +315,12 @@ class _Reader:
         for kind in kinds:
             if i >= len(self.argv):
                 return i  # the program refuses a missing value; nothing runs
+            if may_split(self.argv[i]):
+                w = self.argv[i]
+                raise _Refused(
+                    f"{w.raw or w.value}, the value of {opt.names[0]}, is known only at run time and unquoted: the "
+                    f'shell may split it into more words, options to {self.model.program}: quote it ("$V")'
+                )
             self._value(i, kind, self.argv[i], opt)
             i += 1
         return i
@@ -453,7 +506,7 @@ def alternatives(sub: ProgramModel) -> list[tuple[str, Word]]:
         for n in o.names:
             out.append((n, Word(n)))
             if o.kinds and not o.separate_only:
-                out.append((n, Word(n + ("=" if n.startswith("--") else "") + "$V", unknown, "$V")))
+                out.append((n, Word(n + ("=" if n.startswith("--") else "") + "$V", unknown, '"$V"')))
     return out
 
 

@@ -36,7 +36,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import PathArgs
 from gateway.stages import decision_cache, globs, producers
-from gateway.stages.permissions import Match, option_values
+from gateway.stages.permissions import Match, attached_value, option_values
 
 STAGE = "pathjail"
 # Devices every command may use, whatever the roots.
@@ -293,15 +293,24 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
         elif spec.write == "last" and pos:
             writes.append(argv[pos[-1]])
         start = 2 if m.rule.subcommands is not None else 1
+        listed: set[int] = set()
         for names, out in ((m.rule.path_options.read, reads), (m.rule.path_options.write, writes)):
             for k in option_values(cmd, start, names):
                 w = argv[k]
-                value = w.value
-                for name in names:  # an attached value: -oFILE, --output=FILE
-                    if value.startswith(name) and value != name:
-                        value = value[len(name) :].removeprefix("=")
-                        break
-                out.append(Word(value, w.expansions, w.raw))
+                if k not in pos:
+                    listed.add(k)  # an attached value: -oFILE, --output=FILE
+                    out.append(Word(attached_value(w.value, names), w.expansions, w.raw))
+                else:
+                    out.append(w)
+        if spec.read != "none" or spec.write == "all":
+            # The rule takes every positional word for a path, knowing no option's value: `--opt
+            # FILE` has FILE jailed as a positional, so `--opt=FILE` (and `-oFILE` holding a `/`)
+            # has it jailed too, in case the option reads (git blame --contents=F, diff
+            # --from-file=F, du --files0-from=F, file -mF): a value that is no path is jailed
+            # harmlessly inside the cwd.
+            out = writes if spec.write == "all" else reads
+            for k, value in _attached(argv, start, listed):
+                out.append(Word(value, argv[k].expansions, argv[k].raw))
     redirected: list[Word] = []
     for r in cmd.redirects:
         if r.target is None:
@@ -313,6 +322,30 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
             reads.append(r.target)
             redirected.append(r.target)
     return reads, writes, redirected
+
+
+def _attached(argv: tuple[Word, ...], start: int, skip: set[int]) -> list[tuple[int, str]]:
+    """The values attached to option words before `--` (not those in `skip`): `--name=VALUE`,
+    and for `-xVALUE` where VALUE holds a `/` and more (a cluster of flags has none; `cut -d/`
+    has a delimiter) the value after the first letter, and the rest from the first `/`
+    (`-ab/etc/x` could be `-a -b/etc/x`)."""
+    out: list[tuple[int, str]] = []
+    for k in range(start, len(argv)):
+        v = argv[k].value
+        if v == "--":
+            break
+        if k in skip or not v.startswith("-") or v == "-":
+            continue
+        if v.startswith("--"):
+            name, eq, value = v[2:].partition("=")
+            if eq and name:
+                out.append((k, value))
+        elif "/" in v[2:] and len(v) > 3:  # not a one-character value: cut -d/ (a file `/` is no file)
+            out.append((k, v[2:]))
+            slash = v.index("/", 2)
+            if slash > 2 and v[1:slash].isalnum():
+                out.append((k, v[slash:]))
+    return out
 
 
 def _resolve(

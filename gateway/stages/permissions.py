@@ -18,6 +18,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
 from gateway.programs import Reading, models_subcommand, reading_of
+from gateway.programs.argv import could_be_option, may_split
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 from gateway.stages import producers
 
@@ -159,6 +160,25 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                             f"a run-time word could be the option {o}, which the rule forbids ({spec}): "
                             "put -- before it, or write it literally"
                         )
+        if reading is None and rule.forbidden_options and rule.decision is RuleDecision.ALLOW:
+            # Without a model, a word known only at run time may be any option, the forbidden
+            # ones too (`date "$V"` with V=-f/etc/passwd; xargs' input): only `--` before it
+            # makes it an operand. (An ask rule shows the supervisor the word as written.) A
+            # word whose option name is written (`-j"$(nproc)"`, `--features="$F"`) is checked
+            # by that name above.
+            for k in range(i, len(argv)):
+                w = argv[k]
+                if w.literal and w.value == "--":
+                    break
+                if not w.literal and could_be_option(w) and (w.raw[:1] != "-" or may_split(w)):
+                    return None, (
+                        f"argument {w.raw or w.value} is known only at run time and could be an option the rule "
+                        f"forbids ({', '.join(rule.forbidden_options)[:120]}): put -- before it, or write it literally"
+                    )
+            if Flag.DYNAMIC_ARGS in cmd.flags:
+                return None, (
+                    f"its arguments arrive at run time (from {cmd.wrapper}) and could be options the rule forbids"
+                )
         if reading is not None and reading.runs:
             return None, (
                 f"{'; '.join(reading.runs)}: code the gateway cannot check (gateway/programs/{reading.model}.yaml)"
@@ -282,7 +302,10 @@ def _patterns(args: tuple[str, ...]) -> tuple[PolicyPattern, ...]:
 
 def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
     """argv indices of the values of the options `names` (`-o F`, `-oF`, `--out=F`, `--out F`);
-    attached values are returned as the option word's own index."""
+    attached values are returned as the option word's own index. A long option is matched by
+    any prefix of its name too (`--from-fi=F` for `--from-file`), as getopt_long and git's
+    parse-options accept a unique one: a rule's path options are jailed in every spelling, as
+    its forbidden options are refused in every spelling (`_has_option`)."""
     found: list[int] = []
     argv = cmd.argv
     k = start
@@ -291,14 +314,33 @@ def option_values(cmd: Command, start: int, names: list[str]) -> list[int]:
         if v == "--":
             break
         for name in names:
+            if name.startswith("--"):
+                given, eq, _ = v[2:].partition("=")
+                if not (v.startswith("--") and given and name[2:].startswith(given)):
+                    continue
+                if eq:
+                    found.append(k)
+                elif k + 1 < len(argv):
+                    found.append(k + 1)
+                    k += 1
+                break
             if v == name and k + 1 < len(argv):
                 found.append(k + 1)
                 k += 1
                 break
-            if (name.startswith("--") and v.startswith(name + "=")) or (
-                not name.startswith("--") and v.startswith(name) and len(v) > len(name)
-            ):
+            if not v.startswith("--") and v.startswith(name) and len(v) > len(name):
                 found.append(k)
                 break
         k += 1
     return found
+
+
+def attached_value(word: str, names: list[str]) -> str:
+    """The value attached to the option word `word`, one of `names` in any spelling
+    (`--out=F`, `--ou=F`, `-oF`): F."""
+    if word.startswith("--"):
+        return word.partition("=")[2]
+    for name in names:
+        if not name.startswith("--") and word.startswith(name):
+            return word[len(name) :]
+    return word

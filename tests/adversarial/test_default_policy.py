@@ -349,6 +349,28 @@ POLICY_ROUND = [
     "rg --pr=sh x",
     "rg --files /etc",
     "rg --ignore-file=/etc/passwd x .",
+    # red team 13: a value attached to an option of a rule that takes its words for paths
+    "diff --from-fi=/etc/passwd README.md",  # a prefix of --from-file, which the rule lists
+    "diff --to-fi=/etc/passwd README.md",
+    "git blame --cont=/etc/passwd README.md",  # git's parse-options takes --contents' prefix
+    "git blame --ignore-revs-f=/etc/passwd README.md",
+    "git blame -S/root/.bash_history README.md",  # -S REVS-FILE, attached
+    "git blame -wS/root/.bash_history README.md",
+    "du --files0-fr=/etc/passwd",  # the names du reports come from the file
+    "du --exclude-from=/etc/passwd .",
+    "file --magic-f=/etc/passwd README.md",
+    # red team 13: a run-time value the shell splits into more words, options among them
+    "V='1 --output=/tmp/x'; git log -n $V",  # git log -n 1 --output=/tmp/x
+    "V='x --ext-diff'; git log -p --author=$V",
+    "V='x -S'; git commit -m $V",  # gpg runs
+    'git commit -m {"$V",-S}',  # a brace expansion left unexpanded is one word per element
+    'git log -n {"$N",--output=/tmp/x}',
+    'git rev-parse {"$V",--resolve-git-dir} /etc/passwd',
+    'rg -e {"$V",--pre=./x} src',
+    # red team 13: a run-time word where a rule without a model forbids options
+    'V=-f/etc/passwd; date "$V"',  # date -f reads the file and prints its lines as bad dates
+    "echo -f/etc/passwd | xargs date",
+    'V=-g; npm install "$V" left-pad',  # a global install writes outside the workspace
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 

@@ -140,3 +140,29 @@ def test_argv_is_read_as_getopt_and_find_read_it(
     assert taken["read"] == reads
     assert taken["write"] == writes
     assert taken["patterns"] == patterns
+
+
+SPLITS = [
+    ("git log -n $V", True),  # unquoted: split at blanks
+    ("git log -n x$V", True),
+    ("git log -n $(cat f)", True),
+    ("git log -n ${V:-1}", True),
+    ('git log -n {"$V",2}', True),  # a brace expansion left unexpanded: one word per element
+    ('git log -n "$V"', False),
+    ('git log -n x"$V"y', False),
+    ('git log -n "$(cat f)"', False),
+    ("git log -n '$V'", False),
+    ("git log -n $'a b'", False),
+    ('git log -n "a\\"$V\\""', False),
+    ("git log -n 5", False),
+]
+
+
+@pytest.mark.parametrize(("command", "splits"), SPLITS)
+def test_a_word_the_shell_may_split_is_known(command: str, splits: bool) -> None:
+    from gateway.programs.argv import may_split
+
+    cmd = analyze(command, second_opinion_enabled=False).commands[-1]
+    assert may_split(cmd.argv[3]) is splits, cmd.argv[3]
+    reading = read(programs.models()["git"], cmd)
+    assert bool(reading.refused) is splits, reading
