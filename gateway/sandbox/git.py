@@ -60,6 +60,9 @@ OVERRIDES = (
     ("core.editor", "false"),
     ("sequence.editor", "false"),
     ("core.sshCommand", "false"),
+    ("gpg.program", "false"),  # signing and verifying (commit -S, log --show-signature, %G?) run no program
+    ("gpg.ssh.program", "false"),
+    ("gpg.x509.program", "false"),
     ("protocol.ext.allow", "never"),
     ("submodule.recurse", "false"),
     ("diff.ignoreSubmodules", "all"),

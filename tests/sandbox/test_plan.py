@@ -176,6 +176,8 @@ def test_git_runs_no_hook_editor_or_pager_in_any_sandbox() -> None:
     overrides = {env[f"GIT_CONFIG_KEY_{i}"]: env[f"GIT_CONFIG_VALUE_{i}"] for i in range(int(env["GIT_CONFIG_COUNT"]))}
     assert overrides["core.hooksPath"] == "/dev/null" and overrides["core.fsmonitor"] == "false"
     assert overrides["core.pager"] == "cat" and overrides["core.editor"] == "false"
+    # signing and verifying run a program of their own (log --show-signature on a signed commit)
+    assert overrides["gpg.program"] == overrides["gpg.ssh.program"] == overrides["gpg.x509.program"] == "false"
 
 
 # --- Landlock and quotas ----------------------------------------------------------------------------
