@@ -28,6 +28,7 @@ the write roots writable, is the barrier that holds.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from pathlib import Path
 
@@ -42,6 +43,8 @@ STAGE = "pathjail"
 # Devices every command may use, whatever the roots.
 ALWAYS = frozenset({"/dev/null", "/dev/stdin", "/dev/stdout", "/dev/stderr", "/dev/zero", "/dev/urandom"})
 _CHANGES_DIR = frozenset({"cd", "pushd"})
+# option names whose value the audit redacts in a command line (gateway/audit/records.py)
+SECRET_NAME = re.compile(r"password|passwd|token|secret|api[-_]?key|credential|auth", re.IGNORECASE)
 
 
 class PathRefused(Exception):
@@ -324,8 +327,16 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
     return reads, writes, redirected
 
 
+def _plain_name(value: str) -> bool:
+    """A value that can only name an entry of the cwd (no `/`, not `.`, `..` or `~...`)."""
+    return "/" not in value and value[:1] not in (".", "~")
+
+
 def _attached(argv: tuple[Word, ...], start: int, skip: set[int]) -> list[tuple[int, str]]:
-    """The values attached to option words before `--` (not those in `skip`): `--name=VALUE`,
+    """The values attached to option words before `--` (not those in `skip`): `--name=VALUE`
+    (but for a secret-looking name, `--password=VALUE`, only a VALUE that is more than a name
+    in the cwd: the jail's record of the path would carry the secret past the audit's
+    redaction, and such a name lies inside the cwd),
     and for `-xVALUE` where VALUE holds a `/` and more (a cluster of flags has none; `cut -d/`
     has a delimiter) the value after the first letter, and the rest from the first `/`
     (`-ab/etc/x` could be `-a -b/etc/x`)."""
@@ -338,7 +349,7 @@ def _attached(argv: tuple[Word, ...], start: int, skip: set[int]) -> list[tuple[
             continue
         if v.startswith("--"):
             name, eq, value = v[2:].partition("=")
-            if eq and name:
+            if eq and name and not (SECRET_NAME.search(name) and _plain_name(value)):
                 out.append((k, value))
         elif "/" in v[2:] and len(v) > 3:  # not a one-character value: cut -d/ (a file `/` is no file)
             out.append((k, v[2:]))
