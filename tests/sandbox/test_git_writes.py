@@ -110,3 +110,24 @@ def test_each_result_says_what_held_it(gw: Gateway, ws: Path, tmp_path: Path) ->
     held = result["data"]["sandbox"]
     assert held["landlock"] == "ABI 7" or held["landlock"].startswith(("ABI", "unavailable"))
     assert held["uid"] != 0 and held["quotas"] in ("cgroup v1", "cgroup v2", "rlimits")
+
+
+def test_a_signed_commit_runs_no_gpg_in_the_sandbox(gw: Gateway, ws: Path) -> None:
+    """`git log --show-signature` (allowed as a git read) on a commit carrying a signature, as
+    any fetched history may: git starts gpg.program, a program no rule decided, which reads its
+    own configuration from the sandbox's HOME. The sandbox's git verifies with no program."""
+    host_git(ws, "init", "-q")
+    host_git(ws, "-c", "user.name=h", "-c", "user.email=h@x", "commit", "-q", "--allow-empty", "-m", "one")
+    tree = host_git(ws, "rev-parse", "HEAD^{tree}").strip()
+    body = (f"tree {tree}\nauthor h <h@x> 1700000000 +0000\ncommitter h <h@x> 1700000000 +0000\n"
+            "gpgsig -----BEGIN PGP SIGNATURE-----\n \n iQEzBAABCAAdFiEE=\n =abcd\n -----END PGP SIGNATURE-----\n"
+            "\nsigned upstream\n")  # fmt: skip
+    argv = ["git", "-c", "safe.directory=*", "-C", str(ws), "hash-object", "-t", "commit", "-w", "--stdin"]
+    made = subprocess.run(argv, input=body, capture_output=True, text=True, check=True).stdout.strip()
+    host_git(ws, "update-ref", "HEAD", made)
+    hand_over(ws)
+    for command in ("git log --show-signature -1", "git log -1 --format=%G?%n%s"):
+        out = gw.handle(RunCall(principal="agent", command=command))
+        assert out["status"] == "ok", out
+        assert "signed upstream" in out["stdout"], out
+        assert "gpg:" not in out["stdout"] + out["stderr"], out  # gpg ran and spoke
