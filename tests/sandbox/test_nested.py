@@ -46,6 +46,7 @@ def test_a_new_nested_repository_is_moved_aside(watched: tuple[Path, NestedRepos
     (root / "a" / "b" / ".git").mkdir(parents=True)
     assert eventually(lambda: not (root / "a" / "b" / ".git").exists())
     assert any(p.name.startswith(".git.quarantined-") for p in (root / "a" / "b").iterdir())
+    assert eventually(lambda: events)  # the report follows the rename, from the watcher's thread
     assert events[0][0] == "nested_repository_quarantined" and events[0][1]["why"] in ("created", "moved in")
     assert (root / ".git").is_dir() and (root / "human" / ".git").is_dir()  # the top one and the human's stay
 
