@@ -689,7 +689,15 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
     if getattr(args, "command", None) and args.command[0] == "--":
         args.command = args.command[1:]
-    code: int = args.func(args)
+    try:
+        code: int = args.func(args)
+    except BrokenPipeError:
+        # the reader went away (`gateway audit query ... | head`): as other CLIs, stop quietly;
+        # stdout is pointed at /dev/null so the interpreter's final flush does not fail again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return 141  # 128 + SIGPIPE, as a shell reports a program killed by it
     return code
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -101,3 +102,18 @@ def test_the_shipped_schema_file_is_current() -> None:
     assert json.loads(Path("docs/policy.schema.json").read_text()) == current, (
         "run: gateway policy schema > docs/policy.schema.json"
     )
+
+
+def test_a_reader_that_stops_early_gets_no_traceback() -> None:
+    """`gateway check ... | head -1`: the reader closes the pipe after one line; the command
+    stops quietly with SIGPIPE's status, as other CLIs do, instead of printing a traceback."""
+    read, write = os.pipe()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gateway", "check", "--", "date -f /etc/shadow"],
+        stdout=write, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    os.close(write)
+    os.close(read)  # nobody reads: the first write fails with EPIPE
+    _, err = proc.communicate(timeout=60)
+    assert "Traceback" not in err and "BrokenPipeError" not in err
+    assert proc.returncode == 141
