@@ -16,7 +16,7 @@ from gateway.analysis import analyze
 from gateway.approval import ApprovalRequest, CallbackApprover
 from gateway.approval_queue import QueueApprover
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import ProcessCall, RunCall
+from gateway.calls import EnvCall, ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
@@ -307,6 +307,8 @@ ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
 def asking(ws: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
     spec = copy.deepcopy(PERMISSIVE)
     spec["roles"]["dev"]["read_roots"] = ["."]  # type: ignore[index]
+    spec["tools"] = {"run": {"allow_from": 1}, "session": {"allow_from": 1}, "env": {"allow_from": 1}}
+    spec["environment"] = {"allow": ["MAKEFILES"]}
     spec["rules"].append(  # type: ignore[attr-defined]
         {
             "id": "runs-files",
@@ -481,3 +483,34 @@ def test_the_files_the_environment_names_are_bound(
     assert supervisor.seen, out
     assert not list(ws.rglob("pwned.txt")), out
     assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("how", ["stored", "exported"])
+def test_a_session_binds_the_makefiles_its_shell_names(asking: tuple[Gateway, Supervisor], ws: Path, how: str) -> None:
+    """A session's shell starts with the principal's stored variables (the env tool) and keeps
+    what its texts export: MAKEFILES set either way reaches the `make` of a later text. Stored:
+    the file it names is bound; exported: its value is known only at run time, so the approval
+    is void. On main inc.mk was bound in neither, and its rewritten text ran."""
+    gw, supervisor = asking
+    (ws / "inc.mk").write_text("X = 1\n")
+    hand_over(ws)
+    if how == "stored":
+        assert gw.handle(EnvCall(principal="agent", action="set", name="MAKEFILES", value="inc.mk"))["status"] == "ok"
+    sid = gw.handle(SessionCall(principal="agent", action="start"))["session_id"]
+    try:
+        if how == "exported":
+            done = gw.handle(
+                SessionCall(principal="agent", action="exec", session_id=sid, command="export MAKEFILES=inc.mk")
+            )
+            assert done["status"] == "ok", done
+
+        def rewrite() -> None:
+            (ws / "inc.mk").write_text(f"$(shell echo pwned > {ws}/pwned.txt)\n")
+
+        supervisor.then = rewrite
+        out = gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="make build"))
+        assert not (ws / "pwned.txt").exists(), out
+        assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+        assert "inc.mk" in out["error"]["message"] or "$MAKEFILES" in out["error"]["message"], out  # type: ignore[index]
+    finally:
+        gw.handle(SessionCall(principal="agent", action="kill", session_id=sid))
