@@ -12,8 +12,14 @@ are bound as absent, so planting one voids the approval), a patch (`git apply P`
 agent planted cannot lead the read out of the roots) and keeps its SHA-256 and size; `changed()`
 reads them again and names each file whose content is not what was approved.
 
+The files those load are bound too (`Follow`): make's `include`/`-include`/`sinclude`/`load`
+lines (searched in make's directory, then its `-I` directories), a shell script's `source F` /
+`. F`; and the files the environment the command starts with names (LOADER_VARIABLES:
+MAKEFILES, MAKEFLAGS' `-I`, NODE_OPTIONS, RUBYOPT, BASH_ENV, PYTHONSTARTUP).
+
 A file that cannot be bound (named by an expansion, unreadable, leading out of its root, too
-large) is listed with its `error`: an approval of that call is void, as the supervisor is told.
+large, an include named by a variable or a pattern) is listed with its `error`: an approval of
+that call is void, as the supervisor is told.
 """
 
 from __future__ import annotations
