@@ -8,6 +8,7 @@ import contextlib
 import os
 import threading
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -230,10 +231,13 @@ class Gateway:
         shell: str = "bash",
         unattended: bool = False,
         decided: CheckResult | None = None,
+        started_env: Mapping[str, str | None] | None = None,
     ) -> Gated | dict[str, Any]:
         """Decide `command` (as run through `tool`; or take `decided`, from `decide_command` with
         the same arguments), audit the decision, ask if the policy asks. Returns `Gated` to go
-        ahead, or the envelope that ends the call."""
+        ahead, or the envelope that ends the call. `started_env`: the code-loading variables
+        (runfiles.LOADER_VARIABLES) of the shell a session's text runs in (None: a value known
+        only at run time); else the command starts with the stored variables and the call's."""
         policy = policy or self.policy
         result = decided or self.decide_command(principal, tool, command, cwd, env, policy, shell)
         commands = (
@@ -254,7 +258,8 @@ class Gateway:
         if result.decision.verdict is Verdict.ASK and result.analysis is not None and not unattended:
             # the files of the roots it runs (a script, a makefile, a patch): the supervisor sees
             # them and approves their content; a change before the command starts voids it
-            files = self._bind_files(policy, principal, cwd, result.analysis.commands)
+            runs_with = started_env if started_env is not None else {**(inherited or {}), **env}
+            files = self._bind_files(policy, principal, cwd, result.analysis.commands, runs_with)
         gated = self.authorize(
             call_id, principal, tool, command, cwd, env, result.decision, arguments, policy,
             {"commands": commands, "context": context}, unattended, inherited, files,
@@ -373,11 +378,12 @@ class Gateway:
         return Gated(policy, base)
 
     def _bind_files(
-        self, policy: CompiledPolicy, principal: str, cwd: Path, commands: tuple[Command, ...]
-    ) -> tuple[runfiles.BoundFile, ...]:
+        self, policy: CompiledPolicy, principal: str, cwd: Path, commands: tuple[Command, ...],
+        env: Mapping[str, str | None],
+    ) -> tuple[runfiles.BoundFile, ...]:  # fmt: skip
         grant = policy.grant(principal)
         real = Path(os.path.realpath(cwd))  # the jail checked where it leads; files are named from there
-        found = runfiles.named(commands, real, policy.home)
+        found = runfiles.named(commands, real, policy.home, env)
         return runfiles.bind(found, (*grant.read_roots, *grant.write_roots))
 
     def still_bound(self, gated: Gated) -> dict[str, Any] | None:

@@ -12,8 +12,14 @@ are bound as absent, so planting one voids the approval), a patch (`git apply P`
 agent planted cannot lead the read out of the roots) and keeps its SHA-256 and size; `changed()`
 reads them again and names each file whose content is not what was approved.
 
+The files those load are bound too (`Follow`): make's `include`/`-include`/`sinclude`/`load`
+lines (searched in make's directory, then its `-I` directories), a shell script's `source F` /
+`. F`; and the files the environment the command starts with names (LOADER_VARIABLES:
+MAKEFILES, MAKEFLAGS' `-I`, NODE_OPTIONS, RUBYOPT, BASH_ENV, PYTHONSTARTUP).
+
 A file that cannot be bound (named by an expansion, unreadable, leading out of its root, too
-large) is listed with its `error`: an approval of that call is void, as the supervisor is told.
+large, an include named by a variable or a pattern) is listed with its `error`: an approval of
+that call is void, as the supervisor is told.
 """
 
 from __future__ import annotations
@@ -21,11 +27,14 @@ from __future__ import annotations
 import errno
 import hashlib
 import os
+import re
+import shlex
 import stat
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections import deque
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.analysis import Command, RedirectMode, Word
 from gateway.analysis.model import Context, Expansion
@@ -115,6 +124,200 @@ class BoundFile:
             str(data.get("path", "?")), str(data.get("why", "")), data.get("sha256"), data.get("bytes"),
             str(data.get("error", "")), str(data.get("head", "")),
         )  # fmt: skip
+
+
+LOADER_VARIABLES = ("MAKEFILES", "MAKEFLAGS", "GNUMAKEFLAGS", "NODE_OPTIONS", "RUBYOPT", "BASH_ENV", "PYTHONSTARTUP")
+"""Variables of the environment that make a program named in the text load files: bound too."""
+MAX_DEPTH = 8
+"""Files loading files (an include of an include...) followed this deep; past it, unbindable."""
+MAX_SCAN = 1 << 20
+"""A makefile or script larger than this is not read for the files it loads: they cannot be bound."""
+
+
+@dataclass(frozen=True)
+class Follow:
+    """How a bound file is read for the files it loads in turn: make's `include`, `-include`,
+    `sinclude` and `load` lines (relative names against make's directory, then its `-I`
+    directories), a shell script's `source F` / `. F` (relative to where the script runs)."""
+
+    kind: str
+    """`make`, `shell`, or `shebang` (a program named by a path: followed as a shell script when
+    its `#!` line names a shell)."""
+    dirs: tuple[str, ...] | str
+    """Where the program runs (relative names lead there); a string: why that is known only at run time."""
+    incdirs: tuple[Word, ...] = ()
+    """make's include directories (`-I`, MAKEFLAGS), each relative to make's directory."""
+    depth: int = 0
+
+    @staticmethod
+    def make(bases: list[Path] | str, incdirs: list[Word]) -> Follow:
+        return Follow("make", bases if isinstance(bases, str) else tuple(map(str, bases)), tuple(incdirs))
+
+    @staticmethod
+    def shell(bases: list[Path] | str, shebang: bool = False) -> Follow:
+        dirs = bases if isinstance(bases, str) else tuple(map(str, bases))
+        return Follow("shebang" if shebang else "shell", dirs)
+
+    def include(self, word: Word, why: str, out: dict[str, str], follows: dict[str, Follow]) -> None:
+        """A makefile MAKEFILES names, searched for as an include: every candidate kept."""
+        for group in self._candidates(word.value if word.literal else "$", why, "MAKEFILES"):
+            for f in group:
+                out.setdefault(f.path, f.why)
+                if f.follow is not None:
+                    follows.setdefault(f.path, f.follow)
+
+    def _candidates(self, name: str, why: str, line: str, sets_makeflags: bool = False) -> list[list[Found]]:
+        """Where make looks for an included `name`: one group per directory make may run in,
+        tried in order (make reads the first that exists)."""
+        if any(c in name for c in "$*?[\\") or name.startswith("~"):
+            return [
+                [Found(f"?{name}", f"{why} ({line}: named by a variable, a pattern or ~, known only when make runs)")]
+            ]
+        nxt = replace(self, depth=self.depth + 1)
+        if name.startswith("/"):
+            return [[Found(_join("/", name), why, nxt)]]
+        if isinstance(self.dirs, str):
+            return [[Found(f"?{name}", f"{why}, in a directory known only at run time: {self.dirs}")]]
+        groups = []
+        for d in self.dirs:
+            group = [Found(_join(d, name), why, nxt)]
+            for inc in self.incdirs:
+                if not inc.literal:
+                    group.append(
+                        Found(f"?{inc.raw or inc.value}/{name}", f"{why} (an include directory named by an expansion)")
+                    )
+                    break
+                group.append(Found(_join(_join(d, inc.value), name), why, nxt))
+            if sets_makeflags:  # the makefile may add include directories: past the known ones, unknown
+                group.append(
+                    Found(f"?{name}", f"{why} (the makefiles set MAKEFLAGS, which may add include directories)")
+                )
+            groups.append(group)
+        return groups
+
+    def loads(self, content: bytes, path: str) -> list[list[Found]]:
+        """The files `content` (the file at `path`) loads, in groups of alternatives (make's
+        search: the first that exists is read); an unbindable one as a `?` entry."""
+        text = content.decode("utf-8", "surrogateescape")
+        name = os.path.basename(path)
+        if self.depth >= MAX_DEPTH:
+            return [[Found(f"?{path}", f"a file {name} loads (more than {MAX_DEPTH} levels of files loading files)")]]
+        if self.kind == "make":
+            return self._make_loads(text, name)
+        if self.kind == "shebang" and not _shell_shebang(text):
+            return []
+        return self._shell_loads(text, name)
+
+    def _make_loads(self, text: str, name: str) -> list[list[Found]]:
+        text = re.sub(r"\\\r?\n[ \t]*", " ", text)  # make joins a continued line with one space
+        sets_makeflags = _MAKEFLAGS_SET.search(text) is not None
+        groups: list[list[Found]] = []
+        for raw in text.split("\n"):
+            m = _MAKE_DIRECTIVE.match(_uncomment(raw))
+            if m is None or not m.group(2).strip():
+                continue
+            directive, names = m.group(1), m.group(2).strip()
+            why = f"a file {name} {'loads' if directive.endswith('load') else 'includes'} ({directive})"
+            if "$" in names:  # a variable or a function: what it names is known only when make runs
+                groups.append(
+                    [Found(f"?{names}", f"{why}: named by a variable or function, known only when make runs")]
+                )
+                continue
+            for word in names.split():
+                if directive.endswith("load"):  # a shared object make loads: bound, not read for more
+                    word = word.split("(", 1)[0]
+                    groups += [[f._replace(follow=None) for f in g] for g in self._candidates(word, why, directive)]
+                else:
+                    groups += self._candidates(word, why, directive, sets_makeflags)
+        return groups
+
+    def _shell_loads(self, text: str, name: str) -> list[list[Found]]:
+        from gateway.analysis.primary import parse_tree
+
+        why = f"a file {name} sources"
+        if not _SOURCE_HINT.search(text):
+            return []
+        root = parse_tree(text)
+        if root.has_error:
+            return [[Found(f"?{name}", f"{why}: the shell parser cannot read {name} whole to tell which")]]
+        data = text.encode("utf-8", "surrogateescape")
+        nodes = [root]
+        sourced: list[str | None] = []  # None: named by an expansion
+        moves = False
+        while nodes:
+            node = nodes.pop()
+            nodes.extend(reversed(node.children))
+            if node.type != "command":
+                continue
+            head = node.child_by_field_name("name")
+            program = data[head.start_byte : head.end_byte].decode("utf-8", "surrogateescape") if head else ""
+            if program in ("cd", "pushd", "popd"):
+                moves = True
+            if program not in ("source", "."):
+                continue
+            args = node.children_by_field_name("argument")
+            if args and data[args[0].start_byte : args[0].end_byte] == b"--":
+                args = args[1:]
+            sourced.append(_static_word(args[0], data) if args else None)
+        groups: list[list[Found]] = []
+        nxt = replace(self, kind="shell", depth=self.depth + 1)
+        for target in sourced:
+            if target is None or target.startswith(("-", "~")):
+                groups.append(
+                    [Found(f"?{name}: source", f"{why} a file named by an expansion, known only at run time")]
+                )
+            elif target.startswith("/"):
+                groups.append([Found(_join("/", target), why, nxt)])
+            elif isinstance(self.dirs, str) or moves:
+                where = self.dirs if isinstance(self.dirs, str) else f"{name} changes directory"
+                groups.append([Found(f"?{target}", f"{why}, in a directory known only at run time: {where}")])
+            else:
+                groups += [[Found(_join(d, target), why, nxt)] for d in self.dirs]
+        return groups
+
+
+class Found(NamedTuple):
+    """A file an asked command runs: where, why, and how it is read for the files it loads."""
+
+    path: str
+    why: str
+    follow: Follow | None = None
+
+
+_MAKE_DIRECTIVE = re.compile(r"^[ \t]*(-include|sinclude|include|-load|load)(?:[ \t]+(.*)|$)")
+_MAKEFLAGS_SET = re.compile(
+    r"^[ \t]*(?:(?:override|export|unexport|private)[ \t]+)*(?:GNU)?MAKEFLAGS[ \t]*(?:\+|::?|:::|\?|!)?=", re.M
+)
+_SOURCE_HINT = re.compile(r"(?:^|[\s;&|(){}`!])(?:source|\.)(?:[ \t]|$)", re.M)
+
+
+def _uncomment(line: str) -> str:
+    """A makefile line without its comment (a `#` not escaped by a backslash)."""
+    m = re.search(r"(?<!\\)#", line)
+    return line if m is None else line[: m.start()]
+
+
+def _shell_shebang(text: str) -> bool:
+    """Does the `#!` line run a shell (`#!/bin/sh`, `#!/usr/bin/env bash`)?"""
+    if not text.startswith("#!"):
+        return False
+    words = text[2:].split("\n", 1)[0].split()
+    if words and os.path.basename(words[0]) == "env":
+        words = [w for w in words[1:] if not w.startswith("-") and "=" not in w]
+    return bool(words) and os.path.basename(words[0]) in SHELLS
+
+
+def _static_word(node: Any, data: bytes) -> str | None:
+    """The text of a shell word with nothing expanded in it (`lib.sh`, 'lib.sh', "lib.sh"), or None."""
+    raw = data[node.start_byte : node.end_byte].decode("utf-8", "surrogateescape")
+    if node.type == "raw_string":
+        return raw[1:-1]
+    if node.type == "string" and all(c.type == "string_content" for c in node.named_children):
+        inner = raw[1:-1]
+        return None if any(c in inner for c in "$`\\") else inner
+    if node.type == "word" and not any(c in raw for c in "$`\\*?[{'\""):
+        return raw
+    return None
 
 
 def _interpreter(program: str) -> str | None:
@@ -298,15 +501,85 @@ def _getopt(
                 break
 
 
-def _make(cmd: Command) -> tuple[list[Word], list[Word]]:
-    """make's `-f` files and its `-C` directories (each relative to the one before, as make
-    changes into them in turn), parsed as getopt does: `-kC sub`, `-sfx.mk`, `--dir=sub`."""
+def _make(cmd: Command) -> tuple[list[Word], list[Word], list[Word]]:
+    """make's `-f` files, its `-C` directories (each relative to the one before, as make
+    changes into them in turn) and its `-I` include directories, parsed as getopt does: `-kC
+    sub`, `-sfx.mk`, `--dir=sub`, `--include-dir=inc`."""
     files: list[Word] = []
     dirs: list[Word] = []
+    incdirs: list[Word] = []
     for key, arg in _getopt(list(cmd.argv[1:]), _MAKE_SHORT_WITH_VALUE, _MAKE_LONGS, permute=True):
-        if arg is not None and key in "Cf":
-            (dirs if key == "C" else files).append(arg)
-    return files, dirs
+        if arg is not None and key in "CfI":
+            {"C": dirs, "f": files, "I": incdirs}[key].append(arg)
+    return files, dirs, incdirs
+
+
+def _makeflags_words(value: str) -> list[str]:
+    """MAKEFLAGS as make reads it from the environment: a first word without a dash is a group
+    of one-letter flags (`ks -I inc`)."""
+    words = value.split()
+    if words and not words[0].startswith("-"):
+        words[0] = "-" + words[0]
+    return words
+
+
+def _makeflags_includes(value: str) -> list[Word]:
+    """The include directories (`-I DIR`, `--include-dir=DIR`) MAKEFLAGS gives make."""
+    words = [Word(w) for w in _makeflags_words(value)]
+    return [arg for key, arg in _getopt(words, _MAKE_SHORT_WITH_VALUE, _MAKE_LONGS, permute=True)
+            if key == "I" and arg is not None]  # fmt: skip
+
+
+def _makeflags_eval(value: str) -> bool:
+    """Does MAKEFLAGS give make text to evaluate (`--eval=TEXT`, `-E TEXT`): it may include anything."""
+    words = [Word(w) for w in _makeflags_words(value)]
+    return any(key == "E" for key, _ in _getopt(words, _MAKE_SHORT_WITH_VALUE, _MAKE_LONGS, permute=True))
+
+
+def _makeflags_makefiles(value: str) -> list[str]:
+    """The makefiles a `MAKEFILES=...` override in MAKEFLAGS (after its ` -- `) names."""
+    words = _makeflags_words(value)
+    return (
+        [w.split("=", 1)[1] for w in words[words.index("--") + 1 :] if w.startswith("MAKEFILES=")]
+        if "--" in words
+        else []
+    )
+
+
+# the variable holding options an interpreter reads before its command line's
+_ENV_OPTIONS = {"node": "NODE_OPTIONS", "ruby": "RUBYOPT"}
+_NODE_PRELOADS = ("--require", "-r", "--import", "--loader", "--experimental-loader")
+
+
+def _env_preloads(family: str, value: str | None) -> list[Word]:
+    """The files NODE_OPTIONS (`--require ./x.js`, `-r`, `--import`, `--loader`) or RUBYOPT
+    (`-r./x.rb`; a word without a dash gets one, as ruby reads it) make the interpreter load
+    first: paths only (a bare name is a package of the system's). A `file:` URL cannot be told."""
+    if not value:
+        return []
+    try:
+        words = shlex.split(value) if family == "node" else value.split()
+    except ValueError:
+        return [Word(value, (Expansion.PARAMETER,), value)]  # unbalanced quotes: node refuses; unbindable
+    out: list[str] = []
+    k = 0
+    while k < len(words):
+        w = words[k] if family == "node" or words[k].startswith("-") else "-" + words[k]
+        nxt = words[k + 1] if k + 1 < len(words) else ""
+        k += 1
+        if family == "node":
+            flag, eq, attached = w.partition("=")
+            if flag in _NODE_PRELOADS:
+                out.append(attached if eq else nxt)
+                k += 0 if eq else 1
+        elif w.startswith("-r"):
+            out.append(w[2:] or nxt)
+            k += 0 if w[2:] else 1
+    return [
+        Word(v, (Expansion.PARAMETER,), v) if v.startswith("file:") else Word(v)
+        for v in out
+        if v.startswith(("/", "./", "../", "file:"))
+    ]
 
 
 def _git_patches(cmd: Command) -> tuple[list[Word], list[Word]]:
@@ -412,16 +685,29 @@ def _wrapper_directory(cmd: Command) -> Word | str | None:
     return directory
 
 
-def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> list[tuple[str, str]]:
-    """(path, why) for every file of the text's commands that a program runs, paths absolute
-    (relative ones against every directory a `cd` of the text, a wrapper's `-C` or make's may
-    have led to). A file that cannot be told from the text (a word with an expansion, a
-    directory known only at run time: `cd -`, `popd`, `find -execdir`) is kept as its text,
-    prefixed with `?` (it cannot be bound)."""
+def named(
+    commands: Iterable[Command], cwd: Path, home: Path | None = None, env: Mapping[str, str | None] | None = None
+) -> list[Found]:
+    """(path, why, follow) for every file of the text's commands that a program runs, paths
+    absolute (relative ones against every directory a `cd` of the text, a wrapper's `-C` or
+    make's may have led to). A file that cannot be told from the text (a word with an expansion,
+    a directory known only at run time: `cd -`, `popd`, `find -execdir`) is kept as its text,
+    prefixed with `?` (it cannot be bound). `env`: the variables the command starts with (the
+    principal's stored ones and the call's, or a session shell's; None: a value known only at
+    run time): the files its code-loading variables name (MAKEFILES, NODE_OPTIONS, RUBYOPT,
+    BASH_ENV, PYTHONSTARTUP) are found too. `follow`: how `bind()` reads the file for the files
+    it loads in turn (make's `include`, a script's `source`)."""
     commands = list(commands)
+    # a loading variable the text itself sets or names (other than MAKEFILES=, read below) has a
+    # value known only at run time: `export NODE_OPTIONS=...; node app.js`, `read RUBYOPT`
+    words = [w.value for c in commands for w in c.argv] + [
+        f"{a.name}={a.value.value}" for c in commands for a in c.assignments
+    ]
+    env = {**(env or {}), **{n: None for n in LOADER_VARIABLES if n != "MAKEFILES" and any(n in w for w in words)}}
     cwds = [cwd]
     lost = ""  # why the directory a later command runs in is known only at run time
     out: dict[str, str] = {}
+    follows: dict[str, Follow] = {}
     chain: list[Path] | str | None = None  # a wrapper's directory for the commands it starts
     here: list[Path] | str = cwds
     # make reads the makefiles MAKEFILES names before its own: however the text sets it
@@ -432,7 +718,7 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
         for c in commands for w in c.argv[1:] if w.value.startswith(("MAKEFILES=", "MAKEFILES+="))
     ]  # fmt: skip
 
-    def add(word: Word, why: str, bases: list[Path] | str | None = None) -> None:
+    def add(word: Word, why: str, bases: list[Path] | str | None = None, follow: Follow | None = None) -> None:
         if not word.literal:
             out.setdefault(f"?{word.raw or word.value}", why)
             return
@@ -441,16 +727,29 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
             out.setdefault(f"?{word.value}", f"{why}, in a directory known only at run time: {bases}")
             return
         for base in ["/"] if isinstance(bases, str) else bases:
-            out.setdefault(_join(base, word.value), why)
+            path = _join(base, word.value)
+            out.setdefault(path, why)
+            if follow is not None:
+                follows.setdefault(path, follow)
 
-    def add_read(cmd: Command, word: Word, why: str, bases: list[Path] | str | None = None) -> None:
+    def from_env(name: str, what: str) -> str | None:
+        """The value of a code-loading variable the command starts with; one known only at run
+        time cannot be bound (an entry saying so)."""
+        if name in env and env[name] is None:
+            out.setdefault(f"?${name}", f"{what}: set in the session's shell to a value known only at run time")
+        return env.get(name)
+
+    def add_read(
+        cmd: Command, word: Word, why: str, bases: list[Path] | str | None = None, follow: Follow | None = None
+    ) -> None:
         """`word` as a file the program reads, `-` and /dev/stdin being its standard input."""
         if not (word.literal and word.value in STDIN_NAMES):
-            add(word, why, bases)
+            add(word, why, bases, follow)
             return
         source = _stdin_source(cmd)
         if isinstance(source, Word):
-            add(source, f"{why} (on its standard input)", lost or cwds)  # the shell opens it, where it is
+            # the shell opens it, where it is (what it loads is relative to where the program runs)
+            add(source, f"{why} (on its standard input)", lost or cwds, follow)
         elif isinstance(source, str):
             out.setdefault(f"?{os.path.basename(cmd.program)} {source}", why)
 
@@ -497,15 +796,23 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
         elif wrapped is not None:
             chain = moved(here, wrapped, f"{name}'s directory")
         if "/" in program:
-            add(cmd.argv[0], "the program itself")
+            add(cmd.argv[0], "the program itself", None, Follow.shell(here, shebang=True))
         family = _interpreter(program)
         if family is not None:
             run = _script(cmd, family)
             bases = here if run.directory is None else moved(here, run.directory, f"{name} -C's directory")
             if run.unknown:
                 out.setdefault(f"?{name} {run.unknown}", f"{name}'s script")
+            shell = Follow.shell(bases) if family == "shell" else None
+            for word in _env_preloads(family, from_env(_ENV_OPTIONS.get(family, ""), f"{name}'s options")):
+                add(word, f"a file {_ENV_OPTIONS[family]} makes {name} load", bases)
+            if family == "shell" and name != "busybox" and (bash_env := from_env("BASH_ENV", "bash's startup file")):
+                add(Word(bash_env), "the file BASH_ENV makes bash read first", bases, shell)
+            interactive = family == "python" and run.files == [Word("-")] and run.module is None
+            if interactive and (startup := from_env("PYTHONSTARTUP", "python's startup file")):
+                add(Word(startup), "the file PYTHONSTARTUP makes python read first", bases)
             for word in run.files:
-                add_read(cmd, word, f"{name}'s script", bases)
+                add_read(cmd, word, f"{name}'s script", bases, shell)
             if run.module is not None:
                 if not run.module.literal or not all(p.isidentifier() for p in run.module.value.split(".")):
                     add(Word(run.module.value, (Expansion.PARAMETER,), run.module.raw), f"{name} -m's module")
@@ -513,23 +820,32 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
                     for rel in _module_files(run.module.value):
                         add(Word(rel), f"{name} -m's module", bases)
         elif name in ("make", "gmake"):
-            files, dirs = _make(cmd)
+            files, dirs, incdirs = _make(cmd)
             bases = here
             for d in dirs:  # each -C is relative to the one before
                 bases = moved(bases, d, "make -C's directory")
-            for value in makefiles_var:
+            makeflags = [v for v in (from_env(n, "make's options") for n in ("MAKEFLAGS", "GNUMAKEFLAGS")) if v]
+            evals = [f for f in makeflags if _makeflags_eval(f)]
+            if evals:
+                out.setdefault(f"?MAKEFLAGS={evals[0]}", "make --eval in MAKEFLAGS: what it includes is not told")
+            included = [*incdirs, *(i for f in makeflags for i in _makeflags_includes(f))]
+            follow = Follow.make(bases, included)
+            env_makefiles = from_env("MAKEFILES", "a makefile MAKEFILES names")
+            searched = [*makefiles_var, *([Word(env_makefiles)] if env_makefiles else [])]
+            searched += [Word(v) for f in makeflags for v in _makeflags_makefiles(f)]
+            for value in searched:  # searched for as make searches an include
                 for part in value.value.split():
-                    add(Word(part, value.expansions, value.raw), "a makefile MAKEFILES names", bases)
+                    follow.include(Word(part, value.expansions, value.raw), "a makefile MAKEFILES names", out, follows)
             for word in files:
-                add_read(cmd, word, "make's makefile", bases)
+                add_read(cmd, word, "make's makefile", bases, follow)
             if not files:
                 for base in [] if isinstance(bases, str) else bases:
                     for candidate in MAKEFILES:
-                        add(Word(candidate), "make's makefile", [base])
+                        add(Word(candidate), "make's makefile", [base], follow)
                         if os.path.lexists(os.path.join(base, candidate)):
                             break  # make reads the first that exists: the ones before it bound as absent
                 if isinstance(bases, str):
-                    add(Word("Makefile"), "make's makefile", bases)
+                    add(Word("Makefile"), "make's makefile", bases, follow)
         elif name == "patch":
             patches, pdirs = _patches(cmd)
             pbases = here
@@ -544,7 +860,7 @@ def named(commands: Iterable[Command], cwd: Path, home: Path | None = None) -> l
                 gbases = moved(gbases, d, "git -C's directory")
             for word in patches:
                 add_read(cmd, word, "git's patch", gbases)
-    return list(out.items())
+    return [Found(path, why, follows.get(path)) for path, why in out.items()]
 
 
 def _root_of(path: str, roots: tuple[Path, ...]) -> Path | None:
@@ -557,8 +873,9 @@ def _root_of(path: str, roots: tuple[Path, ...]) -> Path | None:
     return best
 
 
-def _read(path: str, why: str, root: Path) -> BoundFile:
-    """`path` read beneath `root` (never leaving it, whatever links lie on the way), hashed."""
+def _read(path: str, why: str, root: Path, keep: bool = False) -> tuple[BoundFile, bytes | None]:
+    """`path` read beneath `root` (never leaving it, whatever links lie on the way), hashed; with
+    `keep`, its content too (None past MAX_SCAN bytes)."""
     from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
 
     # the path as named, beneath the root: not relpath, which would fold `link/..` lexically where
@@ -568,67 +885,87 @@ def _read(path: str, why: str, root: Path) -> BoundFile:
     try:
         top = open_absolute(str(root))
     except OSError as exc:
-        return BoundFile(path, why, error=f"its root {root} cannot be opened: {exc.strerror or exc}")
+        return BoundFile(path, why, error=f"its root {root} cannot be opened: {exc.strerror or exc}"), None
     try:
         flags = os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
         fd = openat2(top.fd, relative, flags, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS)
     except OSError as exc:
         if exc.errno == errno.ENOENT:
-            return BoundFile(path, why)
+            return BoundFile(path, why), None
         if exc.errno == errno.EXDEV:
-            return BoundFile(path, why, error=f"a link on the way leads out of the root {root}")
-        return BoundFile(path, why, error=exc.strerror or str(exc))
+            return BoundFile(path, why, error=f"a link on the way leads out of the root {root}"), None
+        return BoundFile(path, why, error=exc.strerror or str(exc)), None
     finally:
         os.close(top.fd)
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            return BoundFile(path, why, error="not a regular file")
+            return BoundFile(path, why, error="not a regular file"), None
         if st.st_size > MAX_BYTES:
-            return BoundFile(path, why, error=f"{st.st_size} bytes: larger than {MAX_BYTES} to bind")
+            return BoundFile(path, why, error=f"{st.st_size} bytes: larger than {MAX_BYTES} to bind"), None
         digest = hashlib.sha256()
         head = b""
+        kept: bytearray | None = bytearray() if keep else None
         size = 0
         while chunk := os.read(fd, 1 << 20):
             size += len(chunk)
             if size > MAX_BYTES:
-                return BoundFile(path, why, error=f"grew past {MAX_BYTES} bytes while read")
+                return BoundFile(path, why, error=f"grew past {MAX_BYTES} bytes while read"), None
             digest.update(chunk)
             if len(head) < HEAD_CHARS * 4:
                 head += chunk[: HEAD_CHARS * 4 - len(head)]
-        return BoundFile(path, why, digest.hexdigest(), size, head=head.decode("utf-8", "replace")[:HEAD_CHARS])
+            if kept is not None:
+                kept = kept + chunk if len(kept) + len(chunk) <= MAX_SCAN else None
+        bound = BoundFile(path, why, digest.hexdigest(), size, head=head.decode("utf-8", "replace")[:HEAD_CHARS])
+        return bound, None if kept is None else bytes(kept)
     except OSError as exc:
-        return BoundFile(path, why, error=exc.strerror or str(exc))
+        return BoundFile(path, why, error=exc.strerror or str(exc)), None
     finally:
         os.close(fd)
 
 
-def bind(found: list[tuple[str, str]], roots: tuple[Path, ...]) -> tuple[BoundFile, ...]:
-    """Read each file of `found` that lies in one of `roots` as the sandbox's account would.
-    Files outside every root (a system program) are not the workspace's: not bound."""
+def bind(found: Iterable[Found | tuple[str, str]], roots: tuple[Path, ...]) -> tuple[BoundFile, ...]:
+    """Read each file of `found` that lies in one of `roots` as the sandbox's account would, and
+    then the files each loads (its `follow`: make's includes, a script's sourced files), as
+    bound when read. Files outside every root (a system program) are not the workspace's: not
+    bound. An included name make searches for in several directories is bound in each until the
+    first that exists (the ones before it bound as absent, so planting one voids the approval)."""
     from gateway.sandbox import identity
 
-    todo: list[tuple[str, str, Path | None]] = []
-    for path, why in found:
-        if path.startswith("?"):
-            todo.append((path[1:], why, None))
-            continue
-        root = _root_of(path, roots)
-        if root is not None:
-            todo.append((path, why, root))
-    if len(todo) > MAX_FILES:
-        return (BoundFile(f"{len(todo)} files", "the command", error=f"more than {MAX_FILES} files to bind"),)
-    out: list[BoundFile] = []
+    queue: deque[list[Found]] = deque([Found(*f)] for f in found)
+    out: dict[str, BoundFile] = {}
+    too_many = (BoundFile(f"more than {MAX_FILES} files", "the command", error=f"more than {MAX_FILES} files to bind"),)
     try:
         with identity.acting_as_sandbox():
-            for path, why, root in todo:
-                if root is None:
-                    out.append(BoundFile(path, why, error=UNFIXED))
-                else:
-                    out.append(_read(path, why, root))
+            while queue:
+                for f in queue.popleft():  # alternatives: up to the first that exists
+                    if f.path in out:
+                        if out[f.path].sha256 is not None or out[f.path].error:
+                            break
+                        continue
+                    root = None if f.path.startswith("?") else _root_of(f.path, roots)
+                    if root is None and not f.path.startswith("?"):
+                        continue  # outside every root: not the workspace's (make looks on)
+                    if len(out) >= MAX_FILES:
+                        return too_many
+                    if root is None:
+                        out[f.path] = BoundFile(f.path[1:], f.why, error=UNFIXED)
+                        break
+                    bound, content = _read(f.path, f.why, root, keep=f.follow is not None)
+                    out[f.path] = bound
+                    if bound.sha256 is not None and f.follow is not None:
+                        if content is None:
+                            queue.append([Found(f"?{f.path}: what it loads", f"larger than {MAX_SCAN} bytes to read")])
+                        else:
+                            queue.extend(f.follow.loads(content, f.path))
+                    if bound.sha256 is not None or bound.error:
+                        break
     except identity.ActAsUnavailable as exc:
-        return tuple(BoundFile(p, w, error=f"cannot read as the sandbox's account: {exc}") for p, w, _ in todo)
-    return tuple(out)
+        return tuple(
+            BoundFile(Found(*f).path.lstrip("?"), Found(*f).why, error=f"cannot read as the sandbox's account: {exc}")
+            for f in found
+        )
+    return tuple(out.values())
 
 
 def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | None = None) -> list[str]:
@@ -643,7 +980,7 @@ def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | 
             return os.path.relpath(path, base)
         return path
 
-    now = {f.path: f for f in bind([(f.path, f.why) for f in bound if f.sha256 is not None or not f.error], roots)}
+    now = {f.path: f for f in bind([Found(f.path, f.why) for f in bound if f.sha256 is not None or not f.error], roots)}
     out = []
     for was in bound:
         if was.error:

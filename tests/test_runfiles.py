@@ -16,7 +16,7 @@ from gateway.analysis import analyze
 from gateway.approval import ApprovalRequest, CallbackApprover
 from gateway.approval_queue import QueueApprover
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import ProcessCall, RunCall
+from gateway.calls import EnvCall, ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
@@ -266,7 +266,7 @@ def test_approvals_show_prints_the_files_escaped(policy: CompiledPolicy, tmp_pat
 def test_which_files_a_command_runs(text: str, files: list[str]) -> None:
     analysis = analyze(text, second_opinion_enabled=False)
     assert analysis.denial is None
-    got = [p if p.startswith("?") else os.path.relpath(p, "/ws") for p, _ in named(analysis.commands, Path("/ws"))]
+    got = [p if p.startswith("?") else os.path.relpath(p, "/ws") for p, *_ in named(analysis.commands, Path("/ws"))]
     assert got == files
 
 
@@ -307,17 +307,19 @@ ATTACKS: list[tuple[str, dict[str, str], str, str]] = [
 def asking(ws: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Supervisor]]:
     spec = copy.deepcopy(PERMISSIVE)
     spec["roles"]["dev"]["read_roots"] = ["."]  # type: ignore[index]
+    spec["tools"] = {"run": {"allow_from": 1}, "session": {"allow_from": 1}, "env": {"allow_from": 1}}
+    spec["environment"] = {"allow": ["MAKEFILES"]}
     spec["rules"].append(  # type: ignore[attr-defined]
         {
             "id": "runs-files",
             "decision": "ask",
             "justification": "these run files of the workspace",
-            "programs": ["make", "bash", "perl", "node", "env", "find", "patch", "cd"],
+            "programs": ["make", "bash", "perl", "node", "env", "find", "patch", "cd", "export", str(ws / "run.sh")],
             "accept_unknown": True,
             "accept_unknown_paths": True,
             "path_args": {"write": "all"},
             "examples": {"match": ["make build"]},
-            "env": ["MAKEFILES"],
+            "env": ["MAKEFILES", "MAKEFLAGS", "NODE_OPTIONS"],
         }
     )
     for rule in spec["rules"]:  # type: ignore[attr-defined]
@@ -379,3 +381,136 @@ def test_an_unchanged_file_still_runs_as_approved(asking: tuple[Gateway, Supervi
     out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
     assert supervisor.seen and out["status"] == "ok", out
     assert all(f.sha256 or not f.error for f in supervisor.seen[0].files), supervisor.seen[0].files
+
+
+# --- issue 15, left open: the files those files load (make's includes, a script's sourced files)
+# and the files the environment the command starts with names (MAKEFILES, NODE_OPTIONS, ...). On
+# main each ran the rewritten file after the approval.
+INC_GOOD = "build:\n\techo good > built.txt\n"
+LOADS: list[tuple[str, dict[str, str], str, str]] = [
+    ("make build", {"Makefile": "include rules.mk\n", "rules.mk": INC_GOOD}, "rules.mk", MK_EVIL),
+    ("make build", {"Makefile": "-include a.mk\n", "a.mk": "sinclude b.mk # more\n", "b.mk": INC_GOOD},
+     "b.mk", MK_EVIL),  # included by an included makefile
+    ("make -I inc build", {"Makefile": "include r.mk\n", "inc/r.mk": INC_GOOD}, "inc/r.mk", MK_EVIL),
+    # make reads r.mk of its own directory before inc/r.mk: planting it voids the approval
+    ("make --include-dir=inc build", {"Makefile": "include r.mk\n", "inc/r.mk": INC_GOOD}, "r.mk", MK_EVIL),
+    ("make -C sub build", {"sub/Makefile": "include \\\n  r.mk\n", "sub/r.mk": INC_GOOD}, "sub/r.mk", MK_EVIL),
+    # named by a function: what it includes is known only when make runs, so nothing can be bound
+    ("make build", {"Makefile": "include $(wildcard *.mk)\n", "r.mk": INC_GOOD}, "r.mk", MK_EVIL),
+    ("make build", {"Makefile": "include *.mk\n", "r.mk": INC_GOOD}, "r.mk", MK_EVIL),
+    ("bash x.sh", {"x.sh": "source lib.sh\n", "lib.sh": "echo good\n"}, "lib.sh", SH_EVIL),
+    ("bash x.sh", {"x.sh": "if true; then . ./lib.sh; fi\n", "lib.sh": ". 'deep.sh'\n", "deep.sh": "echo good\n"},
+     "deep.sh", SH_EVIL),  # sourced by a sourced file, inside a compound command
+    ("{ws}/run.sh", {"run.sh": "#!/usr/bin/env bash\nsource lib.sh\n", "lib.sh": "echo good\n"}, "lib.sh", SH_EVIL),
+    ("bash x.sh", {"x.sh": 'source "$(dirname "$0")/lib.sh"\n', "lib.sh": "echo good\n"}, "lib.sh", SH_EVIL),
+    ("bash x.sh", {"x.sh": "cd sub\nsource lib.sh\n", "sub/lib.sh": "echo good\n"}, "sub/lib.sh", SH_EVIL),
+    # a loading variable the text exports before the program runs
+    ("export NODE_OPTIONS=--require=./hook.js; node app.js", {"hook.js": "1;\n", "app.js": "1;\n"}, "hook.js",
+     'require("fs").writeFileSync("{ws}/pwned.txt", "x");\n'),
+]  # fmt: skip
+
+
+def _attack(
+    gw: Gateway, supervisor: Supervisor, ws: Path, command: str, files: dict[str, str], target: str, evil: str,
+    env: dict[str, str] | None = None,
+) -> dict[str, object]:  # fmt: skip
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    if command.startswith("{ws}/"):
+        (ws / "run.sh").chmod(0o755)
+    hand_over(ws)
+
+    def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
+        (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
+
+    supervisor.then = rewrite
+    return gw.handle(RunCall(principal="agent", command=command.format(ws=ws), env=env or {}))
+
+
+@pytest.mark.parametrize(("command", "files", "target", "evil"), LOADS, ids=[f"{a[0]}|{a[2]}" for a in LOADS])
+def test_no_file_an_approved_file_loads_can_change_unseen(
+    asking: tuple[Gateway, Supervisor], ws: Path, command: str, files: dict[str, str], target: str, evil: str
+) -> None:
+    gw, supervisor = asking
+    out = _attack(gw, supervisor, ws, command, files, target, evil)
+    assert supervisor.seen, out  # it was asked
+    assert not list(ws.rglob("pwned.txt")), out
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("index", [0, 1, 2, 4, 7, 8, 9])
+def test_an_unchanged_loaded_file_still_runs_as_approved(
+    asking: tuple[Gateway, Supervisor], ws: Path, index: int
+) -> None:
+    command, files, _, _ = LOADS[index]
+    gw, supervisor = asking
+    supervisor.then = None
+    for name, text in files.items():
+        (ws / name).parent.mkdir(parents=True, exist_ok=True)
+        (ws / name).write_text(text)
+    if command.startswith("{ws}/"):
+        (ws / "run.sh").chmod(0o755)
+    hand_over(ws)
+    out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
+    assert supervisor.seen and out["status"] == "ok", out
+    shown = {os.path.relpath(f.path, ws): f for f in supervisor.seen[0].files}
+    assert all(f.sha256 or not f.error for f in shown.values()), shown
+    assert all(shown[name].sha256 for name in files), shown  # every file it loads is shown and bound
+
+
+ENV_LOADS = [
+    ("make build", {"MAKEFILES": "inc.mk"}, {"inc.mk": "X = 1\n"}, "inc.mk", "$(shell echo pwned > {ws}/pwned.txt)\n"),
+    ("make build", {"MAKEFLAGS": "-I inc"}, {"Makefile": "include r.mk\n", "inc/r.mk": INC_GOOD}, "inc/r.mk",
+     MK_EVIL),
+    ("make build", {"MAKEFLAGS": "--eval=include r.mk"}, {"r.mk": "X = 1\n"}, "r.mk",
+     "$(shell echo pwned > {ws}/pwned.txt)\n"),
+    ("node app.js", {"NODE_OPTIONS": "--require ./hook.js"}, {"hook.js": "1;\n", "app.js": "1;\n"}, "hook.js",
+     'require("fs").writeFileSync("{ws}/pwned.txt", "x");\n'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "env", "files", "target", "evil"), ENV_LOADS, ids=[str(e[1]) for e in ENV_LOADS])
+def test_the_files_the_environment_names_are_bound(
+    asking: tuple[Gateway, Supervisor], ws: Path, command: str, env: dict[str, str], files: dict[str, str],
+    target: str, evil: str,
+) -> None:  # fmt: skip
+    """The variables come with the call (`run`'s env), as the supervisor sees them; the env tool's
+    stored ones are merged the same way (Gateway.check_command)."""
+    gw, supervisor = asking
+    (ws / "Makefile").write_text(MK_GOOD)
+    out = _attack(gw, supervisor, ws, command, files, target, evil, env)
+    assert supervisor.seen, out
+    assert not list(ws.rglob("pwned.txt")), out
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("how", ["stored", "exported"])
+def test_a_session_binds_the_makefiles_its_shell_names(asking: tuple[Gateway, Supervisor], ws: Path, how: str) -> None:
+    """A session's shell starts with the principal's stored variables (the env tool) and keeps
+    what its texts export: MAKEFILES set either way reaches the `make` of a later text. Stored:
+    the file it names is bound; exported: its value is known only at run time, so the approval
+    is void. On main inc.mk was bound in neither, and its rewritten text ran."""
+    gw, supervisor = asking
+    (ws / "inc.mk").write_text("X = 1\n")
+    hand_over(ws)
+    if how == "stored":
+        assert gw.handle(EnvCall(principal="agent", action="set", name="MAKEFILES", value="inc.mk"))["status"] == "ok"
+    sid = gw.handle(SessionCall(principal="agent", action="start"))["session_id"]
+    try:
+        if how == "exported":
+            done = gw.handle(
+                SessionCall(principal="agent", action="exec", session_id=sid, command="export MAKEFILES=inc.mk")
+            )
+            assert done["status"] == "ok", done
+
+        def rewrite() -> None:
+            (ws / "inc.mk").write_text(f"$(shell echo pwned > {ws}/pwned.txt)\n")
+
+        supervisor.then = rewrite
+        out = gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="make build"))
+        assert not (ws / "pwned.txt").exists(), out
+        assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+        assert "inc.mk" in out["error"]["message"] or "$MAKEFILES" in out["error"]["message"], out  # type: ignore[index]
+    finally:
+        gw.handle(SessionCall(principal="agent", action="kill", session_id=sid))

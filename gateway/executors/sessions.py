@@ -150,6 +150,9 @@ class Session:
         self.started = time.monotonic()
         self.last_used = self.started
         self.shell_pid: int | None = None
+        self.loading_env: dict[str, str | None] = {}
+        """The shell's variables that make programs load files (gateway/runfiles.py): None when a
+        text may have changed one (its value known only at run time)."""
         self.launch: sandbox.Launch | None = None  # its sandbox's cgroup, removed with it
         self.sandbox: dict[str, object] = {}  # what holds it (Landlock, quotas, uid), shown at start
         self.closed = False

@@ -9,7 +9,7 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import cancellation, sandbox
+from gateway import cancellation, runfiles, sandbox
 from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import env as envstore
@@ -136,6 +136,9 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
         return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
     except SessionError as exc:
         return gw.record_result(gated, error(call_id, "error", exc.code, exc.message))
+    # what the shell starts with of the variables that make programs load files: bound when a
+    # text runs such a program (gateway/runfiles.py); a text that names one makes it unknown
+    session.loading_env = {k: v for k, v in env.items() if k in runfiles.LOADER_VARIABLES}
     out: dict[str, Any] = {"status": "ok", **session.describe(), "output": session.initial_output,
                            "sandbox": session.sandbox}  # fmt: skip
     startup = []
@@ -169,9 +172,14 @@ def _exec(
     # a startup command's record names it alone, not the whole list again
     given = {k: v for k, v in _arguments(call).items() if k != "startup_commands"}
     arguments = {**given, "command": text, "session_id": session.id}
-    gated = gw.check_command(call_id, call.principal, "session", text, cwd, {}, arguments, policy)
+    gated = gw.check_command(
+        call_id, call.principal, "session", text, cwd, {}, arguments, policy, started_env=session.loading_env
+    )
     if not isinstance(gated, Gated):
         return gated
+    # a text that names a variable making programs load files may have exported it: from now on
+    # its value in the shell is known only at run time (a later approval cannot bind its files)
+    session.loading_env.update({n: None for n in runfiles.LOADER_VARIABLES if n in text})
     void = gw.still_bound(gated)  # the files an approval was bound to, as late as the shell allows
     if void is not None:
         return void
