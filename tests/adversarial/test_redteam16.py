@@ -6,6 +6,7 @@ client) under the shipped policy (`policies/default.yaml`), the gateway running 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 from pathlib import Path
@@ -165,4 +166,69 @@ def test_a_sessions_command_cannot_trace_its_loop_to_run_undecided_text(tmp_path
     assert report.startswith("attach refused"), report
     commands = [r.get("arguments", {}).get("command") for r in audit_records(tmp_path / "audit")]
     assert "make inject" in commands and not any("undecided" in str(c) for c in commands)
+    assert verify(tmp_path / "audit").ok
+
+
+# --- a read of the saved outputs is done as root: only of the saved outputs ---------------------
+
+FLIPPER = r"""
+import os, sys
+saved, decoy = sys.argv[1], os.path.abspath(".attack/decoy")
+os.makedirs(decoy, exist_ok=True)
+if not os.path.islink(os.path.join(decoy, "agent")):
+    os.symlink(os.getcwd(), os.path.join(decoy, "agent"))  # decoy/agent/NAME is the workspace's NAME
+n = 0
+while True:
+    for target in (saved, decoy):
+        n += 1
+        os.symlink(target, f".attack/l{n}")
+        os.rename(f".attack/l{n}", "lnk")
+"""
+
+
+def test_a_link_flipped_after_the_decision_cannot_turn_a_saved_output_read_into_a_read_as_root(tmp_path: Path) -> None:
+    """A read whose path resolved into the principal's own saved outputs (in the gateway's state,
+    which only root may enter) was done as root, not as the sandbox's account, and the executor
+    resolved the agent's path again by name: a link in the workspace (`lnk`) pointing at the
+    saved outputs when decided and at the workspace when opened made it read, as root, a file the
+    sandbox's account cannot (the human's 0600 `secret.env`). Such a read now opens the path that
+    was decided, and passes only inside the saved outputs."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    from gateway.sandbox.identity import hand_over
+
+    hand_over(ws)
+    secret = ws / "secret.env"
+    secret.write_text("TOPSECRET=1\n")
+    secret.chmod(0o600)  # the human's (root's), in the workspace: no command may read it
+
+    async def scenario() -> tuple[dict[str, Any], list[dict[str, Any]]]:
+        async with Client(serve(tmp_path, POLICY, ws, "gateway")) as c:
+            direct = body(await c.call_tool("files", {"action": "read", "path": "secret.env"}))
+            big = body(await c.call_tool("run", {"command": "seq 1 100000"}))
+            saved = Path(big["reply_cut"]["stdout"]["saved"]).parent.parent  # .../outputs
+            for path, content in (
+                (".attack/flip.py", FLIPPER),
+                ("Makefile", f"flip:\n\tpython3 .attack/flip.py {saved}\n"),
+            ):
+                args = {"action": "write", "path": path, "content": content, "parents": True}
+                assert body(await c.call_tool("files", args))["status"] == "ok"
+            racer = body(await c.call_tool("process", {"action": "start", "command": "make flip"}))
+            assert racer["status"] == "ok", racer
+            reads = []
+            try:
+                for _ in range(400):
+                    out = body(await c.call_tool("files", {"action": "read", "path": "lnk/agent/secret.env"}))
+                    reads.append(out)
+                    if "TOPSECRET" in json.dumps(out):
+                        break
+            finally:
+                await c.call_tool("process", {"action": "stop", "process_id": racer["process"]["id"]})
+            return direct, reads
+
+    direct, reads = asyncio.run(scenario())
+    assert direct["status"] == "error" and "ermission" in direct["error"]["message"], direct  # the control
+    leaked = [r for r in reads if "TOPSECRET" in json.dumps(r)]
+    assert not leaked, f"read as root after {len(reads)} tries: {leaked[0]}"
+    assert any(r["status"] == "error" for r in reads)  # the racer was flipping
     assert verify(tmp_path / "audit").ok
