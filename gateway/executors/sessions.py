@@ -9,6 +9,11 @@ writes, and only after the pipeline allowed the command:
            eval TEXT          (with the control pipe closed for it)
            print the end marker with the exit status
 
+The loop's bash is a copy the sandbox's account may execute but not read (sandbox.LOOP_SHELL),
+so the kernel keeps it non-dumpable: the commands it runs (that account, that sandbox) cannot
+ptrace it or open its /proc/PID/mem or fd/ to feed it a record (checked before the session is
+listed; a dumpable loop fails the start).
+
 So the terminal (PTY) or stdin (pipe) is data only: whatever the agent `write`s while a command
 runs is input to that program, and input nobody read is never run as a command later. A `write`
 while the shell is idle is taken as commands, each line decided like an `exec`.
@@ -368,6 +373,17 @@ def _find_shell(root: int) -> int | None:
     return None
 
 
+def _undumpable(pid: int, uid: int) -> bool:
+    """The loop's shell is non-dumpable: the kernel gives the files in /proc/PID (not the directory
+    itself) to root, not to the account it runs as (`uid`), while a process is so. Only then are
+    its memory, descriptors and ptrace out of reach of the commands it runs, which are that account
+    in that sandbox."""
+    try:
+        return os.stat(f"/proc/{pid}/environ").st_uid != uid
+    except OSError:
+        return False
+
+
 class SessionError(Exception):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
@@ -431,12 +447,12 @@ class SessionManager:
         ready = "stty -isig 2>/dev/null; " if pty else ""
         ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
         loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
-        shell = ["bash", "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
+        shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
         base_env = scrubbed_env(env)
         base_env["TERM"] = "xterm-256color" if pty else "dumb"
         try:
-            plan, launch = sandbox.start(profile, inner, cwd, base_env, keep_fds=(control_r,))
+            plan, launch = sandbox.start(profile, inner, cwd, base_env, keep_fds=(control_r,), loop_shell=True)
         except BaseException:
             os.close(control_r)
             os.close(control_w)
@@ -484,6 +500,13 @@ class SessionManager:
             output, _ = session.take_output()
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.shell_pid = _find_shell(proc.pid)
+        if session.shell_pid is None or not _undumpable(session.shell_pid, plan.uid):
+            session.kill()  # its commands could ptrace the loop and feed it records of their own
+            raise SessionError(
+                "SANDBOX_UNAVAILABLE",
+                "the session's shell is not protected from the commands it runs (it is dumpable: "
+                "is /proc/sys/fs/suid_dumpable 1?), so no session starts",
+            )
         session.initial_output, _ = session.take_output()  # the first prompt
         with self._lock:
             self._sessions[session.id] = session

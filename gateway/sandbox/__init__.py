@@ -27,11 +27,12 @@ from typing import Any
 
 from gateway.sandbox import git, identity, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
-from gateway.sandbox.plan import HOME, Profile, SandboxPlan, build, host_facts
+from gateway.sandbox.plan import HOME, LOOP_SHELL, Profile, SandboxPlan, build, host_facts
 from gateway.sandbox.quotas import Quotas
 
 __all__ = [
     "HOME",
+    "LOOP_SHELL",
     "Launch",
     "Profile",
     "Quotas",
@@ -53,6 +54,7 @@ def plan_for(
     git_write: bool = False,
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
+    loop_shell: bool = False,
 ) -> SandboxPlan:
     """The plan for running `argv` in `cwd` (facts read off the host here). Raises
     SandboxUnavailable when there is no unprivileged identity to run as."""
@@ -64,7 +66,7 @@ def plan_for(
         profile, tuple(argv), cwd, env,
         uid=ident.uid, gid=ident.gid, user=ident.name,
         repositories=git.survey(profile.write_roots), host=host_facts(profile.etc),
-        git_write=git_write, die_with_parent=die_with_parent, keep_fds=keep_fds,
+        git_write=git_write, die_with_parent=die_with_parent, keep_fds=keep_fds, loop_shell=loop_shell,
     )  # fmt: skip
 
 

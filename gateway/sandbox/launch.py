@@ -30,6 +30,7 @@ import functools
 import os
 import queue
 import secrets
+import stat
 import subprocess
 import termios
 import threading
@@ -283,6 +284,10 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None)
             fd = os.open(helper_bin, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             fds.append(fd)
             args += ["--perms", "0555", "--file", str(fd), m.target]
+        elif m.kind == "shell":  # a session's loop: runnable, not readable, so the kernel keeps it non-dumpable
+            fd = _system_bash()
+            fds.append(fd)
+            args += ["--perms", "0111", "--file", str(fd), m.target]
         elif m.kind == "copy":  # a system file, read by descriptor into the root (read-only at the end)
             assert m.source is not None
             try:
@@ -446,3 +451,20 @@ def check() -> str:
 def is_setup_failure(returncode: int | None, stderr: str) -> bool:
     """The helper refused to run the command (a mount not as planned, Landlock missing...)."""
     return returncode == 125 and "agent-gateway sandbox:" in stderr
+
+
+SYSTEM_BASH = ("/usr/bin/bash", "/bin/bash")
+
+
+def _system_bash() -> int:
+    """The system's bash, opened by descriptor (no symlink followed on the way): the session
+    loop's shell is a copy of it (plan.LOOP_SHELL). Raises SandboxUnavailable."""
+    for path in SYSTEM_BASH:
+        try:
+            fd = descriptors.openat2(-100, path, os.O_RDONLY | os.O_CLOEXEC, descriptors.RESOLVE_NO_SYMLINKS)
+        except OSError:
+            continue
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            return fd
+        os.close(fd)
+    raise SandboxUnavailable(f"no bash for a session's shell (looked at {', '.join(SYSTEM_BASH)})")

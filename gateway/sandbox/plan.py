@@ -61,10 +61,16 @@ HOME = "/home/agent"
 RUN_DIR = "/run/agent-gateway"
 HELPER = f"{RUN_DIR}/init"
 GITCONFIG = f"{RUN_DIR}/gitconfig"
+LOOP_SHELL = f"{RUN_DIR}/bash"
+"""A session's loop shell: the system's bash, copied in executable and unreadable (mode 0111).
+The kernel makes a process that execs a file it cannot read non-dumpable, so the commands the
+loop runs (the same account, the same sandbox) can neither ptrace it nor open its /proc/PID/mem
+or /proc/PID/fd: they cannot answer its read of the control pipe with a record of their own."""
 
 Kind = Literal[
-    "ro-bind", "bind", "copy", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper"
-]
+    "ro-bind", "bind", "copy", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper",
+    "shell",
+]  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -223,11 +229,14 @@ def build(
     git_write: bool = False,
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
+    loop_shell: bool = False,
 ) -> SandboxPlan:
     """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O. (Everything
     but the command and its environment is the same for every call of a principal in one place:
-    that part is remembered.)"""
-    skeleton = _skeleton(profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds)
+    that part is remembered.) `loop_shell`: a session's sandbox, which holds LOOP_SHELL."""
+    skeleton = _skeleton(
+        profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds, loop_shell
+    )
     full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
     if profile.path:
         full_env["PATH"] = ":".join([p for p in full_env.get("PATH", "").split(":") if p] + list(profile.path))
@@ -246,6 +255,7 @@ def _skeleton(
     git_write: bool,
     die_with_parent: bool,
     keep_fds: tuple[int, ...],
+    loop_shell: bool = False,
 ) -> SandboxPlan:
     q = profile.quotas
     read_roots = sorted({str(r) for r in profile.read_roots} - {str(w) for w in profile.write_roots})
@@ -296,6 +306,8 @@ def _skeleton(
     mounts += _protections(profile, write_roots, repositories, git_write)
     mounts += [Mount(RUN_DIR, "dir"), Mount(HELPER, "helper"),
                Mount(GITCONFIG, "data", data=git.global_config(profile.principal))]  # fmt: skip
+    if loop_shell:
+        mounts.append(Mount(LOOP_SHELL, "shell"))
     ordered = sorted(enumerate(mounts), key=lambda im: (_depth(im[1].target), im[0]))
     rules: list[tuple[str, str]] = []
     for m in (m for _, m in ordered):

@@ -590,6 +590,17 @@ def _start_ticks(pid: int) -> int | None:
         return None
 
 
+def _running_ticks(pid: int) -> int | None:
+    """`_start_ticks` of a process that still runs: None for one that is gone or a zombie (it
+    died; only its parent has not collected its status yet, and its sandboxes lost their gateway)."""
+    try:
+        raw = _read(f"/proc/{pid}/stat")
+        fields = raw[raw.rindex(")") + 2 :].split()
+        return None if fields[0] in ("Z", "X", "x") else int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def owned_name(token: str) -> str:
     """The name of a group whose processes must die with this gateway process: it carries our
     pid and start time, so a later gateway can tell the group of a gateway that is gone
@@ -615,7 +626,7 @@ def _owner_state(name: str) -> str:
     ns = _pid_namespace()
     if ns == 0 or int(m.group(1)) != ns:
         return "foreign"
-    return "live" if _start_ticks(int(m.group(2))) == int(m.group(3)) else "gone"
+    return "live" if _running_ticks(int(m.group(2))) == int(m.group(3)) else "gone"
 
 
 def kill_abandoned() -> int:

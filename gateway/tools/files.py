@@ -204,6 +204,12 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     reading_own = own is not None and all(
         Path(settled_realpath(p)) == own or own in Path(settled_realpath(p)).parents for p, _ in paths
     )
+    if reading_own:  # done as root: only the path decided, and only inside the saved outputs, whatever
+        # a link of the agent's on the way (`lnk` -> the outputs when decided, -> the workspace when
+        # opened) says by the time the executor resolves the path again (red team 16)
+        assert own is not None
+        grant = replace(grant, read_roots=(own,), write_roots=(), protected=())
+        call = call.model_copy(update={"path": paths[0][0]})
     try:
         with contextlib.nullcontext() if reading_own else identity.acting_as_sandbox():
             outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)

@@ -6,6 +6,7 @@ import json
 import os
 import secrets
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -436,5 +437,30 @@ def test_the_groups_of_a_gateway_that_is_gone_are_killed(support: CgroupSupport)
         child.wait(timeout=10)
         assert not any(os.path.exists(d) for d in dirs(group))
     finally:
+        group.kill()
+        group.remove()
+
+
+@root_only
+def test_the_groups_of_a_gateway_that_died_a_zombie_are_killed(support: CgroupSupport) -> None:
+    """A gateway killed while its parent does not collect its status (a supervisor script busy
+    elsewhere) stays a zombie: same pid, same start time in /proc/PID/stat. Its sandboxes' groups
+    were judged "live" and whatever the parent-death signals missed ran on, never killed or swept
+    by the next gateway (red team 16). A zombie is gone."""
+    dead = subprocess.Popen(["sleep", "300"])  # the gateway, not collected after it dies
+    ns = os.stat("/proc/self/ns/pid").st_ino
+    ticks = quotas._start_ticks(dead.pid)
+    group = owned_group(f"s-{ns}-{dead.pid}-{ticks}-{secrets.token_hex(6)}")
+    child = start_in(group, "exec sleep 300")
+    try:
+        wait_for(lambda: child.pid in members(group))
+        os.kill(dead.pid, signal.SIGKILL)
+        wait_for(lambda: Path(f"/proc/{dead.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z")
+        assert quotas._start_ticks(dead.pid) == ticks  # what the owner check saw: a live gateway
+        assert quotas.kill_abandoned() >= 1
+        child.wait(timeout=10)
+        assert not any(os.path.exists(d) for d in dirs(group))
+    finally:
+        dead.wait()
         group.kill()
         group.remove()
