@@ -615,10 +615,9 @@ class ProcessManager:
             # processes (below the init) and leaves bwrap standing, so the SIGKILL round still
             # finds the init: killing it ends the whole namespace.
             direct = {c for c in proctree.children(pid) if proctree.comm(c) == "bwrap"}  # the namespace's init
-            for proc_id in proctree.descendants(pid):
-                if sig == signal.SIGKILL or proc_id not in direct:
-                    with contextlib.suppress(ProcessLookupError, PermissionError):
-                        os.kill(proc_id, sig)
+            # each pinned by a pidfd and seen still below `pid` before it is signalled (a pid freed
+            # after the listing may name another process by then)
+            proctree.signal_descendants(pid, sig, spare=frozenset() if sig == signal.SIGKILL else frozenset(direct))
             if sig == signal.SIGKILL or not direct:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(pid, sig)

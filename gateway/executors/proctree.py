@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 
 
 def children(pid: int) -> list[int]:
@@ -34,3 +35,39 @@ def comm(pid: int) -> str:
             return f.read().strip()
     except OSError:
         return ""
+
+
+def signal_descendants(pid: int, sig: int, spare: frozenset[int] = frozenset()) -> int:
+    """Send `sig` to every process below `pid` but those in `spare`; returns how many were sent.
+
+    Each is pinned first (a pidfd refers to that process, never to a later one given its pid) and
+    signalled only if it is still below `pid` once pinned: a process that exited between the
+    listing and the signal may have left its pid to another process, which is then not ours (the
+    gateway signals as root). Where pidfds are missing, the pid is signalled after the same
+    second look."""
+    listed = [p for p in descendants(pid) if p not in spare]
+    pinned: dict[int, int | None] = {}
+    try:
+        for p in listed:
+            try:
+                pinned[p] = os.pidfd_open(p)
+            except ProcessLookupError:
+                continue
+            except OSError:
+                pinned[p] = None
+        still = set(descendants(pid))
+        sent = 0
+        for p, fd in pinned.items():
+            if p not in still:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                if fd is not None:
+                    signal.pidfd_send_signal(fd, sig)
+                else:
+                    os.kill(p, sig)
+                sent += 1
+        return sent
+    finally:
+        for fd in pinned.values():
+            if fd is not None:
+                os.close(fd)

@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
-from gateway.executors.proctree import children, comm, descendants
+from gateway.executors.proctree import children, comm, signal_descendants
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
 from gateway.sandbox import identity, reaper
@@ -317,11 +317,7 @@ class Session:
 
     def interrupt(self) -> int:
         """SIGINT to every descendant of the shell (not the shell: it runs the loop)."""
-        pids = descendants(self.shell_pid) if self.shell_pid else []
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGINT)
-        return len(pids)
+        return signal_descendants(self.shell_pid, signal.SIGINT) if self.shell_pid else 0
 
     def kill(self) -> None:
         """Kill bubblewrap's group; its PID namespace takes every process of the session."""
