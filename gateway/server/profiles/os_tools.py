@@ -50,7 +50,7 @@ SHELLS = ("bash", "sh")
 DAEMON_OUTPUT_BYTES = 1 << 20
 """How much of a daemon's log get_daemon_output reads (its last `bufferSize` lines are kept)."""
 MAX_NUMBERED = 10_000
-"""Daemon numbers kept per principal (the oldest go first)."""
+"""Daemons whose bufferSize is remembered (the oldest go first)."""
 
 
 def _now() -> str:
