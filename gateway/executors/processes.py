@@ -495,10 +495,6 @@ class ProcessManager:
             process_id = secrets.token_hex(8)
             while process_id in self._records or self._dir(process_id).exists():
                 process_id = secrets.token_hex(8)
-            try:
-                number = self._next_number(principal)
-            except OSError as exc:
-                return _error("SPAWN_FAILED", f"cannot record the process's number: {exc}")
         rec = ProcessRecord(
             id=process_id,
             principal=principal,
@@ -517,7 +513,6 @@ class ProcessManager:
             restarts=0,
             next_restart_at=None,
             state="running",
-            number=number,
         )
         denial = self._gate(replace(rec), "start")  # outside the lock: it may wait for a human
         if denial is not None:
@@ -525,6 +520,10 @@ class ProcessManager:
         with self._lock:
             if self._live_count(principal) >= max_live:  # counted again: another start may have won
                 return _error("PROCESS_LIMIT", limit_msg)
+            try:  # a number only for a start the gate let through
+                rec.number = self._next_number(principal)
+            except OSError as exc:
+                return _error("SPAWN_FAILED", f"cannot record the process's number: {exc}")
             folder = self._dir(process_id)
             try:
                 folder.mkdir(mode=0o700)
