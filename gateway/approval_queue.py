@@ -133,6 +133,7 @@ class QueueApprover:
             return None
         finally:
             pending.unlink(missing_ok=True)
+            self.state_dir.joinpath(f"{rid}.claim.json").unlink(missing_ok=True)
 
 
 def _requests(state_dir: Path) -> list[tuple[Path, dict[str, Any]]]:
@@ -155,6 +156,7 @@ def pending(state_dir: Path) -> list[dict[str, Any]]:
         for path, req in _requests(state_dir)
         if req["expires"] > _now()
         and not (path.parent / f"{req['call_id']}.answer.json").exists()
+        and not (path.parent / f"{req['call_id']}.claim.json").exists()
         and owner_gone(req) is None
     ]
     return sorted(out, key=lambda r: r.get("created", 0))
@@ -173,7 +175,7 @@ def orphans(state_dir: Path, audit_dir: Path) -> list[tuple[dict[str, Any], str]
 
 
 def withdraw(state_dir: Path, call_id: str) -> None:
-    for suffix in (".request.json", ".answer.json"):
+    for suffix in (".request.json", ".answer.json", ".claim.json"):
         (Path(state_dir) / f"{call_id}{suffix}").unlink(missing_ok=True)
 
 
@@ -181,11 +183,24 @@ SCOPES = ("once", "session")
 
 
 def answer(
-    state_dir: Path, call_id: str, approved: bool, by: str, reason: str = "", scope: str = "once"
+    state_dir: Path,
+    call_id: str,
+    approved: bool,
+    by: str,
+    reason: str = "",
+    scope: str = "once",
+    record: Callable[[dict[str, Any]], None] | None = None,
 ) -> dict[str, Any]:
     """Answer a pending request. Raises QueueError if there is none or it expired. `scope`
     "session" approves this exact call (principal, tool, command, cwd, environment, policy) again
-    without asking for as long as the gateway that asked runs."""
+    without asking for as long as the gateway that asked runs.
+
+    Two supervisors may race (a terminal and the console). The answer is first *claimed*
+    (`<id>.claim.json`, made with `link`: exactly one claimant wins); only the winner calls
+    `record(answer)` (the console audits its answer there) and then publishes it as
+    `<id>.answer.json`, which is what the gateway reads. So a record written by `record` is
+    always of the answer that took; a loser gets QueueError and was never recorded as having
+    answered. If `record` raises, the claim is released and nothing is answered."""
     if scope not in SCOPES:
         raise QueueError(f"scope {scope!r}: expected one of {', '.join(SCOPES)}")
     if scope == "session" and not approved:
@@ -210,12 +225,23 @@ def answer(
         "at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     target = Path(state_dir) / f"{call_id}.answer.json"
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    claim = Path(state_dir) / f"{call_id}.claim.json"
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{time.monotonic_ns()}.tmp")
     _write_atomically(tmp, out)
     try:
-        os.link(tmp, target)  # fails if an answer exists: the first supervisor's answer stands
-    except FileExistsError:
-        raise QueueError(f"request {call_id} already has an answer") from None
+        if target.exists():
+            raise QueueError(f"request {call_id} already has an answer")
+        try:
+            os.link(tmp, claim)  # fails if someone claimed it: the first supervisor's answer stands
+        except FileExistsError:
+            raise QueueError(f"request {call_id} already has an answer") from None
+        try:
+            if record is not None:
+                record(out)  # raises: released, nothing answered
+            os.link(tmp, target)  # what the gateway reads: published after the record
+        except BaseException:
+            claim.unlink(missing_ok=True)
+            raise
     finally:
         tmp.unlink(missing_ok=True)
     return out

@@ -5,10 +5,13 @@ execute in the sandbox, audit the result."""
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 import threading
 import uuid
 from collections.abc import Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -45,6 +48,51 @@ DEFAULT_TMPFS_BYTES = 256 << 20
 DEFAULT_CPU_SECONDS = 600
 DEFAULT_FILE_BYTES = 1 << 30
 DEFAULT_OPEN_FILES = 1024
+
+
+@dataclass
+class _Call:
+    """The call `Gateway.handle` is handling on this thread: its call_id, and whether a record
+    naming it has been written. A call a tool handles as several (each line of a session write,
+    each startup command) gets its own call_id; their records name this one as `parent`."""
+
+    call_id: str
+    recorded: bool = False
+
+
+_CURRENT: ContextVar[_Call | None] = ContextVar("gateway_call", default=None)
+
+
+def parent_of(call_id: str) -> str | None:
+    """The call that carries `call_id` (the outer call `handle` is handling), or None when
+    `call_id` is that call itself or no call is being handled (a keep-alive restart)."""
+    current = _CURRENT.get()
+    return current.call_id if current is not None and current.call_id != call_id else None
+
+
+def _mark_recorded(call_id: str) -> None:
+    current = _CURRENT.get()
+    if current is not None and current.call_id == call_id:
+        current.recorded = True
+
+
+_DIGESTED = frozenset({"input", "content", "old", "new", "edits", "value", "default", "answer"})
+"""Raw arguments that may carry a secret or bulk (typed input, file content, an env value): a
+rejected call's record keeps their size and digest."""
+
+
+def raw_arguments(arguments: dict[str, Any]) -> dict[str, Any]:
+    """A caller's arguments as sent, for the record of a call refused before its call model
+    existed (INVALID_INPUT, BUSY): text that may be a secret is kept as its size and digest."""
+    out: dict[str, Any] = {}
+    for k, v in arguments.items():
+        if k in _DIGESTED and v is not None:
+            text = v if isinstance(v, str) else json.dumps(v, sort_keys=True, default=str)
+            data = text.encode("utf-8", "surrogatepass")
+            out[k] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+        else:
+            out[k] = v
+    return out
 
 
 @dataclass(frozen=True)
@@ -153,30 +201,62 @@ class Gateway:
         from gateway import tools
 
         call_id = new_call_id()
+        current = _Call(call_id)
+        token = _CURRENT.set(current)
         try:
             handler = tools.handler(call.tool)
             with cancellation.handling(cancel):
                 out: dict[str, Any] = handler(self, call, call_id)
+            if not current.recorded:  # it ended before any decision (an unknown session, say)
+                out = self.refuse(call_id, call.principal, call.tool, tools.arguments(call), out)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
         except pathjail.PathRefused as exc:  # a cwd that cannot even be named (resolve_cwd)
             envelope = error(call_id, "denied", "PATH_OUTSIDE_JAIL", exc.message)
-            with contextlib.suppress(Exception):
-                self.audit.append(
-                    "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
-                )
-            return envelope
+            return self._failed(call, call_id, current, envelope)
         except Exception as exc:  # fail closed, and say so
             if isinstance(exc, UnknownPrincipal):  # not a bug: who called is not in (this version of) the policy
                 envelope = error(call_id, "denied", "UNKNOWN_PRINCIPAL", str(exc))
             else:
                 envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
-            with contextlib.suppress(Exception):  # the envelope must come back whatever the log does
-                self.audit.append(
-                    "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
-                )
-            return envelope
+            return self._failed(call, call_id, current, envelope)
+        finally:
+            _CURRENT.reset(token)
+
+    def _failed(self, call: Any, call_id: str, current: _Call, envelope: dict[str, Any]) -> dict[str, Any]:
+        """Record a call that ended in an exception: `error`, with its arguments when nothing
+        recorded them yet. The envelope comes back whatever the log does."""
+        from gateway import tools
+
+        given: dict[str, Any] = {}
+        if not current.recorded:
+            with contextlib.suppress(Exception):
+                given = {"arguments": tools.arguments(call)}
+        with contextlib.suppress(Exception):
+            self.audit.append(
+                "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"], **given
+            )
+        return envelope
+
+    def refuse(
+        self, call_id: str, principal: str, tool: str, arguments: dict[str, Any], envelope: dict[str, Any]
+    ) -> dict[str, Any]:
+        """Record a call that ended before the policy decided it (`rejected`: its tool, its
+        arguments, the error; `parent` when another call carried it) and return its envelope.
+        No call leaves no record: if this one cannot be written, the envelope says so."""
+        parent = parent_of(call_id)
+        try:
+            self.audit.append(
+                "rejected", call_id=call_id, principal=principal, tool=tool, arguments=arguments,
+                decision="deny" if envelope.get("status") == "denied" else None,
+                data=envelope.get("error") or {"status": envelope.get("status")},
+                **({"parent": parent} if parent else {}),
+            )  # fmt: skip
+            _mark_recorded(call_id)
+        except AuditUnavailable as exc:
+            envelope = {**envelope, "warning": {"code": "AUDIT_UNAVAILABLE", "message": f"not recorded: {exc}"}}
+        return envelope
 
     def close(self) -> None:
         """Kill the sessions; leave durable processes running (the next gateway adopts them)."""
@@ -291,8 +371,10 @@ class Gateway:
         if they change while the call waits, the approval is void)."""
         unsafe = self.unsafe_setup(policy, principal)
         if unsafe:  # any family could rewrite them (a files write as well as a command)
-            return error(call_id, "denied", "UNSAFE_SETUP", unsafe)
-        base = {"call_id": call_id, "principal": principal, "tool": tool, "policy_sha256": policy.sha256}
+            return self.refuse(call_id, principal, tool, arguments, error(call_id, "denied", "UNSAFE_SETUP", unsafe))
+        parent = parent_of(call_id)  # a line of a session write, a startup command: the call carrying it
+        base = {"call_id": call_id, "principal": principal, "tool": tool, "policy_sha256": policy.sha256,
+                **({"parent": parent} if parent else {})}  # fmt: skip
         try:
             self.audit.append(
                 "decision",
@@ -305,6 +387,7 @@ class Gateway:
             )
         except AuditUnavailable as exc:
             return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
+        _mark_recorded(call_id)
         if decision.verdict is Verdict.DENY:
             jail = any(r.stage == "pathjail" for r in decision.reasons)
             return _denied(call_id, "PATH_OUTSIDE_JAIL" if jail else "POLICY_DENIED", decision)
@@ -410,7 +493,8 @@ class Gateway:
     ) -> dict[str, Any]:
         """Audit what happened (without bulky or secret fields) and build the envelope."""
         base = gated.base if isinstance(gated, Gated) else gated
-        envelope = {"call_id": base["call_id"], **outcome}
+        # the call's own id, even when the outcome is a part's (a line of a session write)
+        envelope = {"call_id": base["call_id"], **{k: v for k, v in outcome.items() if k != "call_id"}}
         recorded = {k: v for k, v in outcome.items() if k not in _UNRECORDED}
         for k in ("stdout", "stderr", "output"):
             if isinstance(outcome.get(k), str):

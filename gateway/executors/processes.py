@@ -62,6 +62,10 @@ START_SETTLE_S = 30.0
 LOG = "process.log"
 OLD_LOG = "process.log.1"
 _ID = re.compile(r"[0-9a-f]{16}")
+NUMBERS = ".numbers.json"
+"""The last number given to each principal's processes (a dot name: not a process folder)."""
+_BY_NUMBER = re.compile(r"daemon-([1-9][0-9]{0,17})")
+"""A process named by its principal's number instead of its id (`daemon-3`)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +125,10 @@ class ProcessRecord:
     """running | exited | stopped | backoff | failed (the gate refused a restart) | lost (an earlier boot)."""
     failures: int = 0
     """Consecutive runs shorter than stable_after_s: the backoff exponent."""
+    number: int | None = None
+    """The principal's own number for it: 1, 2, 3... in the order its processes were started,
+    never reused (the os profile's daemon `pid`; `daemon-N` names it in the process tool).
+    None on records from before numbers."""
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -142,6 +150,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "next_restart_at": (float, int, type(None)),
     "state": (str,),
     "failures": (int,),
+    "number": (int, type(None)),
 }
 _STATES = ("running", "exited", "stopped", "backoff", "failed", "lost")
 
@@ -156,7 +165,7 @@ def _parse_record(data: Any) -> ProcessRecord:
     values: dict[str, Any] = {}
     for name, types in _TYPES.items():
         if name not in data:
-            if name == "failures":
+            if name in ("failures", "number"):
                 continue
             raise ValueError(f"missing field {name}")
         value = data[name]
@@ -310,6 +319,7 @@ class ProcessManager:
         self._children: dict[str, subprocess.Popen[bytes]] = {}
         self._sandboxes: dict[str, dict[str, Any]] = {}  # what held each one's last start
         self._boot_id = boot_id()
+        self._numbers: dict[str, int] = {}  # the last number given, per principal
         self._stop_monitor = threading.Event()
         self._monitor: threading.Thread | None = None
 
@@ -349,6 +359,39 @@ class ProcessManager:
             self._persist(rec)
         except OSError as exc:
             log.warning("process_record_write_failed", process_id=rec.id, error=str(exc))
+
+    def _load_numbers(self) -> None:
+        """The last number of each principal: the larger of the file's and the records' (a file
+        lost or behind never makes a number be given twice while its record exists)."""
+        try:
+            fd = os.open(self.state_dir / NUMBERS, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            with os.fdopen(fd, "rb") as f:
+                saved = json.loads(f.read(1 << 20))
+        except (OSError, ValueError):
+            saved = {}
+        if isinstance(saved, dict):
+            for who, n in saved.items():
+                if isinstance(who, str) and isinstance(n, int) and not isinstance(n, bool):
+                    self._numbers[who] = max(self._numbers.get(who, 0), n)
+        for rec in self._records.values():
+            if rec.number is not None:
+                self._numbers[rec.principal] = max(self._numbers.get(rec.principal, 0), rec.number)
+
+    def _next_number(self, principal: str) -> int:
+        """The principal's next number, on disk before anyone is told it (under the lock)."""
+        n = self._numbers.get(principal, 0) + 1
+        data = json.dumps({**self._numbers, principal: n}, sort_keys=True).encode()
+        tmp = self.state_dir / f"{NUMBERS}.{secrets.token_hex(4)}.tmp"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            while data:
+                data = data[os.write(fd, data) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.state_dir / NUMBERS)
+        self._numbers[principal] = n
+        return n
 
     def _emit(self, events: _Events) -> None:
         for name, rec, details in events:
@@ -477,6 +520,10 @@ class ProcessManager:
         with self._lock:
             if self._live_count(principal) >= max_live:  # counted again: another start may have won
                 return _error("PROCESS_LIMIT", limit_msg)
+            try:  # a number only for a start the gate let through
+                rec.number = self._next_number(principal)
+            except OSError as exc:
+                return _error("SPAWN_FAILED", f"cannot record the process's number: {exc}")
             folder = self._dir(process_id)
             try:
                 folder.mkdir(mode=0o700)
@@ -501,6 +548,12 @@ class ProcessManager:
             return {"status": "ok", "processes": [self._view(r) for r in mine]}
 
     def _find(self, principal: str, process_id: str) -> ProcessRecord | None:
+        """`principal`'s process `process_id`, or named `daemon-N` by its number (the
+        principal's own: another principal's number N is never found)."""
+        by_number = _BY_NUMBER.fullmatch(process_id)
+        if by_number is not None:
+            n = int(by_number.group(1))
+            return next((r for r in self._records.values() if r.principal == principal and r.number == n), None)
         rec = self._records.get(process_id)
         return rec if rec is not None and rec.principal == principal else None
 
@@ -517,7 +570,7 @@ class ProcessManager:
             rec = self._find(principal, process_id)
             if rec is None:
                 return _not_found(process_id)
-            state = rec.state
+            state, process_id, number = rec.state, rec.id, rec.number
         data, size = _tail(self.log_path(process_id), max_bytes)
         older, old_size = b"", 0
         if len(data) < max_bytes:
@@ -526,6 +579,7 @@ class ProcessManager:
         return {
             "status": "ok",
             "process_id": process_id,
+            "number": number,
             "state": state,
             "output": text,
             "truncated": size + old_size > max_bytes,
@@ -541,7 +595,7 @@ class ProcessManager:
         self._stop_many([rec])  # a failed one is marked stopped too (its restarts end)
         if was not in LIVE_STATES:
             with self._lock:
-                out = _error("DAEMON_NOT_RUNNING", f"process {process_id} is not running (it is {was})")
+                out = _error("DAEMON_NOT_RUNNING", f"process {rec.id} is not running (it is {was})")
                 return {**out, "process": self._view(rec)}
         with self._lock:
             return {"status": "ok", "process": self._view(rec)}
@@ -701,6 +755,7 @@ class ProcessManager:
                 self._save(rec)
                 if not stopping:  # a stop reports its own event
                     events.append(("process_exited", replace(rec), details))
+            self._load_numbers()
         self._emit(events)
         return events
 
@@ -843,6 +898,7 @@ class ProcessManager:
                     details["reason"] = "exited while the gateway was down"
                     self._save(rec)
                     events.append(("process_exited", replace(rec), details))
+            self._load_numbers()
         self._emit(events)
 
     @staticmethod
@@ -866,6 +922,7 @@ class ProcessManager:
         path of its log."""
         return {
             "id": rec.id,
+            "number": rec.number,
             "name": rec.name,
             "command": rec.command,
             "cwd": rec.cwd,

@@ -35,11 +35,12 @@ from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, Elicitati
 from mcp.types import CallToolResult, ImageContent, TextContent
 from pydantic import BaseModel, Field, ValidationError, create_model
 
+from gateway import tools
 from gateway.approval import Answer, ApprovalRequest, visible
 from gateway.audit import AuditUnavailable
 from gateway.calls import AskUserCall, ProcessCall, RunCall
 from gateway.log import log
-from gateway.pipeline import Gateway, error, evaluate, new_call_id, tool_decision
+from gateway.pipeline import Gateway, error, evaluate, new_call_id, raw_arguments, tool_decision
 from gateway.policy.schema import Tool
 from gateway.server.approvals import (
     NO_CHANNEL,
@@ -360,7 +361,8 @@ class GatewayServer:
         if principal is None:
             return _result(error(new_call_id(), "denied", "UNAUTHENTICATED", "no principal for this connection"))
         if not self.accepting:
-            return _result(error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down"))
+            closing = error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down")
+            return _result(await asyncio.to_thread(self._refused, principal, spec.name, _arguments(ctx), closing))
         raw = _arguments(ctx)
         smuggled = _smuggled(raw)
         try:
@@ -368,7 +370,7 @@ class GatewayServer:
                 raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
             call = spec.call(raw, principal)
         except (ValidationError, ValueError) as exc:
-            return _result(self._reject(principal, spec.name, exc), spec.replier(principal), spec.render)
+            return _result(self._reject(principal, spec.name, exc, raw), spec.replier(principal), spec.render)
         ticket = Ticket(principal)
         policy = self.gw.policy
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
@@ -391,16 +393,26 @@ class GatewayServer:
         # the event loop, which every other connection shares
         return await asyncio.to_thread(_result, out, spec.replier(principal), spec.render)
 
-    def _reject(self, principal: str, tool: str, exc: Exception) -> dict[str, Any]:
+    def _reject(self, principal: str, tool: str, exc: Exception, raw: dict[str, Any] | None = None) -> dict[str, Any]:
         if isinstance(exc, ValidationError):
             problems = [f"{'.'.join(str(p) for p in e['loc']) or '(call)'}: {e['msg']}" for e in exc.errors()]
         else:
             problems = [str(exc)]
-        envelope = error(new_call_id(), "error", "INVALID_INPUT", "; ".join(problems))
+        invalid = error(new_call_id(), "error", "INVALID_INPUT", "; ".join(problems))
+        return self._refused(principal, tool, raw or {}, invalid)
+
+    def _refused(
+        self, principal: str, tool: str, raw: dict[str, Any], envelope: dict[str, Any], *, as_sent: bool = True
+    ) -> dict[str, Any]:
+        """Record a call refused before it reached the gateway (invalid arguments, too many
+        calls in flight, shutting down): `rejected`, with the tool and the arguments as sent
+        (text that may be a secret as its size and digest). Every call_id a client is given
+        has a record."""
         try:
             self.gw.audit.append(
-                "rejected", call_id=envelope["call_id"], principal=principal, tool=tool, data=envelope["error"]
-            )
+                "rejected", call_id=envelope["call_id"], principal=principal, tool=tool,
+                arguments=raw_arguments(raw) if as_sent else raw, data=envelope["error"],
+            )  # fmt: skip
         except AuditUnavailable as audit_exc:
             envelope["error"]["message"] += f" (and it could not be recorded: {audit_exc})"
         return envelope
@@ -410,11 +422,16 @@ class GatewayServer:
             mine = self._per_principal.get(principal, 0)
             if mine >= min(MAX_IN_FLIGHT_PER_PRINCIPAL, self.max_in_flight):
                 why = f"{principal} has {mine} calls in flight (pending approvals count); retry when some finish"
-                return error(new_call_id(), "error", "BUSY", why)
-            if not self._slots.acquire(blocking=False):
+                busy: dict[str, Any] | None = error(new_call_id(), "error", "BUSY", why)
+            elif not self._slots.acquire(blocking=False):
                 why = f"the gateway has {self.max_in_flight} calls in flight; retry shortly"
-                return error(new_call_id(), "error", "BUSY", why)
-            self._per_principal[principal] = mine + 1
+                busy = error(new_call_id(), "error", "BUSY", why)
+            else:
+                busy = None
+                self._per_principal[principal] = mine + 1
+        if busy is not None:  # recorded off the event loop, as the call it refuses would have been
+            refused, given = busy, tools.arguments(call)
+            return await asyncio.to_thread(lambda: self._refused(principal, call.tool, given, refused, as_sent=False))
         flight = _Flight(principal, tool, ticket, asyncio.get_running_loop(), asyncio.Event())
 
         def on_pending(request: ApprovalRequest, timeout: float) -> None:

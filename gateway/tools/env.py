@@ -14,12 +14,23 @@ if TYPE_CHECKING:
     from gateway.pipeline import Gateway
 
 
+def arguments(call: EnvCall) -> dict[str, Any]:
+    """The call's arguments as the audit log keeps them (a secret-looking name's value redacted
+    here; the writer redacts the policy's names too)."""
+    from gateway.audit import SECRET_NAME
+
+    out: dict[str, Any] = {"action": call.action, "name": call.name}
+    if call.value is not None:
+        out["value"] = store.REDACTED if call.name and SECRET_NAME.search(call.name) else call.value
+    return out
+
+
 def handle(gw: Gateway, call: EnvCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     secret = bool(call.name and gw.audit.secret_names.search(call.name))
-    arguments = {"action": call.action, "name": call.name}
+    recorded = {"action": call.action, "name": call.name}
     if call.value is not None:
-        arguments["value"] = store.REDACTED if secret else call.value
+        recorded["value"] = store.REDACTED if secret else call.value
     decision = tool_decision(policy, call.principal, Tool.ENV)
     if call.action == "set" and decision.verdict is not Verdict.DENY:
         assert call.name is not None and call.value is not None
@@ -27,7 +38,7 @@ def handle(gw: Gateway, call: EnvCall, call_id: str) -> dict[str, Any]:
         if why:
             decision = Decision(Verdict.DENY, None, (Reason("env", "env_refused", why),))
     subject = f"env {call.action} {call.name or ''}".strip()
-    gated = gw.authorize(call_id, call.principal, "env", subject, policy.workspace, {}, decision, arguments, policy)
+    gated = gw.authorize(call_id, call.principal, "env", subject, policy.workspace, {}, decision, recorded, policy)
     if not isinstance(gated, Gated):
         return gated
     out: dict[str, Any]

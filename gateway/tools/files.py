@@ -155,35 +155,39 @@ def with_home(gw: Gateway, policy: CompiledPolicy, call: FilesCall) -> FilesCall
     return call.model_copy(update={"path": str(gw.resolve_cwd(policy, call.path))})
 
 
+def arguments(call: FilesCall) -> dict[str, Any]:
+    """The call's arguments as the audit log keeps them: content and edit text may hold secrets,
+    so their sizes."""
+    out = call.model_dump(exclude={"tool", "principal", "content", "old", "new", "edits"}, exclude_none=True)
+    for name in ("content", "old", "new"):
+        value = getattr(call, name)
+        if value is not None:
+            out[f"{name}_bytes"] = len(value.encode())
+    if call.edits is not None:
+        out["edits"] = [
+            {"old_bytes": _size(e.old), "new_bytes": _size(e.new), "replace": e.replace} for e in call.edits
+        ]
+    return out
+
+
 def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
     policy = gw.policy
     try:
         call = with_home(gw, policy, call)
     except PathRefused as exc:
-        arguments = call.model_dump(include={"action", "path"})
+        given = call.model_dump(include={"action", "path"})
         refused = _refused(exc, call.path or "", "write" if call.action in files.WRITES else "read")
         subject = f"files {call.action} {call.path}"
-        denied = gw.authorize(
-            call_id, call.principal, "files", subject, policy.workspace, {}, refused, arguments, policy
-        )
+        denied = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, refused, given, policy)
         if isinstance(denied, Gated):  # a denial is never let through: fail closed all the same
             return gw.record_result(denied, {"status": "denied", "error": {"code": exc.code, "message": exc.message}})
         return denied
     decision, paths = decide(policy, call, with_saved_outputs(gw, policy.grant(call.principal), call))
-    # content and edit text may hold secrets: the audit log keeps their sizes
-    arguments = call.model_dump(exclude={"tool", "principal", "content", "old", "new", "edits"}, exclude_none=True)
-    for name in ("content", "old", "new"):
-        value = getattr(call, name)
-        if value is not None:
-            arguments[f"{name}_bytes"] = len(value.encode())
-    if call.edits is not None:
-        arguments["edits"] = [
-            {"old_bytes": _size(e.old), "new_bytes": _size(e.new), "replace": e.replace} for e in call.edits
-        ]
+    recorded = arguments(call)
     subject = f"files {call.action} " + " ".join(p for p, _ in paths)
     if decision.verdict is not Verdict.DENY:
         decision = _keep_out_of_private(gw, call, paths) or decision
-    gated = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, decision, arguments, policy)
+    gated = gw.authorize(call_id, call.principal, "files", subject, policy.workspace, {}, decision, recorded, policy)
     if not isinstance(gated, Gated):
         return gated
     lim = limits(policy, call.principal)

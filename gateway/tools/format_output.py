@@ -7,7 +7,8 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from gateway.calls import FormatOutputCall
-from gateway.pipeline import error
+from gateway.decision import Decision, Reason, Verdict
+from gateway.pipeline import Gated, error
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -77,7 +78,15 @@ def render(call: FormatOutputCall) -> tuple[str, list[str]]:
 
 
 def handle(gw: Gateway, call: FormatOutputCall, call_id: str) -> dict[str, Any]:
-    base = {"call_id": call_id, "principal": call.principal, "tool": "format_output"}
+    # no policy family decides it (it runs nothing), but like every call it is recorded first
+    policy = gw.policy
+    nothing = Decision(Verdict.ALLOW, None, (Reason("tool", "runs_nothing", "formats text; runs nothing"),))
+    arguments = call.model_dump(exclude={"tool", "principal"}, exclude_none=True)
+    base = gw.authorize(
+        call_id, call.principal, "format_output", "format_output", policy.workspace, {}, nothing, arguments, policy
+    )
+    if not isinstance(base, Gated):
+        return base
     try:
         text, codes = render(call)
         out: dict[str, Any] = {"status": "ok", "text": text, "ansi_codes": codes}

@@ -202,6 +202,7 @@ def run_in_background(
     else:
         result["backgrounded"] = True
         result["process_id"] = pid
+        result["process_number"] = started["process"].get("number")
         still = f"still running after {after_ms} ms: process output / stop with process_id {pid}"
         result["notice"] = f"{still}; {result['notice']}" if result.get("notice") else still
     return gw.record_result(gated, result)

@@ -74,6 +74,11 @@ def handle(gw: Gateway, call: SessionCall, call_id: str) -> dict[str, Any]:
         return error(call_id, "error", exc.code, exc.message)
 
 
+def arguments(call: SessionCall) -> dict[str, Any]:
+    """The call's arguments as the audit log keeps them (typed input as its size and digest)."""
+    return _arguments(call)
+
+
 def _arguments(call: SessionCall) -> dict[str, Any]:
     keep = {"action", "session_id", "cwd", "env", "pty", "rows", "cols", "shell_type", "startup_commands", "command",
             "timeout_ms"}  # fmt: skip
@@ -159,19 +164,21 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
 def _exec(
     gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session, text: str, timeout_ms: int
 ) -> dict[str, Any]:
+    # a startup command's (or a written line's) record names it alone, not the whole list again
+    given = {k: v for k, v in _arguments(call).items() if k not in ("startup_commands", "input_bytes", "input_sha256")}
+    arguments = {**given, "command": text, "session_id": session.id}
     if not session.alive:
-        return error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
+        ended = error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
+        return gw.refuse(call_id, call.principal, "session", arguments, ended)
     if session.busy:
-        return error(
+        busy = error(
             call_id, "error", "SESSION_BUSY",
             "a command is still running: read its output, write input to it, or kill the session",
         )  # fmt: skip
+        return gw.refuse(call_id, call.principal, "session", arguments, busy)
     # the policy's timeout bounds the wait, and the git write's own sandbox (red team O3: a day)
     timeout_ms = min(timeout_ms, limits(policy, call.principal).get("timeout_ms") or 120_000)
     cwd = Path(session.cwd() or policy.workspace)
-    # a startup command's record names it alone, not the whole list again
-    given = {k: v for k, v in _arguments(call).items() if k != "startup_commands"}
-    arguments = {**given, "command": text, "session_id": session.id}
     gated = gw.check_command(
         call_id, call.principal, "session", text, cwd, {}, arguments, policy, started_env=session.loading_env
     )
@@ -250,36 +257,59 @@ def _output(session: Session, finished_only: bool) -> dict[str, Any]:
 
 
 def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session) -> dict[str, Any]:
+    """Text typed to a session. To a running program it is input: this call is that input,
+    decided and audited as such. To the idle shell each line is a command: this call is
+    recorded first (the tool family decides whether the text may be split), then each line is
+    decided, run and recorded as a call of its own whose records name this one as `parent`
+    (so is input that follows once a line's program runs); this call's result lists them."""
     assert call.input is not None
     if not session.alive:
         return error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
+    if session.busy:  # all of it is input to the running program
+        result = _input(gw, call, call_id, policy, session, call.input)
+        if result["status"] != "ok":
+            return result
+        out = _output(session, finished_only=False)
+        typed = [{"as": "input", "bytes": len(call.input.encode()), "call_id": call_id}]
+        return {**_fit(gw, call.principal, call_id, policy, out), "call_id": call_id, "sent": typed}
+    family = tool_decision(policy, call.principal, Tool.SESSION)
+    if family.verdict is Verdict.DENY:
+        split = family
+    else:  # the lines are each decided (and asked about, if the family asks) as calls of their own
+        why = "the commands it carries are decided one by one, each as a call of its own (parent: this call)"
+        split = Decision(Verdict.ALLOW, None, (*family.reasons, Reason("session", "lines", why)))
+    outer = _gate_action(gw, call, call_id, policy, split)
+    if not isinstance(outer, Gated):
+        return outer
     text = call.input
     sent: list[dict[str, Any]] = []
     shown: list[str] = []  # the output of the commands run, in order
     while text:
         if session.busy:  # a program runs: the rest is its input
-            result = _input(gw, call, call_id, policy, session, text)
-            sent.append({"as": "input", "bytes": len(text.encode())})
+            part = new_call_id()
+            result = _input(gw, call, part, policy, session, text)
+            sent.append({"as": "input", "bytes": len(text.encode()), "status": result["status"], "call_id": part})
             if result["status"] != "ok":
-                return result
+                return gw.record_result(outer, {**result, "output": "".join(shown), "sent": sent})
             break
         line, newline, rest = text.partition("\n")
         if not newline:
-            return error(
+            refused = error(
                 call_id, "error", "INVALID_INPUT",
                 "text written to the idle shell is a command and must end with a newline (or use exec)",
             )  # fmt: skip
+            return gw.record_result(outer, {**refused, "sent": sent} if sent else refused)
         if line.strip():
             result = _exec(gw, call, new_call_id(), policy, session, line, call.timeout_ms or DEFAULT_WRITE_WAIT_MS)
             sent.append({"as": "command", "command": line, "status": result["status"], "call_id": result["call_id"]})
             shown.append(result.get("output", ""))
             if result["status"] != "ok":  # the lines after it are not sent; what ran before shows
                 failed = {**result, "output": "".join(shown)}
-                return {**_fit(gw, call.principal, call_id, policy, failed), "call_id": call_id, "sent": sent}
+                return gw.record_result(outer, {**_fit(gw, call.principal, call_id, policy, failed), "sent": sent})
         text = rest
     out = _output(session, finished_only=False)
     out = {**out, "output": "".join(shown) + out["output"]}
-    return {**_fit(gw, call.principal, call_id, policy, out), "call_id": call_id, "sent": sent}
+    return gw.record_result(outer, {**_fit(gw, call.principal, call_id, policy, out), "sent": sent})
 
 
 def _input(

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from gateway.executors.processes import ProcessManager, ProcessRecord, Spawnable
+from gateway.executors.processes import NUMBERS, ProcessManager, ProcessRecord, Spawnable
 
 PRINCIPALS = ("alice", "bob")
 Events = list[tuple[str, ProcessRecord, dict[str, Any]]]
@@ -231,7 +231,7 @@ def test_spawn_failure(h: Harness) -> None:
     result = mgr.start("alice", "true", str(h.cwd / "missing"), {}, False, None, 10)
     assert result["status"] == "error" and result["error"]["code"] == "SPAWN_FAILED"
     assert mgr.list("alice")["processes"] == []
-    assert list(h.state_dir.iterdir()) == []
+    assert [p.name for p in h.state_dir.iterdir()] == [NUMBERS]  # its number is not given again
 
 
 # --- logs ------------------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ Each test here failed on the code before the console (its routes did not exist).
 from __future__ import annotations
 
 import asyncio
+import fcntl
 import json
 import os
 import threading
 from collections.abc import Iterator
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,11 @@ import pytest
 import yaml
 
 from gateway import approval_queue
+from gateway.approval import ApprovalRequest
 from gateway.audit import AuditLog
 from gateway.server.console.auditview import VerifyStatus
 from tests.server.conftest import HttpGateway, audit_records, envelope_of, gateway_cmd
-from tests.server.test_supervisor_side import PADDED, ask_in_background, wait_for
+from tests.server.test_supervisor_side import PADDED, approvals, ask_in_background, wait_for
 from tests.server.test_transports import call_http
 
 ROUTES = [
@@ -479,3 +482,100 @@ def test_the_inbox_shows_the_files_a_call_runs_as_approvals_show_does(
         wait_for("the agent's answer", lambda: got)
     finally:
         server.stop()
+
+
+# --- a terminal answer and a console answer race (issue 15's leftover) ---------------------------
+def _blocked_on(lock: Path, pid: int) -> bool:
+    """Does process `pid` wait for the flock on `lock` (a `->` line of /proc/locks)?"""
+    st = os.stat(lock)
+    inode = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    for line in Path("/proc/locks").read_text().splitlines():
+        fields = line.split()
+        if "->" in fields and str(pid) in fields and fields[-3] == inode:
+            return True
+    return False
+
+
+def _answers_agree(records: list[dict[str, Any]], call_id: str) -> None:
+    """Every record that says a supervisor answered `call_id` names the answer that took."""
+    (took,) = [r for r in records if r["event"] == "approval" and r["call_id"] == call_id]
+    for said in (r for r in records if r["event"] == "supervisor_answer" and r["call_id"] == call_id):
+        assert said["data"]["supervisor"] == took["data"]["by"], (said, took)
+        assert said["data"]["approved"] == (took["decision"] == "allow"), (said, took)
+
+
+def test_a_console_answer_that_races_a_terminal_answer_is_recorded_truthfully(console: Console, ws: Path) -> None:
+    (ws / "a").write_text("x")
+    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f a"}))
+    call_id = pending_one(console, got)["call_id"]
+    # hold the audit log's lock: the console's answer stops at its record (the gateway's too)
+    lock = console.server.audit / ".lock"
+    fd = os.open(lock, os.O_RDWR)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    answered: list[Any] = []
+    try:
+        post = threading.Thread(
+            target=lambda: answered.append(console.post(f"/console/api/approvals/{call_id}/deny", {"reason": "no"})),
+            daemon=True,
+        )
+        post.start()
+        wait_for("the console's answer to reach its record", lambda: _blocked_on(lock, console.server.proc.pid))
+        # meanwhile a supervisor at a terminal approves the same call
+        terminal = approvals(
+            console.server, "approve", call_id, "--by", "bob", "--state-dir", str(console.server.queue)
+        )
+    finally:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    post.join(60)
+    result = wait_for("the agent's answer", lambda: got)[0][-1]
+    records = audit_records(console.server.audit)
+    _answers_agree(records, call_id)
+    # exactly one of them took, and each was told so
+    (status,) = [r.status_code for r in answered]
+    if status == 200:  # the console claimed it first: the terminal was refused
+        assert terminal.returncode != 0 and "already has an answer" in terminal.stderr, terminal
+        assert envelope_of(result)["error"]["code"] == "APPROVAL_DENIED"
+    else:
+        assert status == 409 and terminal.returncode == 0, (status, terminal)
+        assert envelope_of(result)["status"] == "ok"
+        refused = [r for r in records if r["event"] == "supervisor_answer_refused"]
+        assert [r["data"]["supervisor"] for r in refused] == ["alice"]
+
+
+def _request(state: Path, call_id: str) -> None:
+    req = ApprovalRequest.bind(call_id, "agent", "run", "rm -f a", "/ws", {}, "rm", "why", "sha", ("rm",))
+    q = approval_queue.QueueApprover(state, ())
+    owner = {"pid": os.getpid(), "start": approval_queue._started(os.getpid())}
+    body = {**asdict(req), "created": 0, "expires": 2e10, "owner": owner}
+    approval_queue._write_atomically(q.state_dir / f"{call_id}.request.json", body)
+
+
+def test_only_the_answer_that_wins_the_claim_is_recorded(tmp_path: Path) -> None:
+    """Two answers race inside the queue: the second arrives while the first is being recorded.
+    The first is recorded and given; the second is refused and its record is never made."""
+    state = tmp_path / "approvals"
+    _request(state, "c1")
+    recorded: list[str] = []
+    refused: list[str] = []
+
+    def first_records(answer: dict[str, Any]) -> None:
+        recorded.append(answer["by"])
+        with pytest.raises(approval_queue.QueueError, match="already has an answer") as lost:
+            approval_queue.answer(state, "c1", True, "bob", record=lambda a: recorded.append(a["by"]))
+        refused.append(str(lost.value))
+        assert not (state / "c1.answer.json").exists()  # not given before it is recorded
+
+    done = approval_queue.answer(state, "c1", False, "alice", "no", record=first_records)
+    assert done["by"] == "alice" and recorded == ["alice"] and refused
+    assert approval_queue.pending(state) == []  # answered: no longer listed
+    # a record that cannot be written gives no answer, and frees the request for another
+    _request(state, "c2")
+
+    def fails(answer: dict[str, Any]) -> None:
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        approval_queue.answer(state, "c2", True, "alice", record=fails)
+    assert not (state / "c2.answer.json").exists() and not (state / "c2.claim.json").exists()
+    assert approval_queue.answer(state, "c2", True, "bob")["by"] == "bob"

@@ -162,6 +162,39 @@ def test_sessions_follow_the_seeds_example_flow(tmp_path: Path, ws: Path) -> Non
     assert verify(tmp_path / "audit").ok
 
 
+def test_a_sessions_cwd_is_the_home_by_default_and_relative_to_it(tmp_path: Path, ws: Path) -> None:
+    """The seed's paths mean the principal's home: a session started without a cwd starts in
+    `~` (the policy's home), and a relative cwd is under `~`, as termux_fs's paths are; a
+    policy without a home refuses, naming it. (On main both started in the workspace.)"""
+    home = made_home(ws, "project")
+    (ws / "project").mkdir()  # a workspace directory of the same name: not the one meant
+    f = methings_policy(tmp_path)
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with Client(serve(tmp_path, f, ws)) as c:
+            out = []
+            for tool, cwd in (("termux_shell_session", None), ("local_shell_session", "project")):
+                start = {"action": "start", **({"cwd": cwd} if cwd else {})}
+                sid = reply(await c.call_tool(tool, start))["session_id"]
+                args = {"action": "exec", "session_id": sid, "command": "pwd"}
+                out.append(reply(await c.call_tool(tool, args)))
+            return out
+
+    default, relative = asyncio.run(scenario())
+    assert default["output"].replace("\r", "").splitlines()[0] == str(home), default
+    assert relative["output"].splitlines()[0] == str(home / "project"), relative
+
+    (tmp_path / "nohome").mkdir()
+    g = methings_policy(tmp_path / "nohome", home=None)
+
+    async def without_home() -> dict[str, Any]:
+        async with Client(serve(tmp_path / "nohome", g, ws)) as c:
+            return reply(await c.call_tool("local_shell_session", {"action": "start"}))
+
+    refused = asyncio.run(without_home())
+    assert refused["status"] == "error" and "home" in refused["error"]["message"], refused
+
+
 def test_a_long_session_output_is_cut_and_the_rest_is_read_through_termux_fs(tmp_path: Path, ws: Path) -> None:
     """`seq 1 400000` in a session: the reply holds the policy's reply_bytes, head and tail, and says
     where the whole (what the session kept, limits.output_bytes) is; termux_fs reads it there."""

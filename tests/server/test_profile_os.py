@@ -234,3 +234,49 @@ def test_os_a_supervisors_ask_is_pending_then_await_call_answers_in_yaml(tmp_pat
     assert result["call_id"] == pending["call_id"]
     approval = [r for r in audit_records(tmp_path / "audit") if r["event"] == "approval"]
     assert len(approval) == 1 and approval[0]["data"]["by"] == "alice" and approval[0]["tool"] == "run"
+
+
+def test_daemon_numbers_survive_a_gateway_restart_and_stay_the_principals_own(tmp_path: Path, ws: Path) -> None:
+    """The numbers live with the process records: a restarted gateway (same state directories)
+    finds the daemon that ran on by its number, gives the next daemon a new number (never one
+    given before), and another principal's number 1 is not this one's."""
+    f = profile_policy(tmp_path, ws)
+
+    async def first() -> dict[str, Any]:
+        async with Client(serve(tmp_path, f, ws, "os")) as c:
+            return yaml_reply(await c.call_tool("shell_cmd", {"command": "echo up; sleep 120", "timeoutSeconds": 1}))
+
+    started = asyncio.run(first())
+    assert started["daemon"] is True and started["pid"] == 1, started
+
+    async def second() -> list[dict[str, Any]]:  # a new gateway process on the same state
+        async with Client(serve(tmp_path, f, ws, "os")) as c:
+            calls = [
+                ("get_daemon_output", {"pid": 1}),
+                ("shell_cmd", {"command": "echo two; sleep 120", "timeoutSeconds": 1}),
+                ("stop_daemon", {"pid": 1}),
+            ]
+            return [yaml_reply(await c.call_tool(n, a)) for n, a in calls]
+
+    got, again, stopped = asyncio.run(second())
+    assert got["status"] == "ok" and got["pid"] == 1 and got["running"] is True and got["output"] == "up\n", got
+    assert again["daemon"] is True and again["pid"] == 2, again  # 1 is never given again
+    assert stopped["status"] == "ok" and stopped["pid"] == 1, stopped
+
+    other = serve(tmp_path, f, ws, "os")
+    other.args[other.args.index("agent")] = "other"
+
+    async def as_other() -> list[dict[str, Any]]:
+        async with Client(other) as c:
+            return [yaml_reply(await c.call_tool(n, {"pid": 2})) for n in ("get_daemon_output", "stop_daemon")]
+
+    for reply in asyncio.run(as_other()):  # agent's daemon 2 is nothing of other's
+        assert reply["status"] == "error" and reply["error_code"] == "DAEMON_NOT_FOUND", reply
+
+    async def last() -> dict[str, Any]:
+        async with Client(serve(tmp_path, f, ws, "os")) as c:
+            return yaml_reply(await c.call_tool("stop_daemon", {"pid": 2}))
+
+    assert asyncio.run(last())["status"] == "ok"  # still agent's, still running
+    started_records = [r for r in audit_records(tmp_path / "audit") if r["event"] == "process_started"]
+    assert verify(tmp_path / "audit").ok and len(started_records) == 2

@@ -19,14 +19,17 @@ reaches the port under a name of its own). Every answer carries a strict Content
 the front (`auth_refused`), like the MCP endpoint's.
 
 Every answer to an approval is audited (`supervisor_answer`: the supervisor's name, their
-secret's id, how they came: bearer or session) before it is handed to the queue; if it cannot be
-recorded, nothing is answered (503). The gateway's own `approval` record then names the same
-supervisor (`by`).
+secret's id, how they came: bearer or session) once it has won the queue's claim and before it is
+given to the gateway; if it cannot be recorded, nothing is answered (503). An answer that lost
+the race (a terminal or another console answered first) is recorded as
+`supervisor_answer_refused` with why, never as an answer (409). The gateway's own `approval`
+record then names the supervisor whose answer took (`by`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import re
@@ -389,16 +392,25 @@ class Console:
         record = {"supervisor": who.supervisor, "token": who.token_id, "via": who.via,
                   "approved": approved, "scope": scope, **({"reason": reason} if reason else {})}  # fmt: skip
         req = pending[call_id]
+        about = {"call_id": call_id, "principal": req.get("principal"), "tool": req.get("tool")}
+
+        def recorded(given: dict[str, Any]) -> None:
+            # called by the queue only for the answer that won the claim, before it is given
+            self.config.audit.append("supervisor_answer", **about, data={**record, "digest": given.get("digest")})
+
         try:
-            await run_in_threadpool(lambda: self.config.audit.append(
-                "supervisor_answer", call_id=call_id, principal=req.get("principal"), tool=req.get("tool"),
-                data={**record, "digest": req.get("digest")}))  # fmt: skip
+            done = await run_in_threadpool(lambda: approval_queue.answer(
+                state_dir, call_id, approved, who.supervisor, reason, scope, record=recorded))  # fmt: skip
         except AuditUnavailable as exc:
             raise Refused(503, f"the answer could not be recorded, so it was not given: {exc}") from None
-        try:
-            done = await run_in_threadpool(approval_queue.answer, state_dir, call_id, approved, who.supervisor,
-                                           reason, scope)  # fmt: skip
         except approval_queue.QueueError as exc:
+            # another answer took (a terminal's, another console's) or the request went: this
+            # attempt is recorded as one that did not take, never as an answer
+            lost = {**record, "why": str(exc)}
+            with contextlib.suppress(AuditUnavailable):
+                await run_in_threadpool(
+                    lambda: self.config.audit.append("supervisor_answer_refused", **about, data=lost)
+                )
             raise Refused(409, str(exc)) from None
         self.feed.publish({"kind": "answered", "call_id": call_id})
         return _json({"call_id": call_id, "approved": done["approved"], "by": done["by"], "scope": scope,

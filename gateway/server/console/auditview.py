@@ -34,6 +34,9 @@ FILTERS = ("principal", "tool", "decision", "rule", "event", "call_id")
 record's `ts`) and `text` (a case-insensitive substring of the whole record) are the others."""
 
 
+_APPROVAL_EVENTS = ("approval", "approval_withdrawn", "supervisor_answer", "supervisor_answer_refused")
+
+
 class AuditView:
     def __init__(self, directory: Path) -> None:
         self.directory = Path(directory)
@@ -97,7 +100,7 @@ class AuditView:
         return {
             "call_id": call_id,
             "decision": first("decision"),
-            "approvals": [r for r in rows if r.get("event") in ("approval", "approval_withdrawn", "supervisor_answer")],
+            "approvals": [r for r in rows if r.get("event") in _APPROVAL_EVENTS],
             "result": next((r for r in reversed(rows) if r.get("event") == "result"), None),
             "records": rows,
         }

@@ -123,7 +123,8 @@ class ShellSession(BaseModel):
     input: Annotated[str, Field(max_length=MAX_SHELL_CHARS)] | None = None
     """write: raw stdin text (`"y\\n"`): input to the running program, or commands (a line each) to an idle shell."""
     cwd: PathText | None = None
-    """start: the initial directory (default: the workspace; `~`: the policy's home)."""
+    """start: the initial directory (default: `~`, the policy's home; absolute, `~/...`, or
+    relative to `~`, as the seed's paths are)."""
     rows: int = Field(default=24, ge=2, le=1000)
     """start, resize: terminal rows (no effect on a pipe session)."""
     cols: int = Field(default=80, ge=10, le=1000)
@@ -139,7 +140,7 @@ def _session_adapter(pty: bool) -> Any:
         common: dict[str, Any] = {"principal": principal, "action": args.action, "session_id": args.session_id}
         if args.action == "start":
             return SessionCall(
-                **common, cwd=args.cwd, env=args.env, pty=pty, rows=args.rows, cols=args.cols,
+                **common, cwd=_home_path(args.cwd or "~"), env=args.env, pty=pty, rows=args.rows, cols=args.cols,
                 shell_type="bash" if pty else "sh", prompt=PROMPT,
             )  # fmt: skip
         if args.action == "exec":

@@ -15,10 +15,12 @@ A command still running after `timeoutSeconds` is tracked as a daemon rather tha
 call is a `run` with `background_after_ms`, so the gateway's durable background processes take
 it over (decided like any `run`, sandboxed, audited), and the reply names it by its `pid`. That
 `pid` is a number of the principal's own, not the kernel's (the command runs in a sandbox's pid
-namespace): each principal's daemons are numbered 1, 2, 3... in the order they were tracked; the
-number maps to the gateway's process id for this principal only (another principal's number 1
-is another process, and a number that maps to nothing of yours is DAEMON_NOT_FOUND, decided and
-audited like any process call). The numbers last for the gateway's life.
+namespace): the gateway numbers each principal's durable processes 1, 2, 3... in the order they
+were started and keeps the number in the process's record, so a restarted gateway finds the
+daemons that ran on by the same numbers and never gives a number twice. A number is looked up
+among the caller's own processes only (another principal's number 1 is another process, and a
+number that names nothing of yours is DAEMON_NOT_FOUND, decided and audited like any process
+call).
 
 A `shell` other than bash or sh is refused (INVALID_INPUT, recorded): the gateway's analyser
 reads bash, so no other shell's text can be checked.
@@ -48,7 +50,7 @@ SHELLS = ("bash", "sh")
 DAEMON_OUTPUT_BYTES = 1 << 20
 """How much of a daemon's log get_daemon_output reads (its last `bufferSize` lines are kept)."""
 MAX_NUMBERED = 10_000
-"""Daemon numbers kept per principal (the oldest go first)."""
+"""Daemons whose bufferSize is remembered (the oldest go first)."""
 
 
 def _now() -> str:
@@ -68,42 +70,24 @@ def _stamp(iso: Any) -> str:
 
 
 class Daemons:
-    """Each principal's daemon numbers: 1, 2, 3... in the order tracked, each naming one of the
-    gateway's process ids, with the `bufferSize` its shell_cmd asked for. Process ids are random
-    and global, so the id alone finds its number; a number is looked up with its principal."""
+    """The `bufferSize` each daemon's shell_cmd asked for, by (principal, number), for its
+    get_daemon_output. The numbers themselves are the gateway's: kept with each process record
+    (`gateway/executors/processes.py`), so they outlive a restart; a bufferSize does not (after a
+    restart, get_daemon_output keeps the default 500 lines)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._next: dict[str, int] = {}
-        self._by_number: dict[str, OrderedDict[int, tuple[str, int]]] = {}
-        self._by_id: dict[str, tuple[str, int]] = {}
+        self._buffer: OrderedDict[tuple[str, int], int] = OrderedDict()
 
-    def number(self, principal: str, process_id: str, buffer_lines: int) -> int:
-        """The number of `principal`'s process `process_id` (a new one the first time)."""
+    def remember(self, principal: str, number: int, buffer_lines: int) -> None:
         with self._lock:
-            known = self._by_id.get(process_id)
-            if known is not None and known[0] == principal:
-                return known[1]
-            n = self._next.get(principal, 0) + 1
-            self._next[principal] = n
-            mine = self._by_number.setdefault(principal, OrderedDict())
-            mine[n] = (process_id, buffer_lines)
-            self._by_id[process_id] = (principal, n)
-            while len(mine) > MAX_NUMBERED:
-                _, (old, _) = mine.popitem(last=False)
-                self._by_id.pop(old, None)
-            return n
+            self._buffer[(principal, number)] = buffer_lines
+            while len(self._buffer) > MAX_NUMBERED:
+                self._buffer.popitem(last=False)
 
-    def find(self, principal: str, number: int) -> tuple[str, int] | None:
-        """(process id, bufferSize) of `principal`'s daemon `number`, or None."""
+    def buffer_lines(self, principal: str, number: int) -> int:
         with self._lock:
-            mine = self._by_number.get(principal)
-            return mine.get(number) if mine is not None else None
-
-    def number_of(self, principal: str, process_id: str) -> int | None:
-        with self._lock:
-            known = self._by_id.get(process_id)
-            return known[1] if known is not None and known[0] == principal else None
+            return self._buffer.get((principal, number), DEFAULT_BUFFER_LINES)
 
 
 DAEMONS = Daemons()
@@ -118,9 +102,10 @@ _VALUE: ContextVar[str | None] = ContextVar("os_env_value", default=None)
 """The daemon number this request's stop_daemon or get_daemon_output asked for (for its reply)."""
 
 
-def _nowhere(number: int) -> str:
-    """The process id asked for when a number names nothing: no process has it (ids are hex),
-    so the gateway answers PROCESS_NOT_FOUND through the same gate, recorded."""
+def _by_number(number: int) -> str:
+    """How the process tool names the caller's own process number N (`daemon-N`): looked up among
+    that principal's processes only, so another principal's N, or a number nobody was given,
+    is PROCESS_NOT_FOUND through the same gate, recorded."""
     return f"daemon-{number}"
 
 
@@ -190,8 +175,7 @@ def _shell_call(args: ShellCmd, principal: str) -> RunCall:
 def _daemon(action: str) -> Any:
     def adapt(args: DaemonId, principal: str) -> ProcessCall:
         _ASKED.set(args.pid)
-        found = DAEMONS.find(principal, args.pid)
-        process_id = found[0] if found is not None else _nowhere(args.pid)
+        process_id = _by_number(args.pid)
         if action == "output":
             return ProcessCall(
                 principal=principal, action="output", process_id=process_id, max_bytes=DAEMON_OUTPUT_BYTES
@@ -295,8 +279,9 @@ def shell_reply(keep: int) -> Any:
             return _pending(envelope)
         command = _COMMAND.get()
         if envelope.get("backgrounded") is True and status == "ok":
-            pid = str(envelope.get("process_id"))
-            n = DAEMONS.number(principal, pid, keep)
+            n = envelope.get("process_number")
+            if isinstance(n, int):
+                DAEMONS.remember(principal, n, keep)
             output, dropped = _last_lines(str(envelope.get("output", "")), keep)
             out: dict[str, Any] = {"status": "ok"}
             if command is not None:
@@ -350,8 +335,8 @@ def _shell_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
 
 
 def _number(envelope: dict[str, Any], principal: str) -> int | None:
-    pid = envelope.get("process_id") or (envelope.get("process") or {}).get("id")
-    return DAEMONS.number_of(principal, str(pid)) if pid else None
+    n = envelope.get("number", (envelope.get("process") or {}).get("number"))
+    return n if isinstance(n, int) else None
 
 
 def stop_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
@@ -375,8 +360,7 @@ def output_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
     n = _number(envelope, principal)
     if status != "ok":
         return _error(envelope, pid=n or _ASKED.get()) | _call_id(envelope)
-    found = DAEMONS.find(principal, n) if n is not None else None
-    keep = found[1] if found is not None else DEFAULT_BUFFER_LINES
+    keep = DAEMONS.buffer_lines(principal, n) if n is not None else DEFAULT_BUFFER_LINES
     output, dropped = _last_lines(str(envelope.get("output", "")), keep)
     out: dict[str, Any] = {"status": "ok", "pid": n, "output": output, "retrieved_at": _now()}
     out |= {"state": envelope.get("state"), "running": envelope.get("state") in ("running", "backoff")}
