@@ -410,16 +410,21 @@ LOADS: list[tuple[str, dict[str, str], str, str]] = [
 ]  # fmt: skip
 
 
-def _attack(
-    gw: Gateway, supervisor: Supervisor, ws: Path, command: str, files: dict[str, str], target: str, evil: str,
-    env: dict[str, str] | None = None,
-) -> dict[str, object]:  # fmt: skip
+def _lay_out(ws: Path, command: str, files: dict[str, str]) -> None:
+    """The workspace files a LOADS row's command runs, handed to the sandbox's account."""
     for name, text in files.items():
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
         (ws / name).write_text(text)
     if command.startswith("{ws}/"):
         (ws / "run.sh").chmod(0o755)
     hand_over(ws)
+
+
+def _attack(
+    gw: Gateway, supervisor: Supervisor, ws: Path, command: str, files: dict[str, str], target: str, evil: str,
+    env: dict[str, str] | None = None,
+) -> dict[str, object]:  # fmt: skip
+    _lay_out(ws, command, files)
 
     def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
         (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
@@ -446,12 +451,7 @@ def test_an_unchanged_loaded_file_still_runs_as_approved(
     command, files, _, _ = LOADS[index]
     gw, supervisor = asking
     supervisor.then = None
-    for name, text in files.items():
-        (ws / name).parent.mkdir(parents=True, exist_ok=True)
-        (ws / name).write_text(text)
-    if command.startswith("{ws}/"):
-        (ws / "run.sh").chmod(0o755)
-    hand_over(ws)
+    _lay_out(ws, command, files)
     out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
     assert supervisor.seen and out["status"] == "ok", out
     shown = {os.path.relpath(f.path, ws): f for f in supervisor.seen[0].files}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+from collections.abc import Callable, Iterable
 
 
 def children(pid: int) -> list[int]:
@@ -39,13 +40,19 @@ def comm(pid: int) -> str:
 
 def signal_descendants(pid: int, sig: int, spare: frozenset[int] = frozenset()) -> int:
     """Send `sig` to every process below `pid` but those in `spare`; returns how many were sent.
+    Each is signalled only if it is still below `pid` once pinned (`signal_pinned`)."""
+    return signal_pinned([p for p in descendants(pid) if p not in spare], lambda: descendants(pid), sig)
 
-    Each is pinned first (a pidfd refers to that process, never to a later one given its pid) and
-    signalled only if it is still below `pid` once pinned: a process that exited between the
-    listing and the signal may have left its pid to another process, which is then not ours (the
-    gateway signals as root). Where pidfds are missing, the pid is signalled after the same
-    second look."""
-    listed = [p for p in descendants(pid) if p not in spare]
+
+def signal_pinned(listed: Iterable[int], still: Callable[[], Iterable[int]], sig: int) -> int:
+    """Send `sig` to each listed pid that `still()`, asked once every one is pinned, lists again;
+    returns how many were sent.
+
+    A pid read from /proc or cgroup.procs may pass to an unrelated process (the listed one exited)
+    before the gateway, as root, signals it. Each is pinned first with a pidfd, which refers to
+    that process and never to a later one given its pid; a pinned process still listed afterwards
+    is the listed one, and a dead one gives ESRCH. Where pidfds are missing (before Linux 5.3),
+    the pid is signalled after the same second look, and keeps that race."""
     pinned: dict[int, int | None] = {}
     try:
         for p in listed:
@@ -55,10 +62,10 @@ def signal_descendants(pid: int, sig: int, spare: frozenset[int] = frozenset()) 
                 continue
             except OSError:
                 pinned[p] = None
-        still = set(descendants(pid))
+        again = set(still())
         sent = 0
         for p, fd in pinned.items():
-            if p not in still:
+            if p not in again:
                 continue
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 if fd is not None:

@@ -37,6 +37,8 @@ import threading
 import time
 from dataclasses import dataclass
 
+from gateway.executors import proctree
+
 SUBTREE = "agent-gateway"
 SELF_LEAF = "agent-gateway-self"  # v2: where the gateway moves itself (no internal processes)
 WANTED = ("memory", "pids")
@@ -495,32 +497,9 @@ class Cgroup:
             time.sleep(0.005)
 
     def _kill_listed(self, listed: set[int]) -> None:
-        # A pid read from cgroup.procs may be reused by an unrelated process before we signal
-        # it. Pin each with a pidfd, list again, and signal only pids still listed: a pinned
-        # process that is still alive then is the listed one; a dead one returns ESRCH.
-        # (Without pidfds, before Linux 5.3, a plain kill of a pid still listed has that race.)
-        pinned: dict[int, int] = {}
-        unpinned: list[int] = []
-        try:
-            for pid in listed:
-                try:
-                    pinned[pid] = os.pidfd_open(pid)
-                except ProcessLookupError:
-                    continue
-                except OSError:
-                    unpinned.append(pid)
-            still = self._members()
-            for pid, fd in pinned.items():
-                if pid in still:
-                    with contextlib.suppress(ProcessLookupError):
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-            for pid in unpinned:
-                if pid in still:
-                    with contextlib.suppress(ProcessLookupError):
-                        os.kill(pid, signal.SIGKILL)
-        finally:
-            for fd in pinned.values():
-                os.close(fd)
+        # a pid read from cgroup.procs may pass to an unrelated process before we signal it:
+        # each is pinned with a pidfd and killed only if the group still lists it then
+        proctree.signal_pinned(listed, self._members, signal.SIGKILL)
 
     def remove(self, timeout: float = 2.0) -> None:
         """Remove the group's directories (retrying while the kernel finishes with the last
