@@ -17,6 +17,7 @@ from gateway import cancellation, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit.writer import written_call_ids
 
 # the decision stages live in gateway/decide.py (what `gateway check` imports, without the sandbox,
 # the audit log and the executors); their names stay importable from here
@@ -155,8 +156,10 @@ class Gateway:
         call_id = new_call_id()
         try:
             handler = tools.handler(call.tool)
-            with cancellation.handling(cancel):
+            with cancellation.handling(cancel), written_call_ids() as written:
                 out: dict[str, Any] = handler(self, call, call_id)
+            if call_id not in written:  # a call that ended before anything recorded it: record it now
+                out = self._record_unrecorded(call, call_id, out)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
@@ -177,6 +180,25 @@ class Gateway:
                     "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"]
                 )
             return envelope
+
+    def _record_unrecorded(self, call: Any, call_id: str, out: dict[str, Any]) -> dict[str, Any]:
+        """No record, no call: an answer its handler gave before recording anything (a session id
+        that names none of the caller's, a command sent to a busy or ended session, a write of
+        commands whose own records carry their call ids) is recorded here, as the pipeline records
+        a call that failed (`error`, with the error), or as a `result` for one that went through."""
+        failed = out.get("status") != "ok" and isinstance(out.get("error"), dict)
+        data = out["error"] if failed else {k: v for k, v in out.items() if k not in _UNRECORDED and k != "call_id"}
+        try:
+            self.audit.append(
+                "error" if failed else "result", call_id=call_id, principal=call.principal, tool=call.tool, data=data
+            )
+        except AuditUnavailable as exc:
+            if not failed:
+                return {
+                    **out,
+                    "warning": {"code": "AUDIT_UNAVAILABLE", "message": f"the call could not be recorded: {exc}"},
+                }
+        return out
 
     def close(self) -> None:
         """Kill the sessions; leave durable processes running (the next gateway adopts them)."""
