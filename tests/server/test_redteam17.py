@@ -82,3 +82,29 @@ def test_every_shell_call_is_recorded_even_one_that_reaches_no_session(tmp_path:
     assert by_call[write["data"]["sent"][0]["call_id"]][0]["event"] == "decision"
     assert verify(tmp_path / "audit").ok
 
+
+def test_a_byte_offset_past_any_file_is_an_empty_read_not_an_internal_error(tmp_path: Path, ws: Path) -> None:
+    """termux_fs read (the files tool's byte mode) with an offset of 2**63 or more answered
+    INTERNAL_ERROR 'OverflowError: Python int too large to convert to C long' (a bug in the
+    gateway, by its own words), and 2**63-1 an IO_ERROR; 99999999999 was an empty read. Every
+    offset at or past the end now reads nothing, the same way."""
+    (ws / "f.txt").write_text("hello\n")
+    offsets = [6, 99_999_999_999, (1 << 63) - 1, 1 << 63, 10**30]
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "methings")) as c:
+            return [
+                reply(
+                    await c.call_tool(
+                        "termux_fs", {"action": "read", "path": str(ws / "f.txt"), "offset": o, "max_bytes": 10}
+                    )
+                )
+                for o in offsets
+            ]
+
+    for offset, got in zip(offsets, asyncio.run(scenario()), strict=True):
+        assert "error" not in got, (offset, got)
+        assert got["content"] == "" and got["read_bytes"] == 0 and got["size"] == 6 and got["offset"] == offset
+        assert got["truncated"] is False
+    records = audit_records(tmp_path / "audit")
+    assert not [r for r in records if r["event"] == "error"]
