@@ -108,3 +108,21 @@ def test_a_byte_offset_past_any_file_is_an_empty_read_not_an_internal_error(tmp_
         assert got["truncated"] is False
     records = audit_records(tmp_path / "audit")
     assert not [r for r in records if r["event"] == "error"]
+
+
+def test_a_files_path_the_jail_cannot_name_is_refused_naming_path_not_cwd(tmp_path: Path, ws: Path) -> None:
+    """termux_fs read of `~root/.bashrc` (or `~/x` where the policy sets no home) was refused
+    with "cwd '~root/.bashrc': ...": the call has no cwd, so the agent was told to fix a field
+    it never sent. The refusal names `path`."""
+
+    async def scenario() -> list[dict[str, Any]]:
+        async with Client(serve(tmp_path, profile_policy(tmp_path, ws), ws, "methings")) as c:
+            return [
+                reply(await c.call_tool("termux_fs", {"action": "read", "path": p}))
+                for p in ("~root/.bashrc", "~/notes.txt")
+            ]
+
+    user, home = asyncio.run(scenario())
+    assert user["error"]["code"] == home["error"]["code"] == "PATH_OUTSIDE_JAIL"
+    assert user["error"]["message"].startswith("path '~root/.bashrc': only ~"), user
+    assert home["error"]["message"].startswith("path '~/notes.txt': the policy sets no home"), home
