@@ -20,6 +20,7 @@ from gateway import cancellation, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit.writer import written_call_ids
 
 # the decision stages live in gateway/decide.py (what `gateway check` imports, without the sandbox,
 # the audit log and the executors); their names stay importable from here
@@ -205,9 +206,9 @@ class Gateway:
         token = _CURRENT.set(current)
         try:
             handler = tools.handler(call.tool)
-            with cancellation.handling(cancel):
+            with cancellation.handling(cancel), written_call_ids() as written:
                 out: dict[str, Any] = handler(self, call, call_id)
-            if not current.recorded:  # it ended before any decision (an unknown session, say)
+            if not current.recorded and call_id not in written:  # it ended before any record (an unknown session, say)
                 out = self.refuse(call_id, call.principal, call.tool, tools.arguments(call), out)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
@@ -270,17 +271,17 @@ class Gateway:
         principal's process logs). No agent reads them, whatever its read roots say."""
         return tuple(Path(os.path.realpath(p)) for p in (self.audit.directory, *self.hidden))
 
-    def resolve_cwd(self, policy: CompiledPolicy, cwd: str | None) -> Path:
+    def resolve_cwd(self, policy: CompiledPolicy, cwd: str | None, field: str = "cwd") -> Path:
         """A call's cwd: the workspace when none is given; `~` and `~/...` are the policy's
         `home` (as in a command's paths); other relative paths resolve against the workspace.
         Where it leads is then jailed like any cwd. Raises PathRefused for `~` without a home
-        and for `~user`."""
+        and for `~user`, naming `field` (a files call's `path` resolves the same way)."""
         if cwd and cwd.startswith("~"):
             head, _, rest = cwd.partition("/")
             if head != "~":
-                raise pathjail.PathRefused("tilde_user", f"cwd {cwd!r}: only ~ (the policy's home) is understood")
+                raise pathjail.PathRefused("tilde_user", f"{field} {cwd!r}: only ~ (the policy's home) is understood")
             if policy.home is None:
-                raise pathjail.PathRefused("tilde_without_home", f"cwd {cwd!r}: the policy sets no home for ~")
+                raise pathjail.PathRefused("tilde_without_home", f"{field} {cwd!r}: the policy sets no home for ~")
             return policy.home / rest if rest else policy.home
         path = Path(cwd) if cwd else policy.workspace
         return path if path.is_absolute() else policy.workspace / path

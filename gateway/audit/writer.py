@@ -31,7 +31,8 @@ import fcntl
 import os
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +56,21 @@ from gateway.audit.records import (
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024
 MAX_RECORD_BYTES = 1024 * 1024
+
+_WRITTEN: ContextVar[set[str] | None] = ContextVar("audit_written_call_ids", default=None)
+"""The call ids this context's appends named (while `written_call_ids` watches)."""
+
+
+@contextlib.contextmanager
+def written_call_ids() -> Iterator[set[str]]:
+    """The call ids every record appended in this context names, as they are written: the gateway
+    checks that a call it answers left a record (no record, no call)."""
+    seen: set[str] = set()
+    token = _WRITTEN.set(seen)
+    try:
+        yield seen
+    finally:
+        _WRITTEN.reset(token)
 
 
 @dataclass
@@ -138,6 +154,9 @@ class AuditLog:
         reserved = RESERVED.intersection(fields)
         if reserved:
             raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")
+        seen = _WRITTEN.get()
+        if seen is not None and isinstance(fields.get("call_id"), str):
+            seen.add(fields["call_id"])
         try:
             given = redact(
                 bound({k: v for k, v in fields.items() if v is not None}, max_chars=1 << 30), self.secret_names

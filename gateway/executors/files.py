@@ -454,8 +454,10 @@ def _decode_text(data: bytes, final: bool) -> tuple[str, bool]:
 def _read_range(fd: int, call: FilesCall, read_bytes: int) -> dict[str, Any]:
     start = call.offset or 0
     want = min(call.max_bytes or read_bytes, read_bytes)
-    data = _pread_all(fd, want, start)
     size = os.fstat(fd).st_size
+    # at or past the end there is nothing to read: an offset past what the kernel takes (2**63 and
+    # up, or one the count would carry past it) is the same empty read, not an OverflowError
+    data = _pread_all(fd, want, start) if start < size else b""
     end = start + len(data)
     encoding = call.encoding
     if encoding == "auto":

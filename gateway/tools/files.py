@@ -152,7 +152,7 @@ def with_home(gw: Gateway, policy: CompiledPolicy, call: FilesCall) -> FilesCall
     cwd. Raises PathRefused for `~` without a home, and for `~user`."""
     if not call.path or not call.path.startswith("~"):
         return call
-    return call.model_copy(update={"path": str(gw.resolve_cwd(policy, call.path))})
+    return call.model_copy(update={"path": str(gw.resolve_cwd(policy, call.path, "path"))})
 
 
 def arguments(call: FilesCall) -> dict[str, Any]:
