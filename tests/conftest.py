@@ -15,9 +15,31 @@ import atexit
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 import pytest
+
+T = TypeVar("T")
+
+PATIENCE_S = 120.0
+"""How long a test waits for another thread or process to act. Only a bound, so that a broken
+test ends: never a measure of speed (CI is a shared, loaded machine)."""
+
+
+def eventually(check: Callable[[], T], seconds: float = PATIENCE_S, every: float = 0.02) -> T:
+    """Wait until `check()` is true, for what another thread or process does (a report from a
+    watcher's thread, a record a monitor writes, a prompt a sandboxed shell prints). Returns
+    the last value `check()` gave: falsy if the deadline passed, so `assert eventually(...)`."""
+    deadline = time.monotonic() + seconds
+    while True:
+        got = check()
+        if got or time.monotonic() >= deadline:
+            return got
+        time.sleep(every)
+
 
 _STATE = tempfile.mkdtemp(prefix="agw-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE

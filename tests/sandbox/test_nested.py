@@ -16,6 +16,7 @@ import pytest
 
 from gateway.sandbox.identity import hand_over, sandbox_identity
 from gateway.sandbox.nested import TRIP_COUNT, NestedRepositoryGuard
+from tests.conftest import eventually
 
 Events = list[tuple[str, dict[str, object]]]
 
@@ -30,15 +31,6 @@ def watched(tmp_path: Path) -> Iterator[tuple[Path, NestedRepositoryGuard, Event
     guard.watch((root,), lambda event, data: events.append((event, data)))
     yield root, guard, events
     guard.close()
-
-
-def eventually(check: object, seconds: float = 5.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if check():  # type: ignore[operator]
-            return True
-        time.sleep(0.02)
-    return False
 
 
 def test_a_new_nested_repository_is_moved_aside(watched: tuple[Path, NestedRepositoryGuard, Events]) -> None:
