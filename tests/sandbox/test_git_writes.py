@@ -4,7 +4,6 @@ read-only to everything else (tests/adversarial/test_sandbox_escapes.py plays th
 from __future__ import annotations
 
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -16,6 +15,7 @@ from gateway.calls import ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.selftest import load_checked
 from gateway.sandbox.identity import hand_over
+from tests.conftest import eventually
 
 
 @pytest.fixture
@@ -78,14 +78,15 @@ def test_a_nested_repository_is_quarantined_not_kept(gw: Gateway, ws: Path, tmp_
     into with its own configuration: the watcher moves it aside at once (sandbox/nested.py)."""
     out = gw.handle(RunCall(principal="agent", command="mkdir -p lib && cd lib && git init -q"))
     assert out["status"] == "ok", out
-    deadline = time.monotonic() + 5
-    while (ws / "lib" / ".git").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert not (ws / "lib" / ".git").exists()
+    assert eventually(lambda: not (ws / "lib" / ".git").exists())
     aside = [p.name for p in (ws / "lib").iterdir()]
     assert aside and all(name.startswith(".git.quarantined-") for name in aside), aside
-    events = [r["event"] for _, _, r, _ in records(tmp_path / "audit") if r]
-    assert "nested_repository_quarantined" in events
+
+    def events() -> list[str]:
+        return [r["event"] for _, _, r, _ in records(tmp_path / "audit") if r]
+
+    # the watcher's thread writes the record after the rename: wait for it, not for the rename
+    assert eventually(lambda: "nested_repository_quarantined" in events()), events()
 
 
 def test_git_through_a_durable_process(gw: Gateway, ws: Path) -> None:
@@ -94,12 +95,13 @@ def test_git_through_a_durable_process(gw: Gateway, ws: Path) -> None:
     assert out["status"] == "ok", out
     assert out["sandbox"]["git_write"] is True
     pid = out["process"]["id"]
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        got = gw.handle(ProcessCall(principal="agent", action="get", process_id=pid))
-        if got["process"]["state"] != "running":
-            break
-        time.sleep(0.1)
+
+    def ended() -> dict[str, Any] | None:
+        got: dict[str, Any] = gw.handle(ProcessCall(principal="agent", action="get", process_id=pid))
+        return got if got["process"]["state"] != "running" else None
+
+    got = eventually(ended)
+    assert got is not None, "the process never ended"
     assert got["process"]["exit_code"] == 0, gw.handle(ProcessCall(principal="agent", action="output", process_id=pid))
     assert host_git(ws, "log", "--format=%s").strip() == "from-process"
 
