@@ -40,6 +40,7 @@ from gateway.audit import AuditLog, records
 from gateway.calls import ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.selftest import load_checked
+from tests.conftest import eventually
 
 try:
     from gateway.sandbox.identity import hand_over
@@ -351,7 +352,8 @@ def test_bind_race_to_the_host_root(fresh_lab: Lab, planted: list[Path]) -> None
 
     started = lab.process("start", command="make flip")
     assert started["status"] == "ok", started
-    time.sleep(0.5)
+    flipper = started["process"]["id"]
+    assert eventually(lambda: "flipper-started" in lab.process("output", process_id=flipper)["output"])
 
     def markers() -> list[Path]:
         return [p for d in marker_dirs for p in d.glob("escape-marker-*")]
@@ -456,8 +458,10 @@ def test_restoring_protected_paths_never_writes_outside(
         lab.makefile(targets, {"VICTIM": str(victim), "D": str(outside)})
         outs = [lab.make("attack")]
         if planter:
-            assert lab.process("start", command="make plant")["status"] == "ok"
-            time.sleep(0.5)
+            planting = lab.process("start", command="make plant")
+            assert planting["status"] == "ok", planting
+            pid = planting["process"]["id"]
+            assert eventually(lambda: "planter-started" in lab.process("output", process_id=pid)["output"])
             for _ in range(40):
                 outs.append(lab.make("noop", timeout_ms=20_000))
                 if tree(lab.outside) != before:
@@ -957,7 +961,12 @@ def test_nested_repositories_never_reach_the_humans_git(lab: Lab, name: str, kin
     lab.makefile({"nested": recipe})
     out = lab.make("nested")
     assert "nested-ready" in text_of(out), out
-    time.sleep(0.5)  # the watcher acts within milliseconds; give it far more
+
+    def quarantines() -> list[dict[str, Any]]:
+        return [r for _, _, r, _ in records(lab.audit_dir) if r and r["event"] == "nested_repository_quarantined"]
+
+    # the watcher acts on its own thread, and records a quarantine after the move: wait for both
+    assert eventually(lambda: quarantines() and not os.path.lexists(lab.ws / "sub" / ".git"))
     if register:
         lab.run(register, env=AGENT_IDENTITY)
         lab.run("git status")
@@ -967,5 +976,5 @@ def test_nested_repositories_never_reach_the_humans_git(lab: Lab, name: str, kin
     lab.host_git("diff", "HEAD~1")
     assert not marker.exists(), f"the nested repository's program ran: {marker.read_text()}"
     assert not (lab.ws / "sub" / ".git").exists() or not (lab.ws / "sub" / ".git" / "config").exists()
-    quarantined = [r for _, _, r, _ in records(lab.audit_dir) if r and r["event"] == "nested_repository_quarantined"]
+    quarantined = quarantines()
     assert quarantined and quarantined[0]["data"]["path"].endswith("/.git"), quarantined
