@@ -394,6 +394,8 @@ class ProcessManager:
         return n
 
     def _emit(self, events: _Events) -> None:
+        """Record events, with the lock held: no other thread is told of a change (a `get`, a
+        `list`, a `wait_for`) before its event is recorded (an audit record, in the gateway)."""
         for name, rec, details in events:
             self._event(name, rec, details)
 
@@ -536,9 +538,8 @@ class ProcessManager:
                 return _error("SPAWN_FAILED", failure)
             self._records[process_id] = rec  # on disk already (_spawn wrote it before the command could run)
             view = self._view(rec)
-            snapshot = replace(rec)
-        held = self._sandboxes.get(process_id, {})
-        self._emit([("process_started", snapshot, {"pid": snapshot.pid, **({"sandbox": held} if held else {})})])
+            held = self._sandboxes.get(process_id, {})
+            self._emit([("process_started", replace(rec), {"pid": rec.pid, **({"sandbox": held} if held else {})})])
         return {"status": "ok", "process": view, **({"sandbox": held} if held else {})}
 
     def list(self, principal: str) -> dict[str, Any]:
@@ -629,6 +630,8 @@ class ProcessManager:
                     rec.state = "stopped"
                     events.append(("process_stopped", replace(rec), {"was": "not running"}))
                 self._save(rec)
+            self._emit(events)
+            events = []
         self._signal_all(targets, signal.SIGTERM)
         deadline = time.monotonic() + GRACE_SECONDS
         left = [t for t in targets if not self._gone(t)]
@@ -654,7 +657,7 @@ class ProcessManager:
                 if any(t[0] is rec for t in left):
                     details["still_running"] = True
                 events.append(("process_stopped", replace(rec), details))
-        self._emit(events)
+            self._emit(events)
         return was_live
 
     @staticmethod
@@ -756,7 +759,7 @@ class ProcessManager:
                 if not stopping:  # a stop reports its own event
                     events.append(("process_exited", replace(rec), details))
             self._load_numbers()
-        self._emit(events)
+            self._emit(events)
         return events
 
     def _restart_due(self) -> None:
@@ -793,7 +796,7 @@ class ProcessManager:
                             ("process_spawn_failed", replace(rec), {"message": failure, "restart_in_s": delay})
                         )
                 self._save(rec)
-            self._emit(events)
+                self._emit(events)
 
     def _rotate_logs(self) -> None:
         with self._lock:
@@ -899,7 +902,7 @@ class ProcessManager:
                     self._save(rec)
                     events.append(("process_exited", replace(rec), details))
             self._load_numbers()
-        self._emit(events)
+            self._emit(events)
 
     @staticmethod
     def _interrupted_start(folder: Path) -> bool | None:

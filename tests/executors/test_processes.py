@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.executors.processes import NUMBERS, ProcessManager, ProcessRecord, Spawnable
+from tests.conftest import PATIENCE_S
 
 PRINCIPALS = ("alice", "bob")
 Events = list[tuple[str, ProcessRecord, dict[str, Any]]]
@@ -315,6 +317,38 @@ def test_monitor_thread_reaps(h: Harness) -> None:
         time.sleep(0.02)
     mgr.close()
     assert len(h.named("process_exited")) == 1
+
+
+def test_no_thread_sees_a_change_before_its_event_is_recorded(h: Harness) -> None:
+    """The monitor's thread notices an exit: until the `process_exited` event is recorded (an
+    audit record, in the gateway), no other thread may be told the process exited. Before, the
+    record was written after the lock was let go: a `get` answered `exited` (or `failed`) with
+    no record of it yet, which a crash then would never write (and CI's reads of the audit log
+    right after seeing the state raced it)."""
+    recording, release = threading.Event(), threading.Event()
+    record = h.event
+
+    def slow_record(name: str, rec: ProcessRecord, details: dict[str, Any]) -> None:
+        if name == "process_exited":
+            recording.set()
+            release.wait(PATIENCE_S)  # a slow disk, held until the test has looked
+        record(name, rec, details)
+
+    h.event = slow_record  # type: ignore[method-assign]
+    mgr = h.manager()
+    pid = h.start(mgr, "exit 0")["process"]["id"]
+    mgr.start_monitor(interval_s=0.02)
+    assert recording.wait(PATIENCE_S)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.append(state(mgr, pid)))
+    reader.start()
+    reader.join(1.0)  # the old manager answered at once; the new one waits for the record
+    before_the_record = list(seen)
+    release.set()
+    reader.join()
+    mgr.close()
+    assert before_the_record == [], f"another thread was told {before_the_record} before the record was written"
+    assert seen == ["exited"] and len(h.named("process_exited")) == 1
 
 
 # --- a gateway restart -------------------------------------------------------------------------------
