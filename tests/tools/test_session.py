@@ -20,6 +20,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+from tests.conftest import PATIENCE_S, eventually
 
 POLICY: dict[str, Any] = {
     "version": 1,
@@ -122,7 +123,7 @@ def start(gw: Gateway, **kw: Any) -> str:
     return sid
 
 
-def read_until(gw: Gateway, sid: str, needle: str, timeout: float = 5.0) -> str:
+def read_until(gw: Gateway, sid: str, needle: str, timeout: float = PATIENCE_S) -> str:
     seen = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -151,10 +152,16 @@ def test_pipe_session_has_no_terminal_and_no_ansi(gw: Gateway) -> None:
     assert out["exit_code"] != 0 and "\x1b[" not in out["output"]
 
 
+def idle(gw: Gateway, sid: str) -> bool:
+    """Wait until the session's command has ended (what it does is another process's business)."""
+    return eventually(lambda: not call(gw, "read", session_id=sid)["running"])
+
+
 def test_pty_interactive_prompt_answered_with_write(gw: Gateway) -> None:
     sid = start(gw, pty=True)
     out = call(gw, "exec", session_id=sid, command="read -p 'Continue? ' ans; echo got=$ans", timeout_ms=500)
-    assert out["running"] is True and "Continue? " in out["output"]
+    assert out["running"] is True
+    assert "Continue? " in out["output"] or "Continue? " in read_until(gw, sid, "Continue? ")  # a slow start
     w = call(gw, "write", session_id=sid, input="yes\n")
     assert w["status"] == "ok" and w["sent"][0]["as"] == "input"
     assert "got=yes" in w["output"] or "got=yes" in read_until(gw, sid, "got=yes")
@@ -179,15 +186,22 @@ def test_denied_command_typed_into_the_idle_shell(gw: Gateway, ws: Path) -> None
     assert "one" in out["output"]
 
 
+WAIT_FOR_GO = "import os, time\nwhile not os.path.exists('go'):\n    time.sleep(0.02)\n"
+"""A program that runs until the test says so (never a sleep that ends on a loaded machine's
+whim, before or after the test has done its part)."""
+
+
 @pytest.mark.parametrize("pty", [False, True])
 def test_input_typed_ahead_never_runs_as_a_command(gw: Gateway, ws: Path, pty: bool) -> None:
     """Text written while a program runs is its input; what it leaves unread stays data."""
+    (ws / "wait.py").write_text(WAIT_FOR_GO)
     sid = start(gw, pty=pty)
-    out = call(gw, "exec", session_id=sid, command="sleep 1", timeout_ms=100)
+    out = call(gw, "exec", session_id=sid, command="python3 wait.py", timeout_ms=100)  # it reads no input
     assert out["running"] is True
     assert call(gw, "write", session_id=sid, input="touch ../escaped; touch injected\n")["status"] == "ok"
     assert call(gw, "exec", session_id=sid, command="echo busy")["error"]["code"] == "SESSION_BUSY"
-    time.sleep(1.5)
+    (ws / "go").touch()
+    assert idle(gw, sid)
     out = call(gw, "exec", session_id=sid, command="ls")
     assert out["exit_code"] == 0
     assert not (ws / "injected").exists() and not (ws.parent / "escaped").exists()
@@ -242,11 +256,9 @@ def test_interrupt_stops_the_program_not_the_session(gw: Gateway) -> None:
     sid = start(gw, pty=True)
     assert call(gw, "exec", session_id=sid, command="sleep 30", timeout_ms=200)["running"] is True
     assert call(gw, "write", session_id=sid, input="\x03")["status"] == "ok"
-    read_until(gw, sid, "", timeout=0.2)
-    deadline = time.monotonic() + 5
-    while call(gw, "read", session_id=sid)["running"] and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert call(gw, "exec", session_id=sid, command="echo alive")["output"].strip() == "alive"
+    assert idle(gw, sid)
+    alive = call(gw, "exec", session_id=sid, command="echo alive")
+    assert alive.get("output", "").strip() == "alive", alive
 
 
 def test_kill_ends_the_whole_tree_and_list_shows_it(gw: Gateway) -> None:
@@ -366,13 +378,13 @@ def test_a_command_still_running_cannot_create_protected_paths_later(gw: Gateway
     putting back."""
     sid = start(gw)
     plant = (
-        "import os, time; time.sleep(0.5)\n"
-        "try: os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('x')\n"
+        WAIT_FOR_GO + "try: os.makedirs('.git/hooks'); open('.git/hooks/pre-commit', 'w').write('x')\n"
         "except OSError as e: open('planted.txt', 'w').write(e.strerror)"
     )
     (ws / "plant.py").write_text(plant)
     assert call(gw, "exec", session_id=sid, command="python3 plant.py", timeout_ms=100)["running"] is True
-    time.sleep(1.5)
+    (ws / "go").touch()  # the exec has returned: now it plants
+    assert idle(gw, sid)
     out = call(gw, "exec", session_id=sid, command="echo next")
     assert out["status"] == "ok", out
     assert (ws / "planted.txt").read_text() in ("File exists", "Read-only file system")
@@ -386,9 +398,7 @@ def test_a_session_whose_shell_exits_is_forgotten_and_reaped_at_once(gw: Gateway
     sid = start(gw, pty=pty)
     session = gw.sessions.get("agent", sid)
     call(gw, "exec", session_id=sid, command="exit 3", timeout_ms=2000)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and (call(gw, "list")["sessions"] or session.proc.returncode is None):
-        time.sleep(0.05)
+    assert eventually(lambda: not call(gw, "list")["sessions"] and session.proc.returncode is not None)
     assert call(gw, "list")["sessions"] == []
     assert session.proc.returncode is not None  # waited for: no zombie bwrap
     events = [r["event"] for _, _, r, _ in records(gw.audit.directory) if r]
@@ -430,9 +440,7 @@ def test_ending_sessions_never_closes_another_threads_descriptor(gw: Gateway, tm
                 call(gw, "kill", session_id=sid)
             else:
                 call(gw, "write", session_id=sid, input="exit\n")
-                deadline = time.monotonic() + 10
-                while call(gw, "list")["sessions"] and time.monotonic() < deadline:
-                    time.sleep(0.02)
+                assert eventually(lambda: not call(gw, "list")["sessions"])
     finally:
         stop.set()
         t.join()
