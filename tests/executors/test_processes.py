@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from gateway.executors.processes import NUMBERS, ProcessManager, ProcessRecord, Spawnable
-from tests.conftest import PATIENCE_S
+from tests.conftest import PATIENCE_S, eventually
 
 PRINCIPALS = ("alice", "bob")
 Events = list[tuple[str, ProcessRecord, dict[str, Any]]]
@@ -83,7 +83,7 @@ def alive(pid: int) -> bool:
     return proc_state(pid) not in (None, "Z", "X")
 
 
-def until(mgr: ProcessManager, check: Callable[[], bool], timeout: float = 5.0) -> None:
+def until(mgr: ProcessManager, check: Callable[[], bool], timeout: float = PATIENCE_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         assert time.monotonic() < deadline, "condition not reached in time"
@@ -145,7 +145,7 @@ def test_start_list_get_output_stop(h: Harness) -> None:
 def test_exit_code_wait_for_and_both_streams(h: Harness) -> None:
     mgr = h.manager()
     pid = h.start(mgr, "echo to-stdout; echo to-stderr >&2; exit 3")["process"]["id"]
-    assert mgr.wait_for("alice", pid, 5.0) is True
+    assert mgr.wait_for("alice", pid, PATIENCE_S) is True
     got = mgr.get("alice", pid)["process"]
     assert got["state"] == "exited" and got["exit_code"] == 3 and got["ended_at"]
     text = mgr.output("alice", pid, 1000)["output"]
@@ -266,7 +266,7 @@ def test_log_rotation_copy_truncate(h: Harness) -> None:
 def test_keep_alive_restarts_with_growing_backoff(h: Harness) -> None:
     mgr = h.manager(backoff_initial_s=0.1, backoff_max_s=0.4)
     pid = h.start(mgr, "exit 1", keep_alive=True)["process"]["id"]
-    until(mgr, lambda: mgr.get("alice", pid)["process"]["restarts"] >= 4, timeout=10)
+    until(mgr, lambda: mgr.get("alice", pid)["process"]["restarts"] >= 4)
     delays = [e[2]["restart_in_s"] for e in h.named("process_exited")]
     assert delays[:5] == [0.1, 0.2, 0.4, 0.4, 0.4][: len(delays[:5])]  # doubling, capped
     assert len(delays) >= 4
@@ -311,10 +311,7 @@ def test_monitor_thread_reaps(h: Harness) -> None:
     mgr = h.manager()
     mgr.start_monitor(interval_s=0.02)
     pid = h.start(mgr, "exit 0")["process"]["id"]
-    deadline = time.monotonic() + 5
-    while state(mgr, pid) != "exited":
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert eventually(lambda: state(mgr, pid) == "exited")
     mgr.close()
     assert len(h.named("process_exited")) == 1
 
@@ -409,10 +406,7 @@ def test_keep_alive_process_that_died_meanwhile_is_restarted(h: Harness) -> None
     a = h.manager(backoff_initial_s=0.1)
     proc = h.start(a, "exit 1", keep_alive=True)["process"]
     a.close()
-    deadline = time.monotonic() + 5
-    while alive(proc["pid"]):
-        assert time.monotonic() < deadline
-        time.sleep(0.02)
+    assert eventually(lambda: not alive(proc["pid"]))
 
     b = h.manager(backoff_initial_s=0.1)
     b.rehydrate()
