@@ -20,6 +20,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+from tests.conftest import eventually
 
 PERMISSIVE = {
     "version": 1,
@@ -202,10 +203,12 @@ def test_timeout_kills_stubborn_children(policy: CompiledPolicy, tmp_path: Path)
     started = time.monotonic()
     out = run(gateway(policy, tmp_path), cmd, timeout_ms=1000)
     assert out["status"] == "timeout" and out["error"]["code"] == "COMMAND_TIMEOUT"  # type: ignore[index]
-    assert time.monotonic() - started < 10
-    time.sleep(0.5)
-    left = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
-    assert left == []
+    assert time.monotonic() - started < 150  # not held by the children's 300 s (a bound, not a speed)
+
+    def left() -> list[str]:
+        return subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+
+    assert eventually(lambda: left() == []), left()
 
 
 def test_output_floods_are_bounded(policy: CompiledPolicy, tmp_path: Path) -> None:
@@ -435,14 +438,15 @@ def test_approve_for_session_covers_only_that_exact_call(policy: CompiledPolicy,
 
 def test_policy_limits_reach_the_sandbox(ws: Path, tmp_path: Path) -> None:
     raw = json.loads(json.dumps(PERMISSIVE))
-    raw["roles"]["dev"]["limits"] |= {"file_bytes": 1000, "cpu_seconds": 1}
+    raw["roles"]["dev"]["limits"] |= {"file_bytes": 1000, "cpu_seconds": 1, "timeout_ms": 300_000}
     limited = compile_policy(Policy.model_validate(raw), ws.parent / "p.yaml", ws, sha256="t")
     out = run(gateway(limited, tmp_path), "head -c 5000 /dev/zero > big.bin")
     assert out["exit_code"] != 0
     assert (ws / "big.bin").stat().st_size <= 1000
-    spin = run(gateway(limited, tmp_path), "python3 -c 'while True: pass'", timeout_ms=15000)
-    assert spin["status"] == "ok" and spin["exit_code"] != 0  # killed by RLIMIT_CPU, not the timeout
-    assert int(spin["duration_ms"]) < 10000  # type: ignore[call-overload]
+    # killed by RLIMIT_CPU, not the timeout (status "timeout"): on a loaded machine a CPU second
+    # can take many seconds of the clock, so the timeout is far away and the clock is not asserted
+    spin = run(gateway(limited, tmp_path), "python3 -c 'while True: pass'", timeout_ms=300_000)
+    assert spin["status"] == "ok" and spin["exit_code"] != 0, spin
 
 
 def test_gateway_run_audits_the_policy_it_loaded(tmp_path: Path) -> None:
