@@ -294,6 +294,7 @@ def serve_http(
         except (OSError, ValueError) as exc:
             print(f"gateway serve: {exc}", file=sys.stderr)
             return 2
+    port = sock.getsockname()[1]  # port 0 asked for any free one: the one bound from here on
     server = GatewayServer(
         gateway, token_verifier=PolicyTokens(store, gateway), auth=auth_settings(host, port), specs=specs
     )

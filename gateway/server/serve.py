@@ -65,9 +65,9 @@ def say(message: str) -> None:
 def _waiting(args: argparse.Namespace) -> Callable[[ApprovalRequest, float], None]:
     """The line printed when a call starts waiting for a supervisor, with how to answer it."""
     where = "" if args.state_dir == DEFAULT_STATE_DIR else f" --state-dir {shlex.quote(args.state_dir)}"
-    console = f"http://{args.http}/console/" if getattr(args, "http", None) else ""
 
     def tell(request: ApprovalRequest, timeout: float) -> None:
+        console = f"http://{args.http}/console/" if getattr(args, "http", None) else ""  # its port bound by now
         command = shortened(escaped(request.command), 60, f"approvals show {request.call_id}")
         rule = f"rule {request.rule}" if request.rule else "the policy"
         say(
@@ -143,8 +143,8 @@ def main(args: argparse.Namespace) -> int:
     if args.http:
         host, _, port_text = args.http.rpartition(":")
         host = host.strip("[]")
-        if not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
-            return _fail(f"--http {args.http}: expected HOST:PORT, e.g. 127.0.0.1:8765")
+        if not host or not port_text.isdigit() or not 0 <= int(port_text) < 65536:
+            return _fail(f"--http {args.http}: expected HOST:PORT, e.g. 127.0.0.1:8765 (port 0: a free one)")
         port = int(port_text)
     limits = FrontLimits(
         max_connections=args.max_connections,
@@ -211,6 +211,8 @@ def main(args: argparse.Namespace) -> int:
     except (OSError, ValueError) as exc:
         gateway.close()
         return _fail(str(exc))
+    port = sock.getsockname()[1]  # port 0: the kernel's choice, printed in the listening line
+    args.http = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
     token: str | None = None
     kept: tokens.TokenEntry | None = None
     try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,6 +25,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+from tests.conftest import PATIENCE_S
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 
@@ -147,32 +148,29 @@ def era(request: pytest.FixtureRequest) -> str:
     return mode
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def gateway_cmd(*args: str, check: bool = True, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run([GATEWAY, *args], capture_output=True, text=True, timeout=60, check=check, env=env)
 
 
+LISTENING = re.compile(r"listening on http://127\.0\.0\.1:(\d+)/mcp")
+
+
 class HttpGateway:
-    """A real `gateway serve --http` on a loopback port, stopped (SIGTERM) by the fixture."""
+    """A real `gateway serve --http` on a loopback port, stopped (SIGTERM) by the fixture. The
+    server binds port 0 and says which port it got: a port picked here and bound by the server
+    later could be taken meanwhile (another test's server, or a client's outgoing connection,
+    on a shared machine)."""
 
     def __init__(
         self, tmp_path: Path, policy_file: Path, ws: Path, extra: tuple[str, ...] = (), nofile: int | None = None
     ) -> None:
         self.tmp = tmp_path
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/mcp"
         self.tokens = tmp_path / "tokens" / "tokens.json"
         self.audit = tmp_path / "audit"
         self.queue = tmp_path / "approvals"
         self.policy_file = policy_file
         self.stderr = tmp_path / "serve.err"
-        argv = [GATEWAY, "serve", "--http", f"127.0.0.1:{self.port}", "--tokens", str(self.tokens)]
+        argv = [GATEWAY, "serve", "--http", "127.0.0.1:0", "--tokens", str(self.tokens)]
         argv += ["--policy", str(policy_file), "--workspace", str(ws), "--audit-dir", str(self.audit)]
         argv += ["--state-dir", str(self.queue), "--process-dir", str(tmp_path / "processes"), *extra]
         if nofile is not None:  # the server's soft descriptor limit (prlimit execs the gateway: same pid)
@@ -180,11 +178,13 @@ class HttpGateway:
             keep = "unlimited" if hard == resource.RLIM_INFINITY else hard  # sandboxes set their own
             argv = ["prlimit", f"--nofile={nofile}:{keep}", "--", *argv]
         self.proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=self.stderr.open("w"))
-        deadline = time.monotonic() + 60
-        while "listening on" not in self.stderr.read_text():
+        deadline = time.monotonic() + PATIENCE_S
+        while (listening := LISTENING.search(self.stderr.read_text())) is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"gateway serve did not start: {self.stderr.read_text()}")
             time.sleep(0.1)
+        self.port = int(listening.group(1))
+        self.url = f"http://127.0.0.1:{self.port}/mcp"
 
     def token(self, principal: str) -> str:
         out = gateway_cmd("token", "create", "--principal", principal, "--tokens", str(self.tokens),

@@ -17,7 +17,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ from typing import Any
 import pytest
 
 from gateway.sandbox.identity import hand_over
+from tests.conftest import PATIENCE_S
+from tests.server.conftest import LISTENING
 
 INSPECTOR_VERSION = "2.12.0"  # checked with Node.js 20.20.2 (the package asks for >= 22.19 but runs on 20)
 INSPECTOR_PACKAGE = "@modelcontextprotocol/inspector"
@@ -190,13 +191,6 @@ def test_inspector_over_stdio(inspector: list[str], gw: Gateway, era: str) -> No
     gw.verify_audit()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @dataclass
 class HttpGateway:
     url: str
@@ -229,23 +223,22 @@ def http_server(gw: Gateway, tmp_path: Path) -> Iterator[HttpGateway]:
     )
     token = created.stdout.strip().splitlines()[-1].strip()
 
-    port = free_port()
-    url = f"http://127.0.0.1:{port}/mcp"
     log = tmp_path / "serve.stderr"
-    with log.open("w") as err:
+    with log.open("w") as err:  # port 0: the server binds a free one and names it (no port picked here to lose)
         proc = subprocess.Popen(
-            [str(GATEWAY), "serve", "--http", f"127.0.0.1:{port}", "--tokens", str(tokens), *gw.files()],
+            [str(GATEWAY), "serve", "--http", "127.0.0.1:0", "--tokens", str(tokens), *gw.files()],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=err,
         )
-    server = HttpGateway(url, token, proc, log)
+    server = HttpGateway("", token, proc, log)
     try:
-        deadline = time.monotonic() + 60
-        while f"listening on {url}" not in log.read_text():
+        deadline = time.monotonic() + PATIENCE_S
+        while (listening := LISTENING.search(log.read_text())) is None:
             assert proc.poll() is None, f"gateway serve --http exited {proc.returncode}:\n{log.read_text()}"
-            assert time.monotonic() < deadline, f"gateway serve --http not ready in 60 s:\n{log.read_text()}"
+            assert time.monotonic() < deadline, f"gateway serve --http not ready:\n{log.read_text()}"
             time.sleep(0.1)
+        server.url = f"http://127.0.0.1:{listening.group(1)}/mcp"
         yield server
     finally:
         server.stop()

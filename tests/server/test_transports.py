@@ -30,7 +30,6 @@ from tests.server.conftest import (
     audit_records,
     env_without_state,
     envelope_of,
-    free_port,
     gateway_cmd,
 )
 
@@ -437,8 +436,19 @@ def test_tokens_are_hashed_and_need_a_known_principal(tmp_path: Path, policy_fil
     assert "agent" in listed and token not in listed
 
 
+def test_port_0_is_a_free_port_the_server_names(http_gateway: HttpGateway, era: str) -> None:
+    """`--http 127.0.0.1:0` listens on a port the kernel picks, and the listening line, the
+    server_started record and the client see that port (before, 0 was refused: tests picked a
+    free port and the server bound it later, and another process could take it meanwhile)."""
+    assert http_gateway.port != 0 and http_gateway.url == f"http://127.0.0.1:{http_gateway.port}/mcp"
+    started = [r for r in audit_records(http_gateway.audit) if r["event"] == "server_started"]
+    assert started and started[-1]["data"]["port"] == http_gateway.port, started
+    (out,) = asyncio.run(call_http(http_gateway.url, http_gateway.token("agent"), era, ("run", {"command": "echo hi"})))
+    assert envelope(out)["stdout"] == "hi\n"
+
+
 def test_binding_beyond_loopback_needs_a_flag(tmp_path: Path, policy_file: Path, ws: Path) -> None:
-    out = gateway_cmd("serve", "--http", f"0.0.0.0:{free_port()}", "--policy", str(policy_file), "--workspace",
+    out = gateway_cmd("serve", "--http", "0.0.0.0:0", "--policy", str(policy_file), "--workspace",
                       str(ws), "--audit-dir", str(tmp_path / "audit"), "--tokens", str(tmp_path / "t.json"),
                       check=False, env=env_without_state(tmp_path))  # fmt: skip
     assert out.returncode == 2 and "--allow-remote" in out.stderr
