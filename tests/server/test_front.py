@@ -30,10 +30,11 @@ from mcp.types import CallToolResult
 
 from gateway.audit import verify
 from gateway.server.front import SILENT_GRACE_S
+from tests.conftest import PATIENCE_S, eventually
 from tests.server.conftest import HttpGateway, audit_records, envelope_of
 
 HALF_OPEN = 3000
-ANSWERED_WITHIN_S = 5.0  # generous: the call takes well under a second; the old code never answers
+ANSWERED_WITHIN_S = PATIENCE_S  # the old code never answers; a loaded machine may take seconds
 
 
 def envelope(r: CallToolResult) -> dict[str, Any]:
@@ -155,12 +156,12 @@ def test_half_open_connections_and_a_tokenless_flood_do_not_starve_a_client(smal
     held = half_open(small_server.port, HALF_OPEN)
     try:
         with Flood(small_server.port) as flood:
-            time.sleep(0.5)  # the flood is under way
+            assert eventually(lambda: flood.answered.get(401, 0) > 0)  # the flood is under way
             t0 = time.monotonic()
             result = asyncio.run(call(small_server.url, token, "run", {"command": "echo through"}, ANSWERED_WITHIN_S))
             print(f"answered in {time.monotonic() - t0:.2f} s; flood {flood.answered}")
+            assert eventually(lambda: flood.answered.get(401, 0) > 50), flood.answered  # served too, not ignored
         assert envelope(result)["stdout"] == "through\n"
-        assert flood.answered.get(401, 0) > 50  # the flood was served too: refused, not ignored
     finally:
         for s in held:
             s.close()
@@ -199,8 +200,8 @@ def send_part(port: int, raw: bytes) -> bytes:
 def test_a_tokenless_flood_grows_the_audit_log_by_a_few_records(small_server: HttpGateway) -> None:
     before = len(audit_records(small_server.audit))
     started = time.monotonic()
-    with Flood(small_server.port):
-        time.sleep(3)
+    with Flood(small_server.port) as flood:  # a few hundred refusals, however long they take here
+        assert eventually(lambda: flood.answered.get(401, 0) > 300), flood.answered
     elapsed = time.monotonic() - started
     small_server.stop()  # the counts still open are written at shutdown
     refused = [r for r in audit_records(small_server.audit)[before:] if r["event"] == "auth_refused"]
@@ -288,7 +289,7 @@ def test_a_legacy_client_that_disconnects_mid_call_has_its_command_killed(small_
         session = {"mcp-session-id": r.headers["mcp-session-id"], "mcp-protocol-version": "2025-11-25"}
         h.post(small_server.url, json={"jsonrpc": "2.0", "method": "notifications/initialized"}, headers=session)
     call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call",
-            "params": {"name": "run", "arguments": {"command": "sleep 50; echo finished"}}}  # fmt: skip
+            "params": {"name": "run", "arguments": {"command": "sleep 500; echo finished"}}}  # fmt: skip
     with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
         s.sendall(request_bytes(port, {**auth, **session}, json.dumps(call).encode()))
         deadline = time.monotonic() + 30
@@ -296,11 +297,8 @@ def test_a_legacy_client_that_disconnects_mid_call_has_its_command_killed(small_
             assert time.monotonic() < deadline, "the call never started"
             time.sleep(0.1)
         time.sleep(1)  # the command is running; now the client dies without a word
-    deadline = time.monotonic() + 30  # the old server answers after 50 s, to nobody
-    results: list[dict[str, Any]] = []
-    while not results and time.monotonic() < deadline:
-        time.sleep(0.2)
-        results = [r for r in audit_records(small_server.audit) if r["event"] == "result"]
+    # the old server answers when the role's 60 s timeout ends the command, to nobody
+    results = eventually(lambda: [r for r in audit_records(small_server.audit) if r["event"] == "result"])
     assert results, "the call was not cancelled"
     assert results[0]["data"]["error"]["code"] == "CALL_CANCELLED"
 
@@ -351,7 +349,7 @@ def test_a_flood_of_fresh_silent_connections_does_not_lock_a_client_out(
         flooder.start()
         try:
             time.sleep(1.0)  # the caps are full of fresh silent connections
-            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}, 30))
+            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}))
         finally:
             stop.set()
             flooder.join()
@@ -469,7 +467,7 @@ def test_an_answer_nobody_reads_does_not_hold_its_connection(tmp_path: Path, pol
             while not closed_by_server(s) and time.monotonic() < deadline:
                 time.sleep(0.2)
             assert closed_by_server(s), "the server still holds the connection"
-        result = asyncio.run(call(server.url, token, "run", {"command": "echo after"}, 30))
+        result = asyncio.run(call(server.url, token, "run", {"command": "echo after"}))
         assert envelope(result)["stdout"] == "after\n"
     finally:
         server.stop()
@@ -494,7 +492,7 @@ def test_connections_with_answers_nobody_reads_do_not_lock_a_client_out(
             hogs.append(hog(server, session))
         time.sleep(SILENT_GRACE_S + 0.5)  # unread for over a second: not a client's answer on its way
         try:
-            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}, 30))
+            result = asyncio.run(call(server.url, token, "run", {"command": "echo through"}))
         except Exception as exc:  # the old server closes the client's connections at once
             while isinstance(exc, ExceptionGroup):
                 exc = exc.exceptions[0]
