@@ -16,6 +16,7 @@ from pydantic import ValidationError
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, records, verify
 from gateway.calls import SessionCall
+from gateway.executors.proctree import descendants
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
@@ -152,6 +153,13 @@ def test_pipe_session_has_no_terminal_and_no_ansi(gw: Gateway) -> None:
     assert out["exit_code"] != 0 and "\x1b[" not in out["output"]
 
 
+def cmdline(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
 def idle(gw: Gateway, sid: str) -> bool:
     """Wait until the session's command has ended (what it does is another process's business)."""
     return eventually(lambda: not call(gw, "read", session_id=sid)["running"])
@@ -254,9 +262,13 @@ def test_startup_commands_are_gated(gw: Gateway) -> None:
 
 def test_interrupt_stops_the_program_not_the_session(gw: Gateway) -> None:
     sid = start(gw, pty=True)
-    assert call(gw, "exec", session_id=sid, command="sleep 30", timeout_ms=200)["running"] is True
+    shell = gw.sessions.get("agent", sid).shell_pid
+    assert call(gw, "exec", session_id=sid, command="sleep 600", timeout_ms=200)["running"] is True
+    # the ^C goes to the program once it runs (sent while a loaded machine had not started it
+    # yet, it was lost and the test waited for the sleep to end by itself)
+    assert eventually(lambda: any(cmdline(p) == b"sleep\x00600\x00" for p in descendants(shell)))
     assert call(gw, "write", session_id=sid, input="\x03")["status"] == "ok"
-    assert idle(gw, sid)
+    assert idle(gw, sid)  # well before the sleep's 600 s: interrupted
     alive = call(gw, "exec", session_id=sid, command="echo alive")
     assert alive.get("output", "").strip() == "alive", alive
 
