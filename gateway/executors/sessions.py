@@ -392,6 +392,8 @@ class SessionManager:
     def __init__(self, on_event: Callable[[str, Session, dict[str, Any]], None] | None = None) -> None:
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
+        self._ending: set[str] = set()  # dead sessions a forget_dead is ending (still listed)
+        self._forgotten = threading.Condition(self._lock)  # notified when one of them is gone
         self._spawn_lock = threading.Lock()  # one place starts shells
         self.on_event = on_event or (lambda event, session, data: None)
         self._idle_limits: dict[str, float] = {}
@@ -531,27 +533,46 @@ class SessionManager:
     def kill(self, principal: str, session_id: str) -> None:
         s = self.get(principal, session_id)
         with self._lock:
+            if s.id in self._ending:  # its shell ended and forget_dead is ending it: wait for that
+                self._forgotten.wait_for(lambda: s.id not in self._ending, timeout=FORGET_WAIT_S)
+                return
             self._sessions.pop(s.id, None)
             self._idle_limits.pop(s.id, None)
         s.kill()
 
     def forget_dead(self) -> None:
-        """Close the descriptors of sessions whose shell has ended (`exit`), now, not at idle expiry."""
+        """Close the descriptors of sessions whose shell has ended (`exit`), now, not at idle expiry.
+
+        A session leaves the list only once `session_ended` is recorded: no client is told it
+        has gone (nor given its slot) before the audit log says so. Returns once every session
+        it found dead is gone, whichever thread ended it (one thread ends each)."""
         with self._lock:
-            dead = [s for s in self._sessions.values() if not s.alive]
-            for s in dead:
-                self._sessions.pop(s.id, None)
-                self._idle_limits.pop(s.id, None)
-        for s in dead:
-            s.kill()
-            self.on_event("session_ended", s, {})
+            found = [s for s in self._sessions.values() if not s.alive]
+            mine = [s for s in found if s.id not in self._ending]
+            self._ending.update(s.id for s in mine)
+        for s in mine:
+            try:
+                s.kill()
+                self.on_event("session_ended", s, {})
+            finally:
+                with self._forgotten:
+                    self._sessions.pop(s.id, None)
+                    self._idle_limits.pop(s.id, None)
+                    self._ending.discard(s.id)
+                    self._forgotten.notify_all()
+        with self._forgotten:
+            self._forgotten.wait_for(lambda: not any(s.id in self._ending for s in found), timeout=FORGET_WAIT_S)
 
     def reap(self) -> list[str]:
         """End sessions idle longer than their limit, and forget dead ones."""
         now = time.monotonic()
         ended: list[str] = []
         with self._lock:
-            expired = [s for s in self._sessions.values() if now - s.last_used > self._idle_limits.get(s.id, 1800)]
+            expired = [
+                s
+                for s in self._sessions.values()
+                if now - s.last_used > self._idle_limits.get(s.id, 1800) and s.id not in self._ending
+            ]
             for s in expired:
                 self._sessions.pop(s.id, None)
                 self._idle_limits.pop(s.id, None)
@@ -574,10 +595,16 @@ class SessionManager:
     def close(self) -> None:
         self._stop.set()
         with self._lock:
-            sessions = list(self._sessions.values())
-            self._sessions.clear()
+            sessions = [s for s in self._sessions.values() if s.id not in self._ending]  # those end themselves
+            for s in sessions:
+                self._sessions.pop(s.id, None)
         for s in sessions:
             s.kill()
+
+
+FORGET_WAIT_S = 60.0
+"""How long a caller waits for another thread to end a dead session (its kill is bounded by
+seconds, its record by the audit disk)."""
 
 
 def _popen(argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:

@@ -417,6 +417,31 @@ def test_a_session_whose_shell_exits_is_forgotten_and_reaped_at_once(gw: Gateway
     assert "session_ended" in events
 
 
+def test_a_session_leaves_the_list_only_once_its_end_is_recorded(gw: Gateway) -> None:
+    """A shell that exits is forgotten on a thread of its own. Before, the session left the list
+    first and `session_ended` was written after: a client (and CI's test above, reading the log
+    once the list was empty) saw the end before any record of it, and a crash meanwhile left none."""
+    recording, release = threading.Event(), threading.Event()
+    record = gw.sessions.on_event
+
+    def slow_record(event: str, session: Any, data: dict[str, Any]) -> None:
+        if event == "session_ended":
+            recording.set()
+            release.wait(PATIENCE_S)  # a slow disk, held until the test has looked
+        record(event, session, data)
+
+    gw.sessions.on_event = slow_record
+    sid = start(gw)
+    exiting = threading.Thread(target=call, args=(gw, "exec"), kwargs={"session_id": sid, "command": "exit 3"})
+    exiting.start()  # its answer waits for the session to be forgotten (which may record on this thread)
+    assert recording.wait(PATIENCE_S)
+    listed = [s["session_id"] for s in call(gw, "list")["sessions"]]
+    release.set()
+    exiting.join()
+    assert listed == [sid], "the session left the list before its end was recorded"
+    assert eventually(lambda: not call(gw, "list")["sessions"])
+
+
 @pytest.mark.parametrize("pty", [True, False])
 def test_ending_sessions_never_closes_another_threads_descriptor(gw: Gateway, tmp_path: Path, pty: bool) -> None:
     """Before: killing a PTY session closed the terminal's descriptor twice. A number closed is
