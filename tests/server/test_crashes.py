@@ -24,6 +24,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from tests import crashload
+from tests.conftest import eventually
 from tests.server.conftest import POLICY
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
@@ -117,10 +118,10 @@ def test_a_restarted_gateway_revives_a_keep_alive_service_without_any_call(
         second = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=state)  # no call is made to it
         try:
             record = next(state.glob("processes/*/record.json"))
-            deadline = time.monotonic() + 30
-            while time.monotonic() < deadline and not crashload.with_marker(marker):
-                time.sleep(0.1)
-            assert crashload.with_marker(marker), "the keep-alive service stayed down"
+            assert eventually(lambda: crashload.with_marker(marker)), "the keep-alive service stayed down"
+            # the restart's count is saved after its command started (the record written before it
+            # names the new pid): the monitor's thread may not have written it yet
+            assert eventually(lambda: json.loads(record.read_text())["restarts"] == 1), record.read_text()
             saved = json.loads(record.read_text())
             assert saved["restarts"] == 1 and saved["state"] == "running" and saved["pid"] != pid
         finally:
