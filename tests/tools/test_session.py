@@ -173,6 +173,7 @@ def test_pty_interactive_prompt_answered_with_write(gw: Gateway) -> None:
     w = call(gw, "write", session_id=sid, input="yes\n")
     assert w["status"] == "ok" and w["sent"][0]["as"] == "input"
     assert "got=yes" in w["output"] or "got=yes" in read_until(gw, sid, "got=yes")
+    assert idle(gw, sid)  # its output is in before the shell has said it is done (else SESSION_BUSY)
     assert call(gw, "exec", session_id=sid, command="echo after")["output"].strip() == "after"
 
 
