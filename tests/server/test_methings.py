@@ -86,11 +86,13 @@ def test_sessions_follow_the_seeds_example_flow(tmp_path: Path, ws: Path) -> Non
             await call("echo", t, action="exec", session_id=sid, command="echo $MY_VAR; pwd")
             await call("prompt", t, action="exec", session_id=sid, command="read answer; echo got=$answer", timeout=1)
             shown = (await call("write", t, action="write", session_id=sid, input="y\n")).get("output", "")
-            for _ in range(600):  # the program answers in its own time: read until the prompt is back
-                if shown.endswith("$ "):
+            running = True
+            for _ in range(2400):  # the program answers in its own time: read until the prompt is back
+                if shown.endswith("$ ") and not running:  # (the prompt comes before the shell says it is done)
                     break
                 await asyncio.sleep(0.05)
-                shown += (await call("read", t, action="read", session_id=sid))["output"]
+                got = await call("read", t, action="read", session_id=sid)
+                shown, running = shown + got["output"], got["running"]
             answered.append(shown)
             await call("resize", t, action="resize", session_id=sid, rows=50, cols=132)
             await call("stty", t, action="exec", session_id=sid, command="stty size")
