@@ -61,7 +61,7 @@ def calls(tmp_path: Path, ws: Path, script: list[tuple[str, str, dict[str, Any]]
                     args = args["make"](out)
                     tool = args.pop("tool")
                 out[key] = await c.call_tool(tool, args)
-                for _ in range(500 if until else 0):  # no timing assumed: repeat until it holds
+                for _ in range(6000 if until else 0):  # no timing assumed: repeat until it holds (a bound: 120 s+)
                     if until(reply(out[key])):
                         break
                     await asyncio.sleep(0.02)
