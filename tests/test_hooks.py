@@ -71,7 +71,7 @@ class Setup:
         for pid in self.daemon_pids():
             os.kill(pid, signal.SIGTERM)
         for pid in self.daemon_pids():
-            for _ in range(500):
+            for _ in range(12000):
                 if not Path(f"/proc/{pid}").exists() or b"Z" in Path(f"/proc/{pid}/stat").read_bytes().split(b" ")[2]:
                     break
                 time.sleep(0.01)
@@ -458,7 +458,7 @@ def test_a_killed_daemon_is_replaced_by_the_next_hook(fresh: Setup) -> None:
     assert claude_answer(fresh.hook("claude-code", payload))[0] == "allow"
     (first,) = fresh.daemon_pids()
     os.kill(first, signal.SIGKILL)  # its socket file stays behind, nobody listening
-    for _ in range(500):
+    for _ in range(12000):
         if first not in fresh.daemon_pids():
             break
         time.sleep(0.01)
