@@ -72,7 +72,10 @@ class Setup:
             os.kill(pid, signal.SIGTERM)
         for pid in self.daemon_pids():
             for _ in range(12000):
-                if not Path(f"/proc/{pid}").exists() or b"Z" in Path(f"/proc/{pid}/stat").read_bytes().split(b" ")[2]:
+                try:
+                    if b"Z" in Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0]:
+                        break
+                except OSError:  # gone (also between a look and a read)
                     break
                 time.sleep(0.01)
 
