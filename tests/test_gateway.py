@@ -211,6 +211,17 @@ def test_timeout_kills_stubborn_children(policy: CompiledPolicy, tmp_path: Path)
     assert eventually(lambda: left() == []), left()
 
 
+def test_a_timeout_that_ends_before_the_sandbox_is_up_is_a_timeout(policy: CompiledPolicy, tmp_path: Path) -> None:
+    """The timeout counts from the launch, so on a loaded machine it can end while the sandbox is
+    still being set up: the command never started, and the call said SANDBOX_UNAVAILABLE ("the
+    sandbox refused to start"), as if the sandbox were broken (CI's crash test expected a timeout
+    from a 150 ms call and got that). 1 ms is always before the start."""
+    out = run(gateway(policy, tmp_path), "echo never > never.txt", timeout_ms=1)
+    assert out["status"] == "timeout" and out["error"]["code"] == "COMMAND_TIMEOUT", out  # type: ignore[index]
+    assert "before the command started" in out["error"]["message"]  # type: ignore[index]
+    assert out["exit_code"] is None and not (Path(str(policy.workspace)) / "never.txt").exists()
+
+
 def test_output_floods_are_bounded(policy: CompiledPolicy, tmp_path: Path) -> None:
     out = run(gateway(policy, tmp_path), "yes | head -c 50000000")
     assert out["truncated"] is True

@@ -216,6 +216,15 @@ def run(
     never_ran = launch.never_ran()
     stopped = launch.finished()
     result["sandbox"] = launch.summary(plan)
+    if never_ran and (timed_out or cancelled):  # killed while its sandbox was still being set up
+        result["exit_code"] = None
+        if cancelled:
+            result["status"] = "error"
+            result["error"] = {"code": "CALL_CANCELLED", "message": "the call was cancelled before the command started"}
+        else:
+            why = f"killed after {timeout_ms} ms, before the command started (its sandbox was still being set up)"
+            result["error"] = {"code": "COMMAND_TIMEOUT", "message": why}
+        return result
     if never_ran or sandbox.is_setup_failure(proc.returncode, result["stderr"]):
         result["status"] = "error"
         lines = result["stderr"].strip().splitlines()
