@@ -163,7 +163,7 @@ def run(
     if exit_fd is not None:
         sel.register(exit_fd, selectors.EVENT_READ, "exit")
     deadline = started + timeout_ms / 1000
-    timed_out = cancelled = False
+    timed_out = cancelled = ended_itself = False
     try:
         while _reading(sel) or (cancel is not None and proc.poll() is None):
             left = deadline - time.monotonic()
@@ -186,12 +186,14 @@ def run(
                 else:
                     sel.unregister(key.fileobj)
         if timed_out or cancelled:
+            ended_itself = proc.poll() is not None  # before the deadline: a sandbox that failed
             _kill(proc)
         else:
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 timed_out = True
+                ended_itself = False
                 _kill(proc)
     finally:
         sel.close()
@@ -216,7 +218,7 @@ def run(
     never_ran = launch.never_ran()
     stopped = launch.finished()
     result["sandbox"] = launch.summary(plan)
-    if never_ran and (timed_out or cancelled):  # killed while its sandbox was still being set up
+    if never_ran and (timed_out or cancelled) and not ended_itself:  # killed while its sandbox was being set up
         result["exit_code"] = None
         if cancelled:
             result["status"] = "error"
