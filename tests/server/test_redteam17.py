@@ -80,7 +80,7 @@ def test_every_shell_call_is_recorded_even_one_that_reaches_no_session(tmp_path:
     # the write of a command: the write has its own decision and result, the command its own
     # decision, pointing at the write
     write = by_call[out["commands"]["call_id"]]
-    assert [r["event"] for r in write][0] == "decision", write
+    assert write[0]["event"] == "decision", write
     (result,) = [r for r in write if r["event"] == "result"]
     line = result["data"]["sent"][0]
     assert line["command"] == "echo a"
