@@ -113,6 +113,8 @@ def test_a_restarted_gateway_revives_a_keep_alive_service_without_any_call(
         assert out["status"] == "ok", out
         pid = out["process"]["pid"]
         first.close()  # the gateway stops; the service runs on
+        # it runs (a group killed while bubblewrap still sets the sandbox up is another story)
+        assert eventually(lambda: crashload.with_marker(marker)), "the keep-alive service never started"
         os.killpg(pid, signal.SIGKILL)  # and dies while no gateway runs
         assert not crashload.survivors(marker)
         second = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=state)  # no call is made to it
