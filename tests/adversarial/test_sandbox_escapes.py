@@ -388,7 +388,11 @@ PLANT = """
 import os, time
 # keep a symlink to the victim at the name the gateway's restore() writes last: the moment
 # .git/hooks is a new directory (restore removed and re-made it), put the link back
-os.makedirs(".git/hooks", exist_ok=True)
+try:
+    os.makedirs(".git/hooks", exist_ok=True)
+except OSError as exc:  # the protected tree cannot even be created: nothing to plant in
+    print(f"planter-blocked: {exc}", flush=True)
+    raise SystemExit(0)
 for i in range(12):
     with open(f".git/hooks/h{i:02d}.sample", "w") as f:
         f.write("#!/bin/sh\\n" + "# sample hook\\n" * 40)
@@ -458,11 +462,19 @@ def test_restoring_protected_paths_never_writes_outside(
         lab.makefile(targets, {"VICTIM": str(victim), "D": str(outside)})
         outs = [lab.make("attack")]
         if planter:
-            assert lab.process("start", command="make plant")["status"] == "ok"
-            # NOTE: plant.py dies at once here (os.makedirs(".git/hooks"): the protected tree is a
-            # read-only placeholder), so this case never plants: waiting for its "planter-started"
-            # line showed it. Left as it was, for the red team to rework.
-            time.sleep(0.5)
+            started = lab.process("start", command="make plant")
+            assert started["status"] == "ok", started
+            pid = started["process"]["id"]
+
+            def said() -> str:
+                return str(lab.process("output", process_id=pid).get("output", ""))
+
+            # the planter either runs, or is refused the protected tree itself (a read-only
+            # placeholder where .git/hooks is missing): then the attack cannot start, and the tree
+            # must indeed be absent; the calls below still may not change anything outside
+            assert eventually(lambda: "planter-started" in said() or "planter-blocked" in said()), said()
+            if "planter-blocked" in said():
+                assert not (lab.ws / ".git" / "hooks").exists()
             for _ in range(40):
                 outs.append(lab.make("noop", timeout_ms=20_000))
                 if tree(lab.outside) != before:
