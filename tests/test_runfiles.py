@@ -339,12 +339,7 @@ def test_no_file_an_approved_command_runs_can_change_unseen(
     asking: tuple[Gateway, Supervisor], ws: Path, command: str, files: dict[str, str], target: str, evil: str
 ) -> None:
     gw, supervisor = asking
-    for name, text in files.items():
-        (ws / name).parent.mkdir(parents=True, exist_ok=True)
-        (ws / name).write_text(text)
-    if "link/" in command:
-        (ws / "link").symlink_to("real/x")
-    hand_over(ws)
+    _lay_out(ws, command, files)
 
     def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
         (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
@@ -372,12 +367,7 @@ def test_env_changing_directory_never_reaches_a_supervisor(asking: tuple[Gateway
 def test_an_unchanged_file_still_runs_as_approved(asking: tuple[Gateway, Supervisor], ws: Path, index: int) -> None:
     command, files, _, _ = ATTACKS[index]
     gw, supervisor = asking
-    for name, text in files.items():
-        (ws / name).parent.mkdir(parents=True, exist_ok=True)
-        (ws / name).write_text(text)
-    if "link/" in command:
-        (ws / "link").symlink_to("real/x")
-    hand_over(ws)
+    _lay_out(ws, command, files)
     out = gw.handle(RunCall(principal="agent", command=command.format(ws=ws)))
     assert supervisor.seen and out["status"] == "ok", out
     assert all(f.sha256 or not f.error for f in supervisor.seen[0].files), supervisor.seen[0].files
@@ -411,10 +401,13 @@ LOADS: list[tuple[str, dict[str, str], str, str]] = [
 
 
 def _lay_out(ws: Path, command: str, files: dict[str, str]) -> None:
-    """The workspace files a LOADS row's command runs, handed to the sandbox's account."""
+    """The workspace files an ATTACKS or LOADS row's command runs (a `link/` it goes through, an
+    executable run.sh it names), handed to the sandbox's account."""
     for name, text in files.items():
         (ws / name).parent.mkdir(parents=True, exist_ok=True)
         (ws / name).write_text(text)
+    if "link/" in command:
+        (ws / "link").symlink_to("real/x")
     if command.startswith("{ws}/"):
         (ws / "run.sh").chmod(0o755)
     hand_over(ws)
