@@ -236,6 +236,10 @@ def answer(
         except FileExistsError:
             raise QueueError(f"request {call_id} already has an answer") from None
         try:
+            # the gateway may have given up on it (timed out, withdrawn) since it was read above:
+            # then no answer is recorded or published (an approval nothing would act on)
+            if not path.exists() or req.get("expires", 0) <= _now():
+                raise QueueError(f"request {call_id} has expired or was withdrawn")
             if record is not None:
                 record(out)  # raises: released, nothing answered
             os.link(tmp, target)  # what the gateway reads: published after the record

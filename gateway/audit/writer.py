@@ -154,9 +154,6 @@ class AuditLog:
         reserved = RESERVED.intersection(fields)
         if reserved:
             raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")
-        seen = _WRITTEN.get()
-        if seen is not None and isinstance(fields.get("call_id"), str):
-            seen.add(fields["call_id"])
         try:
             given = redact(
                 bound({k: v for k, v in fields.items() if v is not None}, max_chars=1 << 30), self.secret_names
@@ -200,6 +197,9 @@ class AuditLog:
         if pending.error is not None:
             raise pending.error
         assert pending.record is not None
+        seen = _WRITTEN.get()  # only a record on disk counts as the call's record
+        if seen is not None and isinstance(fields.get("call_id"), str):
+            seen.add(fields["call_id"])
         return pending.record
 
     def _health(self, error: AuditUnavailable | None) -> None:

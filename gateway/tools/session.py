@@ -186,7 +186,9 @@ def _exec(
         return gated
     # a text that names a variable making programs load files may have exported it: from now on
     # its value in the shell is known only at run time (a later approval cannot bind its files)
-    session.loading_env.update({n: None for n in runfiles.LOADER_VARIABLES if n in text})
+    # (the name as the shell reads it: `MAKE\FILES`, `MAKE''FILES`, `MAKE{FILES,}` are MAKEFILES)
+    flat = "".join(c for c in text if c.isalnum() or c == "_")
+    session.loading_env.update({n: None for n in runfiles.LOADER_VARIABLES if n in flat})
     void = gw.still_bound(gated)  # the files an approval was bound to, as late as the shell allows
     if void is not None:
         return void

@@ -239,3 +239,21 @@ def test_the_quick_check_before_the_text_patterns_skips_nothing_they_would_redac
     if record_forms._ASSIGNMENT.match(text) and record_forms.SECRET_NAME.search(text.split("=", 1)[0]):
         return  # the assignment rule decides these, before the text patterns
     assert record_forms.redact(text) == slow
+
+
+def test_a_record_that_was_not_written_does_not_count_as_the_calls_record(tmp_path: Path) -> None:
+    """`Gateway.handle` records a call no stage recorded (no record, no call), judging by the call
+    ids the writer saw written. A record that failed on its way to disk must not count: its id
+    was counted before the write (review of the third session), so a handler that swallowed
+    that failure would have answered with no record at all."""
+    from gateway.audit.writer import written_call_ids
+
+    log = AuditLog(tmp_path / "audit")
+    with written_call_ids() as written:
+        log.append("decision", call_id="kept", principal="agent", tool="run")
+        name = next((tmp_path / "audit").glob("audit-*.jsonl"))
+        name.unlink()
+        name.mkdir()  # the log can no longer be read or extended: the next commit fails
+        with pytest.raises(AuditUnavailable):
+            log.append("decision", call_id="lost", principal="agent", tool="run")
+    assert written == {"kept"}
