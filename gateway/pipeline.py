@@ -526,7 +526,9 @@ class Gateway:
                 open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
                 tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
             ),
-            network=settings.network,
+            network=settings.network is True,
+            egress=policy.egress,
+            egress_hooks=_NetworkHooks(self, principal) if policy.egress is not None else None,
             landlock="required" if settings.require_landlock else "optional",
             etc=tuple(settings.etc),
             path=tuple(str(p) for p in grant.path),
@@ -637,3 +639,55 @@ def _denied(call_id: str, code: str, decision: Decision) -> dict[str, Any]:
     out["rule"] = decision.rule
     out["reasons"] = [r.to_json() for r in decision.reasons]
     return out
+
+
+class _NetworkHooks:
+    """What a sandbox's resolver and proxy (sandbox/egress) use of the gate: the audit log, and
+    the approvals of a host under `ask` (the same approver, console and queue as a call's ask)."""
+
+    def __init__(self, gateway: Gateway, principal: str) -> None:
+        self.gateway = gateway
+        self.principal = principal
+
+    def current_call(self) -> str | None:
+        current = _CURRENT.get()
+        return current.call_id if current is not None else None
+
+    def record(self, event: str, call_id: str | None, principal: str, data: dict[str, Any]) -> None:
+        self.gateway.audit.append(
+            event, call_id=call_id, principal=principal, tool="network", policy_sha256=self.gateway.policy.sha256,
+            data=data,
+        )  # fmt: skip
+
+    def ask(self, call_id: str | None, principal: str, host: str, port: int, command: str) -> tuple[bool, str, str]:
+        gw = self.gateway
+        policy = gw.policy
+        decision = policy.egress.decide(host, port) if policy.egress is not None else None
+        if decision is None or decision.verdict != "ask":  # the policy changed while it waited: decide again
+            return (decision is not None and decision.verdict == "allow"), "the policy", "decided again"
+        asked = new_call_id()
+        why = f"the command {command[:200]!r} wants to reach {host}:{port} ({decision.why})"
+        request = ApprovalRequest.bind(
+            asked, principal, "network", f"connect {host}:{port}", "", {}, decision.rule, why, policy.sha256,
+            (decision.rule,),
+        )  # fmt: skip
+        if request.digest in gw._session_approved:
+            answer: Approval | None = Approval(True, gw._session_approved[request.digest], request.digest, "session")
+        else:
+            answer = gw.approver.decide(request, gw.approval_timeout_s)
+        bound = answer is not None and answer.digest == request.digest
+        unchanged = gw.policy.sha256 == policy.sha256
+        granted = answer is not None and answer.approved and bound and unchanged
+        if granted and answer is not None and answer.how.endswith("-session"):
+            gw._session_approved[answer.digest] = answer.by
+        how = answer.how if answer is not None else "timeout"
+        by = answer.by if answer is not None else "nobody"
+        gw.audit.append(
+            "approval", call_id=asked, principal=principal, tool="network", policy_sha256=policy.sha256,
+            decision="allow" if granted else "deny", rule=decision.rule,
+            **({"parent": call_id} if call_id else {}),
+            data={"host": host, "port": port, "digest": request.digest, "answered": answer is not None, "by": by,
+                  "how": how, "bound": bound, "policy_unchanged": unchanged,
+                  **({"reason": answer.note} if answer is not None and answer.note else {})},
+        )  # fmt: skip
+        return granted, by, "approved" if granted else ("no answer in time" if answer is None else "denied")

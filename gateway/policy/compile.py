@@ -26,7 +26,10 @@ import casbin
 from gateway import programs
 from gateway.policy.layers import load_layers, resolve_roots
 from gateway.policy.loader import PolicyError, UnknownPrincipal
-from gateway.policy.schema import Policy, Rule, RuleDecision, Tool
+from gateway.policy.schema import NetworkSettings, Policy, Rule, RuleDecision, Tool
+from gateway.sandbox import egress as _egress
+from gateway.sandbox.egress.presets import PresetError
+from gateway.sandbox.egress.rules import Egress, PatternError
 from gateway.sandbox.plan import RUNTIME as _RUNTIME
 from gateway.stages.decision_cache import DecisionCache
 
@@ -124,6 +127,8 @@ class CompiledPolicy:
     by_program: dict[str, tuple[Rule, ...]]
     grants: dict[str, Grant]
     casbin: Casbin
+    egress: Egress | None = None
+    """`sandbox.network` as a mapping, compiled (presets resolved when the policy loaded)."""
     # decisions made under this policy (pipeline.evaluate): a reloaded policy starts empty
     decisions: DecisionCache = field(default_factory=DecisionCache, init=False, compare=False, repr=False)
 
@@ -219,7 +224,22 @@ def compile_policy(
         by_program={k: tuple(v) for k, v in by_program.items()},
         grants=grants,
         casbin=Casbin(policies, groupings),
+        egress=_network(policy.sandbox.network, source),
     )
+
+
+def _network(setting: bool | NetworkSettings, source: Path) -> Egress | None:
+    """`sandbox.network` as a mapping, compiled; presets read from this machine's pip, npm and
+    apt configuration now (a preset that cannot be read is a load error, naming it)."""
+    if not isinstance(setting, NetworkSettings):
+        return None
+    try:
+        return _egress.build(
+            presets=setting.presets, allow=setting.allow, ask=setting.ask, deny=setting.deny,
+            max_connections=setting.max_connections, max_bytes=setting.max_bytes,
+        )  # fmt: skip
+    except (PatternError, PresetError) as exc:
+        raise PolicyError(f"{source}: sandbox.network: {exc}") from None
 
 
 def _tool_path(policy: Policy, roles: set[str], grant: Grant, ws: Path, source: Path) -> tuple[Path, ...]:

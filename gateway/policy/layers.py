@@ -44,7 +44,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from gateway.policy.loader import PolicyError, Positions, parse_policy_at
-from gateway.policy.schema import LIMIT_DEFAULTS, Policy, Rule, RuleDecision, Tool
+from gateway.policy.schema import LIMIT_DEFAULTS, NetworkSettings, Policy, Rule, RuleDecision, Tool
+from gateway.sandbox.egress.rules import parse_pattern
 
 MAX_INCLUDE_DEPTH = 8
 _OPEN = {RuleDecision.DENY: 0, RuleDecision.ASK: 1, RuleDecision.ALLOW: 2}  # how much a decision lets through
@@ -276,8 +277,8 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
             f"{_ceiling(lower, field)}; a layer may only tighten the layers it includes (docs/policy.md, Layering)"
         )
 
-    if hi.sandbox.network and not lo.sandbox.network:
-        wider(("sandbox", "network"), "true (commands reach the network)", "false")
+    for got, ceiling in _network_widenings(lo.sandbox.network, hi.sandbox.network):
+        wider(("sandbox", "network"), got, ceiling)
     if lo.sandbox.require_landlock and not hi.sandbox.require_landlock:
         wider(("sandbox", "require_landlock"), "false", "true")
     if extra := [e for e in hi.sandbox.etc if e not in lo.sandbox.etc]:
@@ -373,3 +374,31 @@ def _ceiling(lower: _Layer, field: tuple[str, ...]) -> str:
         if field[:n] in lower.origins:
             return f"the default under {'.'.join(field[:n])} at {lower.origins[field[:n]]}"
     return f"the default in {lower.path}, which does not set it"
+
+
+def _network_widenings(lo: bool | NetworkSettings, hi: bool | NetworkSettings) -> list[tuple[str, str]]:
+    """How `hi` reaches more of the network than `lo` allowed: (what, the lower bound) each."""
+    if lo is True or hi is False:
+        return []
+    if lo is False:
+        return [("true (commands reach the network)" if hi is True else "a network policy (hosts)", "false")]
+    if hi is True:
+        return [("true (every host)", "a network policy (hosts)")]
+    assert isinstance(lo, NetworkSettings) and isinstance(hi, NetworkSettings)
+    out: list[tuple[str, str]] = []
+    if extra := [str(p) for p in hi.presets if p not in lo.presets]:
+        out.append((f"presets {extra}", f"presets {lo.presets}"))
+    lo_allow = [parse_pattern(p, "allow") for p in lo.allow]
+    lo_ask = [parse_pattern(p, "ask") for p in lo.ask]
+    if extra := [p for p in hi.allow if not any(c.covers(parse_pattern(p, "allow")) for c in lo_allow)]:
+        out.append((f"allowing {extra}", f"allow {lo.allow}"))
+    if extra := [p for p in hi.ask if not any(c.covers(parse_pattern(p, "ask")) for c in (*lo_allow, *lo_ask))]:
+        out.append((f"asking about {extra}", f"allow {lo.allow} and ask {lo.ask}"))
+    hi_deny = [parse_pattern(p, "deny") for p in hi.deny]
+    if dropped := [p for p in lo.deny if not any(c.covers(parse_pattern(p, "deny")) for c in hi_deny)]:
+        out.append((f"dropping deny {dropped}", f"deny {lo.deny}"))
+    if hi.max_connections > lo.max_connections:
+        out.append((f"max_connections {hi.max_connections}", f"{lo.max_connections}"))
+    if hi.max_bytes > lo.max_bytes:
+        out.append((f"max_bytes {hi.max_bytes}", f"{lo.max_bytes}"))
+    return out

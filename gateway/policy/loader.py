@@ -157,7 +157,9 @@ def describe_errors(path: Path, exc: ValidationError, positions: Positions) -> s
     """One line per error: file, line, column, field, what was got and what was expected."""
     lines = []
     for err in exc.errors():
-        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union["))))
+        loc = tuple(
+            p for p in err["loc"] if not (isinstance(p, str) and p.startswith(("function-", "union[", "tagged:")))
+        )
         loc = tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in ("str", "list"))))
         line, col = _nearest(positions, loc)
         got = err.get("input")

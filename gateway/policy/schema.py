@@ -10,7 +10,20 @@ import re
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    Tag,
+    field_validator,
+    model_validator,
+)
+
+from gateway.sandbox.egress import rules as egress_rules
 
 
 class _Model(BaseModel):
@@ -263,10 +276,53 @@ class EnvironmentSettings(_Model):
         return names
 
 
+def _host_patterns(where: Literal["allow", "ask", "deny"]) -> AfterValidator:
+    def check(text: str) -> str:
+        egress_rules.parse_pattern(text, where)  # PatternError (a ValueError): a load error on this line
+        return text
+
+    return AfterValidator(check)
+
+
+class NetworkSettings(_Model):
+    """The network as a policy: each connection decided by host and port, through the
+    gateway's resolver and proxy (docs/sandbox.md, The network)."""
+
+    presets: list[Literal["python-packages", "npm-packages", "debian-packages"]] = []
+    """The hosts this machine's pip, npm or apt are set up to use, read from their configuration
+    when the policy loads (index URLs, extra indexes, registries, mirrors), allowed; and the same
+    settings passed into the sandbox, so a private index works without naming it here."""
+    allow: list[Annotated[str, _host_patterns("allow")]] = []
+    """Host patterns reached without asking: `github.com`, `*.githubusercontent.com`,
+    `pypi.org:443`; an IP literal only where listed as such. Without a port: 443 and 80."""
+    ask: list[Annotated[str, _host_patterns("ask")]] = []
+    """Host patterns a supervisor decides, connection held until answered (`*`: anything no
+    other pattern names)."""
+    deny: list[Annotated[str, _host_patterns("deny")]] = []
+    """Host patterns always refused (without a port: every port). Deny beats ask beats allow."""
+    max_connections: Annotated[StrictInt, Field(ge=1, le=4096)] = 64
+    """Connections one sandbox may hold open at once."""
+    max_bytes: Annotated[StrictInt, Field(ge=1)] = 1 << 30
+    """Bytes one sandbox may move through the proxy (both ways); then its connections are cut."""
+
+
+def _network_kind(value: object) -> str:
+    return (
+        "tagged:switch" if isinstance(value, bool) or not isinstance(value, dict | NetworkSettings) else "tagged:hosts"
+    )
+
+
+NetworkSetting = Annotated[
+    Annotated[StrictBool, Tag("tagged:switch")] | Annotated[NetworkSettings, Tag("tagged:hosts")],
+    Discriminator(_network_kind),
+]
+
+
 class SandboxSettings(_Model):
-    network: StrictBool = False
-    """Let commands reach the network. Off: the sandbox has only a loopback interface, and
-    Landlock refuses TCP too."""
+    network: NetworkSetting = False
+    """`false` (the default): the sandbox has only a loopback interface, and Landlock refuses TCP
+    too. `true`: commands reach whatever the host reaches, UDP included (`gateway check` and
+    `gateway doctor` warn). A mapping: hosts by policy (NetworkSettings)."""
     require_landlock: StrictBool = False
     """Refuse to run commands where the kernel has no Landlock (`gateway doctor` says whether
     this host has it). Off: Landlock is applied where available and its absence is audited."""

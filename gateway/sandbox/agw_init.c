@@ -24,6 +24,15 @@
  *       (with its pid) is on disk; if the gateway dies first, FD reads end-of-file and the
  *       program never runs, so no process runs that no record names.
  *
+ *   agw-init netns PID NETNS_INODE SOCKET_FD SPEC...
+ *       On the host, started by the gateway for a sandbox whose network is a policy: join the
+ *       network namespace of sandbox process PID (after checking it is the namespace bwrap
+ *       reported, by inode), through the user namespace that owns it when not root; create
+ *       the sockets SPEC names there (udp:PORT on 127.0.0.1, tcp:PORT listening on 0.0.0.0,
+ *       tcp-lo:PORT listening on 127.0.0.1) and pass them, in order, over the Unix socket
+ *       SOCKET_FD. The gateway's resolver and proxy serve them from outside the sandbox: no
+ *       process of ours runs inside, and nothing inside can reach another network.
+ *
  * Any failure prints one line, "agent-gateway sandbox: <what failed>: <why>", on stderr and
  * exits with status 125; the command is never run after a failure (fail closed).
  *
@@ -44,12 +53,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <netinet/in.h>
+#include <sched.h>
 #include <unistd.h>
 
 #define FAIL_STATUS 125
@@ -788,6 +801,128 @@ static int run_hold(int argc, char **argv) {
     fail_errno(errno, "exec %s", argv[4]);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Netns mode: the sandbox's own sockets, made for the gateway's resolver and proxy          */
+
+#define AGW_NS_GET_USERNS _IO(0xb7, 0x1)
+#define NETNS_MAX_SOCKETS 64
+
+static int open_netns_socket(const char *spec) {
+    int type, fd;
+    unsigned long long port;
+    struct sockaddr_in addr;
+    const char *colon = strchr(spec, ':');
+
+    if (colon == NULL) {
+        fail_errno(EINVAL, "netns: socket %s: expected udp:PORT, tcp:PORT or tcp-lo:PORT", spec);
+    }
+    port = number("netns port", colon + 1);
+    if (port == 0 || port > 65535) {
+        fail_errno(EINVAL, "netns: socket %s: port out of range", spec);
+    }
+    memset(&addr, 0, sizeof addr);
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons((uint16_t)port);
+    if (strncmp(spec, "udp:", 4) == 0) {
+        type = SOCK_DGRAM;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    } else if (strncmp(spec, "tcp-lo:", 7) == 0) {
+        type = SOCK_STREAM;
+        addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    } else if (strncmp(spec, "tcp:", 4) == 0) {
+        type = SOCK_STREAM;
+        addr.sin_addr.s_addr = htonl(INADDR_ANY);
+    } else {
+        fail_errno(EINVAL, "netns: socket %s: expected udp:PORT, tcp:PORT or tcp-lo:PORT", spec);
+    }
+    fd = socket(AF_INET, type | SOCK_CLOEXEC, 0);
+    if (fd < 0) {
+        fail_errno(errno, "netns: socket %s", spec);
+    }
+    /* No SO_REUSEADDR or SO_REUSEPORT: nothing in the sandbox may bind beside these. */
+    if (bind(fd, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        fail_errno(errno, "netns: bind %s", spec);
+    }
+    if (type == SOCK_STREAM && listen(fd, 256) != 0) {
+        fail_errno(errno, "netns: listen %s", spec);
+    }
+    return fd;
+}
+
+static int run_netns(int argc, char **argv) {
+    char path[64];
+    int netfd, userfd, sock, i, count;
+    unsigned long long pid, inode, sockfd;
+    struct stat st;
+    int fds[NETNS_MAX_SOCKETS];
+    char byte = 'n';
+    struct iovec iov = {.iov_base = &byte, .iov_len = 1};
+    union {
+        char buf[CMSG_SPACE(sizeof(int) * NETNS_MAX_SOCKETS)];
+        struct cmsghdr align;
+    } control;
+    struct msghdr msg;
+    struct cmsghdr *cmsg;
+
+    if (argc < 6) {
+        fail_errno(EINVAL, "usage: agw-init netns PID NETNS_INODE SOCKET_FD SPEC...");
+    }
+    pid = number("netns PID", argv[2]);
+    inode = number("netns inode", argv[3]);
+    sockfd = number("netns socket", argv[4]);
+    count = argc - 5;
+    if (pid == 0 || pid > INT_MAX || sockfd > INT_MAX || count > NETNS_MAX_SOCKETS) {
+        fail_errno(EINVAL, "netns: argument out of range");
+    }
+    snprintf(path, sizeof path, "/proc/%llu/ns/net", pid);
+    netfd = open(path, O_RDONLY | O_CLOEXEC);
+    if (netfd < 0) {
+        fail_errno(errno, "netns: open %s", path);
+    }
+    /* the namespace bwrap made for this sandbox, not one a recycled pid points at */
+    if (fstat(netfd, &st) != 0) {
+        fail_errno(errno, "netns: stat %s", path);
+    }
+    if ((unsigned long long)st.st_ino != inode) {
+        fail_because("not the sandbox's", "netns: %s is namespace %llu, expected %llu", path,
+                     (unsigned long long)st.st_ino, inode);
+    }
+    if (geteuid() != 0) {
+        /* an ordinary user owns the sandbox's user namespace: enter it to act on its network */
+        userfd = ioctl(netfd, AGW_NS_GET_USERNS);
+        if (userfd < 0) {
+            fail_errno(errno, "netns: the user namespace owning %s", path);
+        }
+        if (setns(userfd, CLONE_NEWUSER) != 0) {
+            fail_errno(errno, "netns: enter the sandbox's user namespace");
+        }
+        close(userfd);
+    }
+    if (setns(netfd, CLONE_NEWNET) != 0) {
+        fail_errno(errno, "netns: enter the sandbox's network namespace");
+    }
+    close(netfd);
+    for (i = 0; i < count; i++) {
+        fds[i] = open_netns_socket(argv[5 + i]);
+    }
+    memset(&msg, 0, sizeof msg);
+    memset(&control, 0, sizeof control);
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.buf;
+    msg.msg_controllen = CMSG_SPACE(sizeof(int) * (size_t)count);
+    cmsg = CMSG_FIRSTHDR(&msg);
+    cmsg->cmsg_level = SOL_SOCKET;
+    cmsg->cmsg_type = SCM_RIGHTS;
+    cmsg->cmsg_len = CMSG_LEN(sizeof(int) * (size_t)count);
+    memcpy(CMSG_DATA(cmsg), fds, sizeof(int) * (size_t)count);
+    sock = (int)sockfd;
+    if (sendmsg(sock, &msg, 0) != 1) {
+        fail_errno(errno, "netns: pass the sockets to the gateway");
+    }
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "outer") == 0) {
         return run_outer(argc, argv);
@@ -798,5 +933,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "hold") == 0) {
         return run_hold(argc, argv);
     }
-    fail_errno(EINVAL, "usage: agw-init outer|inner|hold [options] -- program [args]");
+    if (argc >= 2 && strcmp(argv[1], "netns") == 0) {
+        return run_netns(argc, argv);
+    }
+    fail_errno(EINVAL, "usage: agw-init outer|inner|hold|netns [options] -- program [args]");
 }

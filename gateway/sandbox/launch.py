@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 
 from gateway.sandbox import descriptors, helper, landlock, quotas
 from gateway.sandbox.descriptors import Opened, PlantedLink
+from gateway.sandbox.egress import netns
+from gateway.sandbox.egress.proxy import Attachment, Owner, service
 from gateway.sandbox.plan import HELPER, Mount, SandboxPlan
 
 
@@ -76,6 +78,15 @@ class Launch:
     _sent: int | None = None
     """The same write end once the byte is sent, kept to see whether it was taken."""
     _gone: bool = False
+    _info: int | None = None
+    """The read end of bwrap's --info-fd (a sandbox whose network is a policy): its pid and
+    network namespace, to attach the resolver and proxy to before the command runs."""
+    _plan: SandboxPlan | None = None
+    _auto_go: bool = False
+    """The caller did not ask to hold: the launch held only to attach the network, and goes itself."""
+    network: Attachment | None = None
+    """The sandbox's resolver and proxy (egress), while it runs."""
+    network_error: str | None = None
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
@@ -114,16 +125,48 @@ class Launch:
             os.close(sent)
 
     def started(self) -> None:
-        """Popen has forked: close our copies of the descriptors."""
+        """Popen has forked: close our copies of the descriptors. A sandbox whose network is a
+        policy gets its resolver and proxy here, before its command may run; if they cannot be
+        attached the command never runs (`network_error` says why)."""
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
+        info, self._info = self._info, None
+        if info is None:
+            return
+        try:
+            self._attach(info)
+        except (netns.NetnsUnavailable, OSError, RuntimeError, TimeoutError) as exc:
+            self.network_error = str(exc)
+            self.withhold()  # the command never runs without the network its policy describes
+            return
+        finally:
+            os.close(info)
+        if self._auto_go:
+            self.go()
+
+    def _attach(self, info_fd: int) -> None:
+        plan = self._plan
+        assert plan is not None and plan.egress is not None
+        info = netns.read_info(info_fd)
+        sockets = netns.open_sockets(
+            info["child-pid"], info["net-namespace"], plan.egress.ports(), plan.egress.http_proxy_port
+        )
+        hooks = plan.egress_hooks
+        if hooks is None:
+            sockets.close()
+            raise RuntimeError("nothing records this sandbox's connections: its network stays closed")
+        owner = Owner(hooks.principal, hooks.current_call(), plan.argv[-1] if plan.argv else "")
+        self.network = service().attach(sockets, plan.egress, hooks, owner)
 
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed."""
         self.started()
         self.withhold()
+        network, self.network = self.network, None
+        if network is not None:
+            network.close()
         if self.cgroup is None:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
@@ -223,14 +266,24 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
     `hold`: the command waits, inside its finished sandbox, for `Launch.go()`."""
     fds: list[int] = []
     held: list[int] = []
+    auto_go = plan.egress is not None and not hold
+    hold = hold or plan.egress is not None  # the network is attached before the command may run
     try:
         if hold:  # both ends close-on-exec: only this launch's child gets the read end (pass_fds)
             r, w = os.pipe()
             fds.append(r)
             held.append(w)
+        info_r = None
+        if plan.egress is not None:
+            info_r, info_w = os.pipe()
+            held.append(info_r)
+            fds.append(info_w)
         _CLEANER.touch()
-        launch = _prepare(plan, bwrap, fds, fds[0] if hold else None)
-        launch._hold = held[0] if held else None
+        launch = _prepare(plan, bwrap, fds, fds[0] if hold else None, fds[-1] if info_r is not None else None)
+        launch._hold = held[0] if hold else None
+        launch._info = info_r
+        launch._plan = plan
+        launch._auto_go = auto_go
         return launch
     except BaseException:
         for fd in (*fds, *held):
@@ -239,7 +292,7 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         raise
 
 
-def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None) -> Launch:
+def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None, info_fd: int | None) -> Launch:
     args: list[str] = []
     expects: list[str] = []
     roots: dict[str, Opened] = {}
@@ -319,8 +372,10 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None)
         args += ["--remount-ro", target]
     args += ["--remount-ro", "/", "--chdir", plan.cwd, "--unshare-all", "--unshare-user", "--disable-userns",
              "--new-session", "--cap-drop", "ALL"]  # fmt: skip
-    if plan.network:
+    if plan.network and plan.egress is None:
         args.append("--share-net")
+    if info_fd is not None:  # the sandbox's pid and network namespace, for its resolver and proxy
+        args += ["--info-fd", str(info_fd)]
     if plan.die_with_parent:
         args.append("--die-with-parent")
     inner = [HELPER, "inner", "--verify-ro-root", *expects]
@@ -330,7 +385,7 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None)
     inner += ["--landlock", plan.landlock_mode]
     for path, access in plan.landlock:
         inner += ["--allow", path, access]
-    if not plan.network:
+    if not plan.network and plan.egress is None:
         inner.append("--no-tcp")
     inner.append("--scope")
     q = plan.quotas

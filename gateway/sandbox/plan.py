@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gateway.sandbox import git
+from gateway.sandbox.egress.rules import Egress
 from gateway.sandbox.quotas import Quotas
 
 RUNTIME = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
@@ -50,6 +51,9 @@ interpreters' own settings). Nothing secret: no shadow, ssh, ssl/private, sudoer
 credentials, gitconfig."""
 NETWORK_ETC = ("resolv.conf", "hosts")
 """Name lookup, only when the policy lets commands reach the network."""
+RESOLV_CONF = b"nameserver 127.0.0.1\noptions timeout:5 attempts:2\n"
+"""A sandbox whose network is a policy asks its own resolver (sandbox/egress/proxy.py)."""
+LOCAL_HOSTS = b"127.0.0.1 localhost\n::1 localhost\n"
 HIDDEN_SYSTEM = ("/run", "/var/run", "/var/tmp", "/sys", "/home", "/tmp", "/dev/shm", "/proc", "/dev")
 REPLACED = ("/tmp", "/dev/shm", "/dev")
 """Of HIDDEN_SYSTEM, those the sandbox replaces with private ones: only roots inside them show."""
@@ -105,6 +109,11 @@ class Profile:
     """The gateway's own directories (audit, approvals, state, its user's home): never shown."""
     quotas: Quotas
     network: bool = False
+    egress: Egress | None = None
+    """The network as a policy (sandbox.network as a mapping): hosts through the gateway's
+    resolver and proxy. None with `network`: everything; None without: nothing."""
+    egress_hooks: Any = field(default=None, compare=False)
+    """What records and asks for the sandbox's connections (the gateway's audit and approvals)."""
     landlock: Literal["required", "optional"] = "optional"
     etc: tuple[str, ...] = ()
     """More /etc entries the policy asks for (sandbox.etc)."""
@@ -171,13 +180,15 @@ class SandboxPlan:
     git_write: bool
     die_with_parent: bool = True
     keep_fds: tuple[int, ...] = ()
+    egress: Egress | None = None
+    egress_hooks: Any = field(default=None, compare=False)
 
     def describe(self) -> dict[str, Any]:
         """The plan as JSON (audit records, `gateway doctor`, tests)."""
         return {
             "uid": self.uid,
             "gid": self.gid,
-            "network": self.network,
+            "network": self.network if self.egress is None else "policy",
             "git_write": self.git_write,
             "mounts": [
                 {
@@ -240,7 +251,20 @@ def build(
     full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
     if profile.path:
         full_env["PATH"] = ":".join([p for p in full_env.get("PATH", "").split(":") if p] + list(profile.path))
-    return replace(skeleton, argv=argv, env=full_env)
+    if profile.egress is not None:
+        full_env.update(proxy_environment(profile.egress))
+    return replace(skeleton, argv=argv, env=full_env, egress_hooks=profile.egress_hooks)
+
+
+def proxy_environment(egress: Egress) -> dict[str, str]:
+    """What a sandbox whose network is a policy is told: the proxy for programs that honour
+    HTTP_PROXY (the others are caught by the resolver and listeners all the same), and what the
+    policy's presets pass (index URLs, registries, the CA bundle)."""
+    proxy = f"http://127.0.0.1:{egress.http_proxy_port}"
+    out = {name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
+    out["NO_PROXY"] = out["no_proxy"] = "localhost,127.0.0.1,::1"
+    out.update(dict(egress.env))
+    return out
 
 
 @functools.lru_cache(maxsize=256)
@@ -274,7 +298,8 @@ def _skeleton(
             mounts.append(Mount(path, "ro-bind", source=path))
     if not covered("/etc"):
         mounts.append(Mount("/etc", "dir"))
-        wanted = {*ETC, *profile.etc, *(NETWORK_ETC if profile.network else ())}
+        shared = profile.network and profile.egress is None  # the host's own resolver: everything
+        wanted = {*ETC, *profile.etc, *(NETWORK_ETC if shared else ())}
         for name, link in host.etc:
             if name not in wanted:
                 continue
@@ -286,8 +311,10 @@ def _skeleton(
         mounts.append(Mount("/etc/passwd", "data", data=_passwd(uid, gid, user)))
         mounts.append(Mount("/etc/group", "data", data=_group(gid, user)))
         mounts.append(Mount("/etc/hostname", "data", data=b"sandbox\n"))
-        if not profile.network:
-            mounts.append(Mount("/etc/hosts", "data", data=b"127.0.0.1 localhost\n::1 localhost\n"))
+        if not shared:
+            mounts.append(Mount("/etc/hosts", "data", data=LOCAL_HOSTS))
+        if profile.egress is not None:
+            mounts.append(Mount("/etc/resolv.conf", "data", data=RESOLV_CONF))
         mounts.append(Mount("/etc/mtab", "symlink", link="../proc/self/mounts"))
     # the roots: read-only, then read-write
     mounts += [Mount(r, "ro-bind", source=r) for r in read_roots]
@@ -330,6 +357,7 @@ def _skeleton(
         landlock_mode=profile.landlock,
         quotas=q,
         network=profile.network,
+        egress=profile.egress,
         git_write=git_write,
         die_with_parent=die_with_parent,
         keep_fds=keep_fds,

@@ -1,0 +1,628 @@
+"""The gateway's side of a sandbox's network: its resolver and its proxy, on one event loop.
+
+A sandbox whose policy is a mapping has a network namespace of its own with only a loopback
+interface. The sockets in it (netns.py) are served here, outside the sandbox:
+
+- **the resolver** answers a name the policy allows or asks about with an address of its own
+  (127.100.x.y, remembered per sandbox) and refuses every other name (REFUSED, recorded); it
+  answers no other record type, and never asks a real server, so a lookup carries nothing out;
+- **the listeners** take every TCP connection to those addresses on every port a pattern can
+  reach: the address names the host, the port is the one connected to; the proxy decides
+  `host:port` (deny, ask, allow, or refused when unlisted), reads the client's first bytes (a
+  TLS ClientHello must name the same host by SNI, an HTTP request by Host), resolves the host
+  on the gateway's side, refuses loopback, private and link-local addresses unless the policy
+  names that address, records the decision durably, and only then connects and relays;
+- **the HTTP proxy** (HTTP_PROXY, HTTPS_PROXY) takes CONNECT and absolute-form requests and
+  decides them the same way, for programs that honour the variables.
+
+Every connection is recorded under the call that made it (`egress_connection`: host, port,
+decision, rule, bytes each way, duration, how it ended), each refused lookup too
+(`egress_dns_refused`). An `ask` holds the connection and asks a supervisor through the
+gateway's approvals; an answer holds for the sandbox's life (approve once) or the principal's
+session. Caps: connections open at once per sandbox, bytes per sandbox; one sandbox's flood
+waits on its own semaphore, never on another's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import ipaddress
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from dnslib import QTYPE, RCODE, RR, A, DNSRecord  # type: ignore[import-untyped]
+
+from gateway.sandbox.egress import inspect
+from gateway.sandbox.egress.netns import Sockets
+from gateway.sandbox.egress.rules import Egress, normalise_host
+
+FAKE_NET = ipaddress.ip_network("127.100.0.0/16")
+MAX_NAMES = 4096
+"""Names one sandbox may have resolved: a flood of lookups cannot grow the table without end."""
+MAX_RECORDED_REFUSALS = 200
+"""Refused lookups recorded one by one per sandbox; beyond this, counted in the summary."""
+FIRST_BYTES_WAIT = 0.3
+"""Seconds a connection may stay silent before the proxy connects anyway (protocols where the
+server speaks first, such as ssh). The client's first bytes are still checked whenever they come."""
+HEAD_TIMEOUT = 15.0
+CONNECT_TIMEOUT = 15.0
+CHUNK = 256 * 1024
+_BLOCKED = tuple(
+    ipaddress.ip_network(n)
+    for n in (
+        "0.0.0.0/8", "10.0.0.0/8", "100.64.0.0/10", "127.0.0.0/8", "169.254.0.0/16", "172.16.0.0/12",
+        "192.168.0.0/16", "224.0.0.0/4", "240.0.0.0/4", "255.255.255.255/32",
+        "::/128", "::1/128", "fc00::/7", "fe80::/10", "ff00::/8",
+    )
+)  # fmt: skip
+"""Loopback, private, carrier-grade NAT, link-local, multicast and reserved: a name that
+resolves there reaches the host itself or its network, not the internet."""
+
+
+def blocked(address: str) -> bool:
+    ip = ipaddress.ip_address(address)
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip in net for net in _BLOCKED if net.version == ip.version)
+
+
+class Hooks(Protocol):
+    """What the proxy needs from the gateway (given by the pipeline, through the sandbox's profile)."""
+
+    principal: str
+
+    def current_call(self) -> str | None:
+        """The call being handled on this thread (the one starting the sandbox)."""
+
+    def record(self, event: str, call_id: str | None, principal: str, data: dict[str, Any]) -> None:
+        """Append to the audit log, durably. Raises when it cannot: then nothing connects."""
+
+    def ask(self, call_id: str | None, principal: str, host: str, port: int, command: str) -> tuple[bool, str, str]:
+        """Ask a supervisor whether `host:port` may be reached: (granted, by, how). Blocks."""
+
+
+@dataclass
+class Owner:
+    principal: str
+    call_id: str | None
+    command: str
+
+
+@dataclass
+class _Attachment:
+    egress: Egress
+    hooks: Hooks
+    owner: Owner
+    sockets: Sockets
+    names: dict[str, str] = field(default_factory=dict)
+    """Address given -> name."""
+    addresses: dict[str, str] = field(default_factory=dict)
+    granted: dict[tuple[str, int], bool] = field(default_factory=dict)
+    asking: dict[tuple[str, int], asyncio.Future[tuple[bool, str, str]]] = field(default_factory=dict)
+    servers: list[asyncio.base_events.Server] = field(default_factory=list)
+    transport: asyncio.DatagramTransport | None = None
+    tasks: set[asyncio.Task[Any]] = field(default_factory=set)
+    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    slots: asyncio.Semaphore | None = None
+    moved: int = 0
+    connections: int = 0
+    refused_lookups: int = 0
+    refused_connections: int = 0
+    over_cap: bool = False
+    closed: bool = False
+
+    def address_for(self, name: str) -> str | None:
+        if name in self.addresses:
+            return self.addresses[name]
+        if len(self.addresses) >= MAX_NAMES:
+            return None
+        address = str(FAKE_NET[len(self.addresses) + 1])
+        self.addresses[name] = address
+        self.names[address] = name
+        return address
+
+
+class Attachment:
+    """A sandbox's network, served while it runs: `close()` when it has ended."""
+
+    def __init__(self, service: EgressService, inner: _Attachment) -> None:
+        self._service = service
+        self._inner = inner
+
+    def set_call(self, call_id: str | None, command: str) -> None:
+        """Connections from now on belong to this call (a session's next command)."""
+        self._inner.owner = Owner(self._inner.owner.principal, call_id, command)
+
+    def close(self) -> None:
+        self._service.detach(self._inner)
+
+
+class EgressService:
+    """One event loop on a thread of its own serving every sandbox's network."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.new_event_loop()
+        self._asks = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="egress-ask")
+        self._io = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="egress-io")
+        self._thread = threading.Thread(target=self._run, name="egress", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._loop.run_forever()
+
+    def attach(self, sockets: Sockets, egress: Egress, hooks: Hooks, owner: Owner) -> Attachment:
+        inner = _Attachment(egress, hooks, owner, sockets)
+        future = asyncio.run_coroutine_threadsafe(self._start(inner), self._loop)
+        try:
+            future.result(timeout=30)
+        except BaseException:
+            sockets.close()
+            raise
+        return Attachment(self, inner)
+
+    def detach(self, inner: _Attachment) -> None:
+        if inner.closed:
+            return
+        future = asyncio.run_coroutine_threadsafe(self._stop(inner), self._loop)
+        with contextlib.suppress(Exception):
+            future.result(timeout=30)
+
+    # --- setup ---------------------------------------------------------------------------
+    async def _start(self, att: _Attachment) -> None:
+        att.slots = asyncio.Semaphore(att.egress.max_connections)
+        transport, _ = await self._loop.create_datagram_endpoint(lambda: _Resolver(self, att), sock=att.sockets.dns)
+        att.transport = transport
+        for port, listener in att.sockets.listeners.items():
+            att.servers.append(
+                await asyncio.start_server(self._handler(att, port, transparent=True), sock=listener, limit=CHUNK)
+            )
+        att.servers.append(
+            await asyncio.start_server(self._handler(att, 0, transparent=False), sock=att.sockets.proxy, limit=CHUNK)
+        )
+
+    async def _stop(self, att: _Attachment) -> None:
+        att.closed = True
+        for server in att.servers:
+            server.close()
+        if att.transport is not None:
+            att.transport.close()
+        for w in list(att.writers):
+            w.close()
+        for task in list(att.tasks):
+            task.cancel()
+        if att.tasks:
+            await asyncio.wait(att.tasks, timeout=5)
+        att.sockets.close()
+        if att.refused_lookups > MAX_RECORDED_REFUSALS or att.over_cap or att.refused_connections:
+            data = {
+                "connections": att.connections,
+                "refused_connections": att.refused_connections,
+                "refused_lookups": att.refused_lookups,
+                "unrecorded_lookups": max(0, att.refused_lookups - MAX_RECORDED_REFUSALS),
+                "bytes": att.moved,
+                **({"over_byte_cap": True} if att.over_cap else {}),
+            }
+            await self._record(att, "egress_summary", data, quiet=True)
+
+    def _handler(self, att: _Attachment, port: int, transparent: bool) -> Callable[..., Any]:
+        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            task = asyncio.current_task()
+            assert task is not None
+            att.tasks.add(task)
+            att.writers.add(writer)
+            try:
+                await self._connection(att, port, transparent, reader, writer)
+            except asyncio.CancelledError:
+                pass
+            except Exception as exc:  # fail closed: the connection ends, and it is said why
+                with contextlib.suppress(Exception):
+                    await self._record(att, "egress_error", {"error": f"{type(exc).__name__}: {exc}"}, quiet=True)
+            finally:
+                att.writers.discard(writer)
+                with contextlib.suppress(Exception):
+                    writer.close()
+                att.tasks.discard(task)
+
+        return handle
+
+    # --- records -------------------------------------------------------------------------
+    async def _record(self, att: _Attachment, event: str, data: dict[str, Any], quiet: bool = False) -> bool:
+        owner = att.owner
+        try:
+            await self._loop.run_in_executor(self._io, att.hooks.record, event, owner.call_id, owner.principal, data)
+        except Exception:
+            if not quiet:
+                return False
+        return True
+
+    # --- one connection ------------------------------------------------------------------
+    async def _connection(
+        self, att: _Attachment, port: int, transparent: bool, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        started = time.monotonic()
+        sock = writer.get_extra_info("socket")
+        assert att.slots is not None
+        if att.slots.locked():
+            att.refused_connections += 1
+            why = f"more than {att.egress.max_connections} connections at once"
+            await self._record(att, "egress_connection", {"decision": "deny", "ended": "refused", "why": why}, True)
+            return
+        async with att.slots:
+            att.connections += 1
+            opened = b""
+            host: str | None
+            via = "transparent" if transparent else "proxy"
+            if transparent:
+                address, port = sock.getsockname()[:2]
+                host = att.names.get(address)
+                if host is None:
+                    await self._refuse(
+                        att, None, port, via, None, f"{address} is no address the sandbox's resolver gave"
+                    )
+                    return
+            else:
+                head = await _read_head(reader)
+                opening = inspect.http_head(head) if head else inspect.Opening("http", error="no request")
+                if opening.error or opening.method is None or opening.target is None:
+                    await _say(writer, 400, opening.error or "not a proxy request")
+                    await self._refuse(att, None, 0, via, None, f"a bad proxy request: {opening.error}")
+                    return
+                if opening.method == "CONNECT":
+                    host, cport = inspect.split_authority(opening.target)
+                    if cport is None or cport < 0:
+                        await _say(writer, 400, "CONNECT needs host:port")
+                        await self._refuse(att, host, 0, via, None, "a CONNECT without a port")
+                        return
+                    port = cport
+                else:
+                    target = _absolute(opening.target)
+                    if target is None:
+                        await _say(writer, 400, "expected an absolute http:// URL")
+                        await self._refuse(att, None, 0, via, None, "a proxy request that is not an absolute http URL")
+                        return
+                    host, port = target
+                    if opening.name is not None and (opening.name != host or (opening.port or 80) != port):
+                        await _say(writer, 403, "the Host header names another host than the URL")
+                        await self._refuse(att, host, port, via, None, f"Host {opening.name} differs from the URL's")
+                        return
+                    opened = _origin_form(head)
+                host = normalise_host(host or "")
+            decision = att.egress.decide(host, port)
+            how = "policy"
+            if decision.verdict == "ask":
+                granted, by, answered = await self._ask(att, host, port)
+                how = f"{answered} by {by}"
+                if not granted:
+                    if not transparent:
+                        await _say(writer, 403, f"{host}:{port}: not approved ({answered})")
+                    await self._refuse(att, host, port, via, decision.rule, f"asked; {answered} by {by}", "ask")
+                    return
+            elif decision.verdict == "deny":
+                if not transparent:
+                    await _say(writer, 403, decision.why)
+                await self._refuse(att, host, port, via, decision.rule, decision.why, "deny")
+                return
+            if not transparent and not opened:
+                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
+                await writer.drain()
+            # the client's first bytes, when it sends them before the server speaks
+            if not opened:
+                opened = await _first_bytes(reader)
+            if opened:
+                problem = _mismatch(inspect.classify(opened), host, port)
+                if problem:
+                    await self._refuse(att, host, port, via, decision.rule, problem, "allow")
+                    return
+            addresses = await self._addresses(att, host, port)
+            if isinstance(addresses, str):
+                if not transparent and opened[:1] != b"\x16" and opened:
+                    await _say(writer, 403, addresses)
+                await self._refuse(att, host, port, via, decision.rule, addresses, decision.verdict)
+                return
+            record = {"host": host, "port": port, "via": via, "decision": "allow", "rule": decision.rule,
+                      "approved": how if decision.verdict == "ask" else None, "address": addresses[0],
+                      "command": att.owner.command[:200]}  # fmt: skip
+            if not await self._record(att, "egress_allowed", record):
+                await self._refuse(att, host, port, via, decision.rule, "the decision could not be recorded", "allow")
+                return
+            try:
+                up_reader, up_writer = await asyncio.wait_for(
+                    asyncio.open_connection(addresses[0], port, limit=CHUNK), CONNECT_TIMEOUT
+                )
+            except (TimeoutError, OSError) as exc:
+                await self._ended(att, host, port, via, decision.rule, started, 0, 0, f"connect failed: {exc}")
+                return
+            att.writers.add(up_writer)
+            sent = [0, 0]
+            ended = "closed"
+            try:
+                if opened:
+                    up_writer.write(opened)
+                    sent[0] += len(opened)
+                    att.moved += len(opened)
+                ended = await _relay(
+                    att, reader, writer, up_reader, up_writer, sent, opened_checked=bool(opened), host=host, port=port
+                )
+            finally:
+                att.writers.discard(up_writer)
+                with contextlib.suppress(Exception):
+                    up_writer.close()
+            await self._ended(att, host, port, via, decision.rule, started, sent[0], sent[1], ended)
+
+    async def _ask(self, att: _Attachment, host: str, port: int) -> tuple[bool, str, str]:
+        key = (host, port)
+        if att.granted.get(key):
+            return True, "an earlier answer", "approved for this call"
+        pending = att.asking.get(key)
+        if pending is None:
+            owner = att.owner
+            pending = asyncio.ensure_future(
+                self._loop.run_in_executor(
+                    self._asks, att.hooks.ask, owner.call_id, owner.principal, host, port, owner.command
+                )
+            )
+            att.asking[key] = pending
+        try:
+            granted, by, how = await asyncio.shield(pending)
+        except Exception as exc:
+            return False, "nobody", f"the approval failed: {exc}"
+        finally:
+            att.asking.pop(key, None)
+        if granted:
+            att.granted[key] = True
+        return granted, by, how
+
+    async def _addresses(self, att: _Attachment, host: str, port: int) -> list[str] | str:
+        """Where `host` really is, as the gateway's resolver says: the addresses the policy lets
+        the sandbox reach (or why none)."""
+        try:
+            if ipaddress.ip_address(host):
+                found = [host]
+        except ValueError:
+            try:
+                infos = await asyncio.wait_for(
+                    self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT
+                )
+            except (TimeoutError, OSError) as exc:
+                return f"{host} does not resolve: {exc}"
+            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+        usable = [a for a in found if not blocked(a) or att.egress.listed_address(a)]
+        if not usable:
+            listed = ", ".join(found)
+            return f"{host} resolves to {listed}: loopback, private or link-local, which the policy does not list"
+        return usable
+
+    async def _refuse(
+        self, att: _Attachment, host: str | None, port: int, via: str, rule: str | None, why: str, verdict: str = "deny"
+    ) -> None:
+        att.refused_connections += 1
+        await self._record(
+            att, "egress_connection",
+            {"host": host, "port": port, "via": via, "decision": "deny", "rule": rule, "ended": "refused", "why": why,
+             "policy_verdict": verdict, "command": att.owner.command[:200]},
+            quiet=True,
+        )  # fmt: skip
+
+    async def _ended(
+        self, att: _Attachment, host: str, port: int, via: str, rule: str | None, started: float, up: int, down: int,
+        ended: str,
+    ) -> None:  # fmt: skip
+        await self._record(
+            att, "egress_connection",
+            {"host": host, "port": port, "via": via, "decision": "allow", "rule": rule, "bytes_out": up,
+             "bytes_in": down, "duration_ms": round((time.monotonic() - started) * 1000), "ended": ended},
+            quiet=True,
+        )  # fmt: skip
+
+    def refused_lookup(self, att: _Attachment, name: str, qtype: str) -> None:
+        att.refused_lookups += 1
+        if att.refused_lookups <= MAX_RECORDED_REFUSALS:
+            decision = att.egress.decide(name, 443)
+            task = self._loop.create_task(
+                self._record(
+                    att, "egress_dns_refused", {"name": name[:255], "type": qtype, "rule": decision.rule}, True
+                )
+            )
+            att.tasks.add(task)
+            task.add_done_callback(att.tasks.discard)
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    def __init__(self, service: EgressService, att: _Attachment) -> None:
+        self.service = service
+        self.att = att
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def datagram_received(self, data: bytes, addr: tuple[str, int]) -> None:
+        try:
+            query = DNSRecord.parse(data)
+        except Exception:
+            return  # not a DNS message: nothing to answer
+        if query.header.qr or len(query.questions) != 1:
+            return
+        reply = query.reply()
+        question = query.q
+        name = str(question.qname).rstrip(".").lower()
+        qtype = QTYPE.get(question.qtype, str(question.qtype))
+        if not name or not self.att.egress.resolvable(name):
+            reply.header.rcode = RCODE.REFUSED
+            self.service.refused_lookup(self.att, name, str(qtype))
+        elif question.qtype == QTYPE.A:
+            address = self.att.address_for(normalise_host(name))
+            if address is None:
+                reply.header.rcode = RCODE.REFUSED
+                self.service.refused_lookup(self.att, name, "A (too many names)")
+            else:
+                reply.add_answer(RR(question.qname, QTYPE.A, rdata=A(address), ttl=60))
+        # any other type of an answerable name: no records (NOERROR, empty); nothing is asked upstream
+        if self.transport is not None:
+            self.transport.sendto(reply.pack(), addr)
+
+
+async def _read_head(reader: asyncio.StreamReader) -> bytes:
+    try:
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
+    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
+        return b""
+
+
+async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
+    """What the client sends first, read until it is recognisably TLS, HTTP or something else;
+    empty when it stays silent (the server speaks first)."""
+    data = b""
+    deadline = time.monotonic() + FIRST_BYTES_WAIT
+    while True:
+        left = deadline - time.monotonic() if not data else HEAD_TIMEOUT
+        if left <= 0:
+            return data
+        try:
+            chunk = await asyncio.wait_for(reader.read(inspect.MAX_HEAD), left)
+        except TimeoutError:
+            return data
+        if not chunk:
+            return data
+        data += chunk
+        if inspect.classify(data).kind != "incomplete" or len(data) >= inspect.MAX_HEAD:
+            return data
+
+
+def _mismatch(opening: inspect.Opening, host: str, port: int) -> str | None:
+    """Why the client's first bytes name another host than the one it resolved (None: they don't)."""
+    if opening.kind == "tls":
+        if opening.error:
+            return f"the TLS ClientHello cannot be read ({opening.error})"
+        if opening.name is None:
+            return f"the TLS ClientHello names no server (SNI); it must name {host}"
+        if opening.name != host:
+            return f"the TLS server name {opening.name!r} differs from the resolved host {host!r}"
+    if opening.kind == "http":
+        if opening.error:
+            return f"the HTTP request cannot be read ({opening.error})"
+        if opening.name is None:
+            return f"the HTTP request names no Host; it must name {host}"
+        if opening.name != host:
+            return f"the HTTP Host {opening.name!r} differs from the resolved host {host!r}"
+        if opening.port is not None and opening.port != port:
+            return f"the HTTP Host names port {opening.port}, the connection is to {port}"
+    if opening.kind == "incomplete":
+        return "the connection's first bytes were cut short"
+    return None
+
+
+async def _relay(
+    att: _Attachment,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    up_reader: asyncio.StreamReader,
+    up_writer: asyncio.StreamWriter,
+    sent: list[int],
+    opened_checked: bool,
+    host: str,
+    port: int,
+) -> str:
+    """Copy both ways until both sides are done. The client's first bytes, if they had not come
+    before the connection was made (a silent start), are checked as they come."""
+    why: list[str] = []
+
+    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, index: int, check: bool) -> None:
+        first = check
+        pending = b""
+        while True:
+            chunk = await src.read(CHUNK)
+            if not chunk:
+                break
+            if first:
+                pending += chunk
+                opening = inspect.classify(pending)
+                if opening.kind == "incomplete" and len(pending) < inspect.MAX_HEAD:
+                    continue
+                first = False
+                problem = _mismatch(opening, host, port)
+                if problem:
+                    why.append(problem)
+                    raise ConnectionAbortedError(problem)
+                chunk, pending = pending, b""
+            sent[index] += len(chunk)
+            att.moved += len(chunk)
+            if att.moved > att.egress.max_bytes:
+                att.over_cap = True
+                why.append(f"the sandbox moved more than {att.egress.max_bytes} bytes (sandbox.network.max_bytes)")
+                raise ConnectionAbortedError(why[-1])
+            dst.write(chunk)
+            await dst.drain()
+        with contextlib.suppress(OSError, RuntimeError):
+            if dst.can_write_eof():
+                dst.write_eof()
+
+    tasks = [
+        asyncio.ensure_future(copy(reader, up_writer, 0, not opened_checked)),
+        asyncio.ensure_future(copy(up_reader, writer, 1, False)),
+    ]
+    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    for t in pending:
+        if any(d.exception() for d in done):
+            t.cancel()
+    with contextlib.suppress(Exception):
+        await asyncio.gather(*pending, return_exceptions=True)
+    if why:
+        return f"cut: {why[0]}"
+    errors = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
+    return f"reset: {errors[0]}" if errors else "closed"
+
+
+def _origin_form(head: bytes) -> bytes:
+    """A proxy request's head as the server expects it: `GET /path HTTP/1.1` (the absolute URL
+    of the request line cut to its path)."""
+    line, _, rest = head.partition(b"\r\n")
+    parts = line.split(b" ")
+    if len(parts) == 3 and parts[1].lower().startswith(b"http://"):
+        after = parts[1][7:]
+        slash = after.find(b"/")
+        parts[1] = after[slash:] if slash >= 0 else b"/"
+    return b" ".join(parts) + b"\r\n" + rest
+
+
+def _absolute(target: str) -> tuple[str, int] | None:
+    if not target.lower().startswith("http://"):
+        return None
+    rest = target[7:]
+    authority = rest.split("/", 1)[0].split("?", 1)[0]
+    if "@" in authority or not authority:
+        return None
+    host, port = inspect.split_authority(authority)
+    if port is not None and port < 0:
+        return None
+    return host, port or 80
+
+
+async def _say(writer: asyncio.StreamWriter, status: int, why: str) -> None:
+    reason = {400: "Bad Request", 403: "Forbidden"}.get(status, "Error")
+    body = f"agent-gateway: {why}\n".encode(errors="replace")
+    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+            "X-Proxy-Error: blocked-by-policy\r\nConnection: close\r\n\r\n")  # fmt: skip
+    with contextlib.suppress(Exception):
+        writer.write(head.encode() + body)
+        await writer.drain()
+
+
+_service: EgressService | None = None
+_service_lock = threading.Lock()
+
+
+def service() -> EgressService:
+    """The gateway's one egress loop, started on first use."""
+    global _service
+    with _service_lock:
+        if _service is None:
+            _service = EgressService()
+        return _service

