@@ -45,6 +45,9 @@ test: lint $(CLIENTS_STAMP)
 		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
 	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq ripgrep >/dev/null; } || echo "no ripgrep: rg's model goes unchecked (apt-get install ripgrep)"
+	@# tests/sandbox/test_egress.py installs a wheel with the system's pip inside the sandbox, through the proxy
+	@/usr/bin/python3 -m pip --version >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq python3-pip >/dev/null; } || echo "no system pip: the egress install test is skipped (apt-get install python3-pip)"
 	@# tests/server/test_console_browser.py drives the web console in Debian's headless chromium
 	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { [ "$$(id -u)" = 0 ] \
 		&& command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \

@@ -86,12 +86,15 @@ def _explain(result: CheckResult) -> str:
 def _cmd_check(args: argparse.Namespace) -> int:
     from gateway.decide import evaluate
     from gateway.policy.loader import PolicyError
+    from gateway.sandbox.doctor import NETWORK_TRUE_WARNING
 
     try:
         policy = _policy(args)
         default_principal = _principal(args, policy) if not args.batch else args.principal
     except PolicyError as exc:
         return _fatal(str(exc))
+    if policy.policy.sandbox.network is True:
+        print(f"gateway: warning: {NETWORK_TRUE_WARNING}", file=sys.stderr)
     if args.batch:
         return _check_batch(args, policy, default_principal)
     text = " ".join(args.command) if args.command else ""

@@ -84,7 +84,31 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     items.append(_nested())
     if policy is not None:
         items.append(_policy(policy))
+        items.append(_network(policy))
     return Report(tuple(items))
+
+
+NETWORK_TRUE_WARNING = (
+    "sandbox.network is true: commands reach every host the gateway's machine reaches, UDP included, and no "
+    "connection is recorded; name the hosts instead (sandbox.network: {presets, allow, ask, deny}: docs/sandbox.md)"
+)
+
+
+def _network(policy: CompiledPolicy) -> Item:
+    """What the policy lets commands reach (a warning, never a block: the admin chose it)."""
+    setting = policy.policy.sandbox.network
+    if setting is True:
+        return Item("network", "network", False, NETWORK_TRUE_WARNING, False, {"mode": "everything"})
+    if policy.egress is None:
+        return Item("network", "network", True, "off: commands have no network", False, {"mode": "off"})
+    e = policy.egress
+    facts = {"mode": "hosts", "allow": [p.text for p in e.allow], "ask": [p.text for p in e.ask],
+             "deny": [p.text for p in e.deny], "presets": dict(e.preset_hosts), "ports": list(e.ports())}  # fmt: skip
+    detail = (
+        f"hosts by policy: {len(e.allow)} allowed, {len(e.ask)} asked, {len(e.deny)} denied pattern(s), ports "
+        f"{', '.join(map(str, e.ports())) or 'none'}; every connection through the gateway's proxy, recorded"
+    )
+    return Item("network", "network", True, detail, False, facts)
 
 
 def _run(argv: list[str], **kwargs: Any) -> tuple[int | None, str]:
