@@ -231,6 +231,8 @@ def run(
         result["status"] = "error"
         lines = result["stderr"].strip().splitlines()
         why = lines[-1][:300] if lines else f"it ended with status {proc.returncode} before the command started"
+        if launch.network_error:
+            why = f"{launch.network_error} ({why})" if lines else launch.network_error
         result["error"] = {"code": "SANDBOX_UNAVAILABLE", "message": f"the sandbox refused to start: {why}"}
         return result
     if stopped.get("oom_killed"):

@@ -91,6 +91,8 @@ class Launch:
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
         open until the sandbox ends, so `never_ran()` can tell whether the byte was taken."""
+        if self.network_error is not None:
+            return  # withheld: its network could not be attached (never_ran says so)
         fd, self._hold = self._hold, None
         if fd is None:
             raise ValueError("this launch is not held, or was already released or withheld")
@@ -104,6 +106,8 @@ class Launch:
         """After a held launch has ended: whether its command never started, because the sandbox
         failed before the inner helper took the go byte (bwrap's own setup, say, which exits 1
         like a command could). False for a launch that was not held."""
+        if self.network_error is not None:
+            return True  # withheld: its network could not be attached
         if self._sent is None:
             return False
         if self._gone:

@@ -52,7 +52,7 @@ FIRST_BYTES_WAIT = 0.3
 server speaks first, such as ssh). The client's first bytes are still checked whenever they come."""
 HEAD_TIMEOUT = 15.0
 CONNECT_TIMEOUT = 15.0
-CHUNK = 256 * 1024
+CHUNK = 1024 * 1024
 _BLOCKED = tuple(
     ipaddress.ip_network(n)
     for n in (
