@@ -281,6 +281,9 @@ class Session:
         with self.cond:
             self.outstanding += 1
             self.done_at = None
+        network = self.launch.network if self.launch is not None else None
+        if network is not None:  # its connections from now on belong to the call sending this command
+            network.follow(text)
         with self._io:
             if not self._input_open:
                 raise SessionError("SESSION_NOT_FOUND", "the session has ended")

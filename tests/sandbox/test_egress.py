@@ -38,6 +38,7 @@ roles:
   dev: {{level: 2, read_roots: ["."], write_roots: ["."]}}
 tools:
   run: {{allow_from: 0}}
+  session: {{allow_from: 0}}
 rules:
   - id: python
     decision: allow
@@ -310,7 +311,8 @@ def test_bad_patterns_are_load_errors_with_file_line_and_field(tmp_path: Path, n
     with pytest.raises(PolicyError) as err:
         load_policy(policy, tmp_path)
     message = str(err.value)
-    assert f"{policy}:21:" in message and "sandbox.network" in message and why in message, message
+    line = POLICY.splitlines().index("  network: {network}") + 1
+    assert f"{policy}:{line}:" in message and "sandbox.network" in message and why in message, message
 
 
 def test_an_upper_layer_may_only_narrow_the_network(tmp_path: Path) -> None:
@@ -369,3 +371,24 @@ def test_blocked_addresses() -> None:
     for a in ("1.1.1.1", "203.0.113.80", "2606:4700:4700::1111"):
         assert not blocked(a), a
     assert socket.AF_INET  # (the module's own import)
+
+
+def test_a_sessions_connections_are_recorded_under_the_exec_that_made_them(tmp_path: Path, server: int) -> None:
+    from gateway.calls import SessionCall
+
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    gw = Gateway(load_policy(policy, ws), AuditLog(audit))
+    try:
+        started = gw.handle(SessionCall(principal="agent", action="start"))
+        assert started.get("status") == "ok", started
+        sid = started["session_id"]
+        ran = gw.handle(
+            SessionCall(principal="agent", action="exec", session_id=sid,
+                        command=f"python3 client.py raw localhost.,{server},localhost", timeout_ms=120000)
+        )  # fmt: skip
+        gw.handle(SessionCall(principal="agent", action="kill", session_id=sid))
+    finally:
+        gw.close()
+    assert "status 200" in json.dumps(ran), ran
+    allowed = records(audit, "egress_allowed")
+    assert allowed and allowed[0]["call_id"] == ran["call_id"] != started["call_id"]

@@ -135,9 +135,11 @@ class Attachment:
         self._service = service
         self._inner = inner
 
-    def set_call(self, call_id: str | None, command: str) -> None:
-        """Connections from now on belong to this call (a session's next command)."""
-        self._inner.owner = Owner(self._inner.owner.principal, call_id, command)
+    def follow(self, command: str) -> None:
+        """Connections from now on belong to the call this thread handles, running `command`
+        (a session's next command)."""
+        current = self._inner.hooks.current_call() or self._inner.owner.call_id
+        self._inner.owner = Owner(self._inner.owner.principal, current, command)
 
     def close(self) -> None:
         self._service.detach(self._inner)
