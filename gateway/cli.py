@@ -214,6 +214,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
         sys.stdout.write(result["stdout"])
     if result.get("stderr"):
         sys.stderr.write(result["stderr"])
+    for refused in (result.get("network") or {}).get("refused", []):
+        print(f"gateway: network refused: {refused}", file=sys.stderr)
     if "error" in result:
         print(f"gateway: {result['error']['code']}: {result['error']['message']}", file=sys.stderr)
     if result.get("status") in ("denied", "error"):

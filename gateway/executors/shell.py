@@ -218,6 +218,8 @@ def run(
     never_ran = launch.never_ran()
     stopped = launch.finished()
     result["sandbox"] = launch.summary(plan)
+    if launch.network_summary is not None:  # what the network policy let through and refused, and why
+        result["network"] = launch.network_summary
     if never_ran and (timed_out or cancelled) and not ended_itself:  # killed while its sandbox was being set up
         result["exit_code"] = None
         if cancelled:

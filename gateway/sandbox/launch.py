@@ -87,6 +87,8 @@ class Launch:
     network: Attachment | None = None
     """The sandbox's resolver and proxy (egress), while it runs."""
     network_error: str | None = None
+    network_summary: dict[str, object] | None = None
+    """Once it has ended: its connections, bytes and what was refused (for the call's result)."""
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
@@ -170,7 +172,7 @@ class Launch:
         self.withhold()
         network, self.network = self.network, None
         if network is not None:
-            network.close()
+            self.network_summary = network.close()
         if self.cgroup is None:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}

@@ -165,6 +165,7 @@ def test_a_host_header_naming_another_host_is_refused(tmp_path: Path, server: in
     refused = [r for r in records(audit, "egress_connection") if r["data"]["decision"] == "deny"]
     assert refused and "evil.example" in refused[0]["data"]["why"]
     assert not records(audit, "egress_allowed")  # nothing reached the server
+    assert "network refused: localhost:" in out and "differs from the resolved host" in out
 
 
 def test_a_tls_server_name_other_than_the_resolved_host_is_refused(tmp_path: Path, server: int) -> None:
@@ -180,6 +181,7 @@ def test_a_lookup_of_an_unlisted_name_is_refused_and_recorded(tmp_path: Path, se
     ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
     out = run(policy, ws, audit, "python3 client.py lookup c2VjcmV0.not-allowed.test")
     assert "refused" in out and "status" not in out, out
+    assert "network refused: lookup of 'c2vjcmv0.not-allowed.test' refused" in out  # the agent is told why
     names = {r["data"]["name"] for r in records(audit, "egress_dns_refused")}
     assert "c2vjcmv0.not-allowed.test" in names
 

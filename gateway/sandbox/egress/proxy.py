@@ -45,6 +45,8 @@ from gateway.sandbox.egress.rules import Egress, normalise_host
 FAKE_NET = ipaddress.ip_network("127.100.0.0/16")
 MAX_NAMES = 4096
 """Names one sandbox may have resolved: a flood of lookups cannot grow the table without end."""
+MAX_SHOWN = 10
+"""Refusals a call's result lists (the audit log has them all)."""
 MAX_RECORDED_REFUSALS = 200
 """Refused lookups recorded one by one per sandbox; beyond this, counted in the summary."""
 FIRST_BYTES_WAIT = 0.3
@@ -116,6 +118,8 @@ class _Attachment:
     refused_connections: int = 0
     over_cap: bool = False
     closed: bool = False
+    refusals: list[str] = field(default_factory=list)
+    """What was refused and why, the first MAX_SHOWN of it: told to the agent with the call's result."""
 
     def address_for(self, name: str) -> str | None:
         if name in self.addresses:
@@ -141,8 +145,17 @@ class Attachment:
         current = self._inner.hooks.current_call() or self._inner.owner.call_id
         self._inner.owner = Owner(self._inner.owner.principal, current, command)
 
-    def close(self) -> None:
+    def close(self) -> dict[str, Any]:
+        """Stop serving the sandbox's network; what it did, for the call's result."""
         self._service.detach(self._inner)
+        inner = self._inner
+        out: dict[str, Any] = {"connections": inner.connections, "bytes": inner.moved}
+        if inner.refusals:
+            out["refused"] = list(inner.refusals)
+            more = inner.refused_connections + inner.refused_lookups - len(inner.refusals)
+            if more > 0:
+                out["refused_more"] = more
+        return out
 
 
 class EgressService:
@@ -405,6 +418,7 @@ class EgressService:
         self, att: _Attachment, host: str | None, port: int, via: str, rule: str | None, why: str, verdict: str = "deny"
     ) -> None:
         att.refused_connections += 1
+        _tell(att, f"{host or '?'}:{port}: {why}")
         await self._record(
             att, "egress_connection",
             {"host": host, "port": port, "via": via, "decision": "deny", "rule": rule, "ended": "refused", "why": why,
@@ -425,6 +439,7 @@ class EgressService:
 
     def refused_lookup(self, att: _Attachment, name: str, qtype: str) -> None:
         att.refused_lookups += 1
+        _tell(att, f"lookup of {name[:100]!r} refused: the network policy names no host it could reach")
         if att.refused_lookups <= MAX_RECORDED_REFUSALS:
             decision = att.egress.decide(name, 443)
             task = self._loop.create_task(
@@ -469,6 +484,11 @@ class _Resolver(asyncio.DatagramProtocol):
         # any other type of an answerable name: no records (NOERROR, empty); nothing is asked upstream
         if self.transport is not None:
             self.transport.sendto(reply.pack(), addr)
+
+
+def _tell(att: _Attachment, what: str) -> None:
+    if len(att.refusals) < MAX_SHOWN and what not in att.refusals:
+        att.refusals.append(what)
 
 
 async def _read_head(reader: asyncio.StreamReader) -> bytes:
