@@ -659,7 +659,9 @@ class _NetworkHooks:
             data=data,
         )  # fmt: skip
 
-    def ask(self, call_id: str | None, principal: str, host: str, port: int, command: str) -> tuple[bool, str, str]:
+    def ask(
+        self, call_id: str | None, principal: str, host: str, port: int, command: str, cancel: threading.Event
+    ) -> tuple[bool, str, str]:
         gw = self.gateway
         policy = gw.policy
         decision = policy.egress.decide(host, port) if policy.egress is not None else None
@@ -674,13 +676,15 @@ class _NetworkHooks:
         if request.digest in gw._session_approved:
             answer: Approval | None = Approval(True, gw._session_approved[request.digest], request.digest, "session")
         else:
-            answer = gw.approver.decide(request, gw.approval_timeout_s)
+            with cancellation.handling(cancel):  # the sandbox ending withdraws the question
+                answer = gw.approver.decide(request, gw.approval_timeout_s)
         bound = answer is not None and answer.digest == request.digest
         unchanged = gw.policy.sha256 == policy.sha256
-        granted = answer is not None and answer.approved and bound and unchanged
+        withdrawn = cancel.is_set()
+        granted = answer is not None and answer.approved and bound and unchanged and not withdrawn
         if granted and answer is not None and answer.how.endswith("-session"):
             gw._session_approved[answer.digest] = answer.by
-        how = answer.how if answer is not None else "timeout"
+        how = "withdrawn: the sandbox ended" if withdrawn else answer.how if answer is not None else "timeout"
         by = answer.by if answer is not None else "nobody"
         gw.audit.append(
             "approval", call_id=asked, principal=principal, tool="network", policy_sha256=policy.sha256,

@@ -29,6 +29,7 @@ from gateway.policy.compile import load_policy
 from gateway.policy.loader import PolicyError
 from gateway.sandbox.egress import presets
 from gateway.sandbox.identity import hand_over
+from tests.conftest import eventually
 
 POLICY = """\
 version: 1
@@ -73,6 +74,33 @@ CLIENT = textwrap.dedent("""\
             ctx = ssl.create_default_context()
             t = ctx.wrap_socket(s, server_hostname=sni)
             print("status tls-ok")
+        elif kind == "send":  # raw first bytes (escaped), then whatever comes back
+            host, port, payload = target.split(",", 2)
+            s = socket.create_connection((host, int(port)), timeout=30)
+            s.sendall(payload.encode().decode("unicode_escape").encode("latin-1"))
+            data = s.recv(200)
+            print("status", data.split(b" ")[1].decode() if data else "closed")
+        elif kind == "dns":  # a query written by hand: labels as given (escapes and all)
+            labels = [l.encode() for l in target.split("|")]
+            q = bytes([0x12, 0x34, 1, 0, 0, 1, 0, 0, 0, 0, 0, 0])
+            q += b"".join(bytes([len(l)]) + l for l in labels) + bytes([0, 0, 1, 0, 1])
+            u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+            u.settimeout(10)
+            u.sendto(q, ("127.0.0.1", 53))
+            answer = u.recv(512)
+            rcode, count = answer[3] & 0x0F, int.from_bytes(answer[6:8], "big")
+            print("refused rcode", rcode) if rcode else print("status answered", count)
+        elif kind == "many":  # connect to many places at once and hold them
+            host, port, n = target.split(",")
+            held = []
+            for i in range(int(n)):
+                try:
+                    held.append(socket.create_connection((host.replace("N", str(i)), int(port)), timeout=30))
+                except OSError:
+                    pass
+            import time
+            time.sleep(3)
+            print("held", len(held))
         elif kind == "lookup":
             print("status", socket.gethostbyname(target))
         elif kind == "udp":
@@ -394,3 +422,92 @@ def test_a_sessions_connections_are_recorded_under_the_exec_that_made_them(tmp_p
     assert "status 200" in json.dumps(ran), ran
     allowed = records(audit, "egress_allowed")
     assert allowed and allowed[0]["call_id"] == ran["call_id"] != started["call_id"]
+
+
+def test_a_name_with_an_escape_is_not_a_way_past_a_deny(tmp_path: Path, server: int) -> None:
+    """`\\097dmin.corp.test` ends with an allowed suffix and differs from the denied name as
+    text, while the host's resolver reads it as admin.corp.test: refused wherever it is given."""
+    net = f'{{allow: ["*.corp.test:{server}", "127.0.0.1"], deny: ["admin.corp.test"]}}'
+    ws, policy, audit = _setup(tmp_path, net)
+    out = run(policy, ws, audit, "python3 client.py dns '\\097dmin|corp|test'")
+    assert "refused rcode 5" in out, out
+    out = run(policy, ws, audit, "python3 client.py dns 'www|corp|test'")
+    assert "status answered 1" in out, out  # the check refuses the escape, not the suffix
+    out = run(policy, ws, audit, f"python3 client.py proxy 'http://\\097dmin.corp.test:{server}/'")
+    assert "status 200" not in out, out
+    assert not records(audit, "egress_allowed")
+
+
+@pytest.mark.parametrize(
+    "opening",
+    ["GET\\t/\\tHTTP/1.1\\r\\nHost: evil.example\\r\\n\\r\\n",
+     " GET / HTTP/1.1\\r\\nHost: evil.example\\r\\n\\r\\n",
+     "GET http://evil.example/ HTTP/1.1\\r\\nHost: localhost\\r\\n\\r\\n",
+     "\\x14\\x03\\x01\\x00\\x01\\x01"],
+)  # fmt: skip
+def test_openings_a_lenient_server_reads_as_another_host_are_refused(tmp_path: Path, server: int, opening: str) -> None:
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py send 'localhost.,{server},{opening}'")
+    assert "status 200" not in out, out
+    assert not records(audit, "egress_allowed")
+
+
+def test_refusals_are_recorded_up_to_a_cap_then_counted(tmp_path: Path, server: int) -> None:
+    """A flood of refused connections cannot grow the audit log without end."""
+    from gateway.sandbox.egress.proxy import MAX_RECORDED_REFUSALS
+
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py many 127.0.0.1,{server},{MAX_RECORDED_REFUSALS + 60}")
+    assert "held" in out, out
+    refused = [r for r in records(audit, "egress_connection") if r["data"].get("decision") == "deny"]
+    assert len(refused) == MAX_RECORDED_REFUSALS
+    summary = records(audit, "egress_summary")[-1]["data"]
+    assert summary["refused_connections"] == MAX_RECORDED_REFUSALS + 60 and summary["unrecorded_refusals"] == 60
+
+
+def test_a_connection_cut_when_the_sandbox_ends_is_still_recorded(tmp_path: Path) -> None:
+    """The command is killed at its timeout while its connection waits on a server that never
+    answers: the connection's end is recorded all the same (bytes, duration, how it ended)."""
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(16)
+    port = silent.getsockname()[1]
+    try:
+        ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{port}", "127.0.0.1"]}}')
+        gw = Gateway(load_policy(policy, ws), AuditLog(audit))
+        try:
+            out = gw.handle(RunCall(principal="agent", command=f"python3 client.py many localhost.,{port},5",
+                                    timeout_ms=1500))  # fmt: skip
+        finally:
+            gw.close()
+    finally:
+        silent.close()
+    assert out["status"] == "timeout", out
+    allowed = records(audit, "egress_allowed")
+    ended = [r for r in records(audit, "egress_connection") if r["data"].get("decision") == "allow"]
+    assert len(allowed) == 5 and len(ended) == 5, (len(allowed), len(ended))
+
+
+def test_a_sandbox_cannot_hold_more_than_a_few_questions_and_they_end_with_it(tmp_path: Path, server: int) -> None:
+    """Asks are capped per sandbox, and withdrawn when it ends: one sandbox cannot fill the
+    supervisor's inbox or the threads that wait on it for others."""
+    from gateway import cancellation
+    from gateway.sandbox.egress.proxy import MAX_ASKS
+
+    ws, policy, audit = _setup(tmp_path, f'{{ask: ["*.corp.test:{server}"]}}')
+    seen: list[tuple[str, bool]] = []
+
+    def never_answered(request: ApprovalRequest) -> bool:
+        event = cancellation.current_cancel()
+        withdrawn = event is not None and event.wait(120)
+        seen.append((request.command, withdrawn))
+        return False
+
+    gw = Gateway(load_policy(policy, ws), AuditLog(audit), CallbackApprover(never_answered))
+    try:
+        gw.handle(RunCall(principal="agent", command=f"python3 client.py many hN.corp.test.,{server},{MAX_ASKS + 4}",
+                          timeout_ms=8000))  # fmt: skip
+    finally:
+        gw.close()
+    eventually(lambda: len(seen) == MAX_ASKS or None)  # each waiter returns once it is withdrawn
+    assert len(seen) == MAX_ASKS and all(withdrawn for _, withdrawn in seen), seen

@@ -15,6 +15,10 @@ import h11
 MAX_HEAD = 16 * 1024
 """Bytes read at most to find a ClientHello's server name or an HTTP request's head."""
 _METHOD = re.compile(rb"^[A-Za-z]+ ")
+_HTTP_START = re.compile(rb"^[\x00-\x20]*[A-Za-z]")
+_HTTP_LIKE = re.compile(rb"^[\x00-\x20]*[!-~]+[\x00-\x20]+[!-~]*[\x00-\x20]*HTTP/", re.IGNORECASE)
+"""A first line that reads as a request line to a lenient server (tabs, leading spaces, any
+case): treated as HTTP and checked as such, never waved through as another protocol."""
 
 
 @dataclass(frozen=True)
@@ -37,8 +41,18 @@ def classify(data: bytes) -> Opening:
         return Opening("incomplete")
     if stripped[0] == 0x16:
         return _client_hello(stripped)
+    if 0x14 <= stripped[0] <= 0x17 or stripped[0] & 0x80:  # another TLS record first, or an SSLv2 hello
+        return Opening("tls", None, error="the first TLS record is not a ClientHello")
+    lines = stripped.split(b"\n", 1)
+    first_line = lines[0][:MAX_HEAD]
     if _METHOD.match(stripped[:16]) or (len(stripped) < 16 and stripped.isalpha()):
+        if len(lines) == 2 and b"HTTP/" not in first_line.upper():
+            return Opening("other")  # a whole first line that is no request line (SMTP's EHLO, say)
         return http_head(stripped)
+    if _HTTP_LIKE.match(first_line):
+        return Opening("http", error="a request line in a form the proxy does not read (tabs, spaces, case)")
+    if b"\n" not in stripped and len(stripped) < MAX_HEAD and _HTTP_START.match(stripped):
+        return Opening("incomplete")  # it may yet turn out to be a request line
     return Opening("other")
 
 

@@ -40,11 +40,13 @@ from dnslib import QTYPE, RCODE, RR, A, DNSRecord  # type: ignore[import-untyped
 
 from gateway.sandbox.egress import inspect
 from gateway.sandbox.egress.netns import Sockets
-from gateway.sandbox.egress.rules import Egress, normalise_host
+from gateway.sandbox.egress.rules import Egress, checked_host
 
 FAKE_NET = ipaddress.ip_network("127.100.0.0/16")
 MAX_NAMES = 4096
 """Names one sandbox may have resolved: a flood of lookups cannot grow the table without end."""
+MAX_ASKS = 4
+"""Hosts one sandbox may have waiting for a supervisor at once; more are refused at once."""
 MAX_SHOWN = 10
 """Refusals a call's result lists (the audit log has them all)."""
 MAX_RECORDED_REFUSALS = 200
@@ -53,6 +55,7 @@ FIRST_BYTES_WAIT = 0.3
 """Seconds a connection may stay silent before the proxy connects anyway (protocols where the
 server speaks first, such as ssh). The client's first bytes are still checked whenever they come."""
 HEAD_TIMEOUT = 15.0
+WEB_PORTS = (443, 80)
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1024 * 1024
 _BLOCKED = tuple(
@@ -85,8 +88,11 @@ class Hooks(Protocol):
     def record(self, event: str, call_id: str | None, principal: str, data: dict[str, Any]) -> None:
         """Append to the audit log, durably. Raises when it cannot: then nothing connects."""
 
-    def ask(self, call_id: str | None, principal: str, host: str, port: int, command: str) -> tuple[bool, str, str]:
-        """Ask a supervisor whether `host:port` may be reached: (granted, by, how). Blocks."""
+    def ask(
+        self, call_id: str | None, principal: str, host: str, port: int, command: str, cancel: threading.Event
+    ) -> tuple[bool, str, str]:
+        """Ask a supervisor whether `host:port` may be reached: (granted, by, how). Blocks until
+        answered, timed out, or `cancel` is set (the sandbox ended: the question is withdrawn)."""
 
 
 @dataclass
@@ -118,6 +124,8 @@ class _Attachment:
     refused_connections: int = 0
     over_cap: bool = False
     closed: bool = False
+    cancel: threading.Event = field(default_factory=threading.Event)
+    """Set when the sandbox ends: its questions to supervisors are withdrawn."""
     refusals: list[str] = field(default_factory=list)
     """What was refused and why, the first MAX_SHOWN of it: told to the agent with the call's result."""
 
@@ -163,7 +171,7 @@ class EgressService:
 
     def __init__(self) -> None:
         self._loop = asyncio.new_event_loop()
-        self._asks = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="egress-ask")
+        self._asks = concurrent.futures.ThreadPoolExecutor(64, thread_name_prefix="egress-ask")
         self._io = concurrent.futures.ThreadPoolExecutor(8, thread_name_prefix="egress-io")
         self._thread = threading.Thread(target=self._run, name="egress", daemon=True)
         self._thread.start()
@@ -204,6 +212,7 @@ class EgressService:
 
     async def _stop(self, att: _Attachment) -> None:
         att.closed = True
+        att.cancel.set()  # questions still waiting for a supervisor are withdrawn
         for server in att.servers:
             server.close()
         if att.transport is not None:
@@ -215,12 +224,13 @@ class EgressService:
         if att.tasks:
             await asyncio.wait(att.tasks, timeout=5)
         att.sockets.close()
-        if att.refused_lookups > MAX_RECORDED_REFUSALS or att.over_cap or att.refused_connections:
+        if att.refused_lookups or att.over_cap or att.refused_connections:
             data = {
                 "connections": att.connections,
                 "refused_connections": att.refused_connections,
                 "refused_lookups": att.refused_lookups,
                 "unrecorded_lookups": max(0, att.refused_lookups - MAX_RECORDED_REFUSALS),
+                "unrecorded_refusals": max(0, att.refused_connections - MAX_RECORDED_REFUSALS),
                 "bytes": att.moved,
                 **({"over_byte_cap": True} if att.over_cap else {}),
             }
@@ -265,9 +275,8 @@ class EgressService:
         sock = writer.get_extra_info("socket")
         assert att.slots is not None
         if att.slots.locked():
-            att.refused_connections += 1
-            why = f"more than {att.egress.max_connections} connections at once"
-            await self._record(att, "egress_connection", {"decision": "deny", "ended": "refused", "why": why}, True)
+            why = f"more than {att.egress.max_connections} connections at once (sandbox.network.max_connections)"
+            await self._refuse(att, None, sock.getsockname()[1], "transparent" if transparent else "proxy", None, why)
             return
         async with att.slots:
             att.connections += 1
@@ -308,7 +317,12 @@ class EgressService:
                         await self._refuse(att, host, port, via, None, f"Host {opening.name} differs from the URL's")
                         return
                     opened = _origin_form(head)
-                host = normalise_host(host or "")
+                named = checked_host(host or "")
+                if named is None:
+                    await _say(writer, 400, "not a host name (letters, digits, '-', '_' and dots) or an address")
+                    await self._refuse(att, None, port, via, None, f"{(host or '')[:100]!r} is not a host name")
+                    return
+                host = named
             decision = att.egress.decide(host, port)
             how = "policy"
             if decision.verdict == "ask":
@@ -356,7 +370,7 @@ class EgressService:
                 return
             att.writers.add(up_writer)
             sent = [0, 0]
-            ended = "closed"
+            ended = "cut: the sandbox ended"
             try:
                 if opened:
                     up_writer.write(opened)
@@ -369,7 +383,8 @@ class EgressService:
                 att.writers.discard(up_writer)
                 with contextlib.suppress(Exception):
                     up_writer.close()
-            await self._ended(att, host, port, via, decision.rule, started, sent[0], sent[1], ended)
+                # recorded however it ends, the sandbox's end (a cancellation) included
+                await asyncio.shield(self._ended(att, host, port, via, decision.rule, started, sent[0], sent[1], ended))
 
     async def _ask(self, att: _Attachment, host: str, port: int) -> tuple[bool, str, str]:
         key = (host, port)
@@ -377,10 +392,12 @@ class EgressService:
             return True, "an earlier answer", "approved for this call"
         pending = att.asking.get(key)
         if pending is None:
+            if len(att.asking) >= MAX_ASKS:
+                return False, "the gateway", f"refused: {MAX_ASKS} hosts of this sandbox already wait for a supervisor"
             owner = att.owner
             pending = asyncio.ensure_future(
                 self._loop.run_in_executor(
-                    self._asks, att.hooks.ask, owner.call_id, owner.principal, host, port, owner.command
+                    self._asks, att.hooks.ask, owner.call_id, owner.principal, host, port, owner.command, att.cancel
                 )
             )
             att.asking[key] = pending
@@ -389,7 +406,8 @@ class EgressService:
         except Exception as exc:
             return False, "nobody", f"the approval failed: {exc}"
         finally:
-            att.asking.pop(key, None)
+            if pending.done():
+                att.asking.pop(key, None)
         if granted:
             att.granted[key] = True
         return granted, by, how
@@ -419,6 +437,8 @@ class EgressService:
     ) -> None:
         att.refused_connections += 1
         _tell(att, f"{host or '?'}:{port}: {why}")
+        if att.refused_connections > MAX_RECORDED_REFUSALS:
+            return  # counted: the summary at the sandbox's end says how many more
         await self._record(
             att, "egress_connection",
             {"host": host, "port": port, "via": via, "decision": "deny", "rule": rule, "ended": "refused", "why": why,
@@ -437,14 +457,18 @@ class EgressService:
             quiet=True,
         )  # fmt: skip
 
-    def refused_lookup(self, att: _Attachment, name: str, qtype: str) -> None:
+    def refused_lookup(self, att: _Attachment, name: str, qtype: str, why: str = "") -> None:
         att.refused_lookups += 1
-        _tell(att, f"lookup of {name[:100]!r} refused: the network policy names no host it could reach")
+        why = why or "the network policy names no host it could reach"
+        _tell(att, f"lookup of {name[:100]!r} refused: {why}")
         if att.refused_lookups <= MAX_RECORDED_REFUSALS:
             decision = att.egress.decide(name, 443)
             task = self._loop.create_task(
                 self._record(
-                    att, "egress_dns_refused", {"name": name[:255], "type": qtype, "rule": decision.rule}, True
+                    att,
+                    "egress_dns_refused",
+                    {"name": name[:255], "type": qtype, "rule": decision.rule, "why": why},
+                    True,
                 )
             )
             att.tasks.add(task)
@@ -469,13 +493,17 @@ class _Resolver(asyncio.DatagramProtocol):
             return
         reply = query.reply()
         question = query.q
-        name = str(question.qname).rstrip(".").lower()
+        raw = str(question.qname)
+        name = checked_host(raw)
         qtype = QTYPE.get(question.qtype, str(question.qtype))
-        if not name or not self.att.egress.resolvable(name):
+        if name is None:
+            reply.header.rcode = RCODE.REFUSED
+            self.service.refused_lookup(self.att, raw.rstrip(".").lower(), str(qtype), "not a host name")
+        elif not self.att.egress.resolvable(name):
             reply.header.rcode = RCODE.REFUSED
             self.service.refused_lookup(self.att, name, str(qtype))
         elif question.qtype == QTYPE.A:
-            address = self.att.address_for(normalise_host(name))
+            address = self.att.address_for(name)
             if address is None:
                 reply.header.rcode = RCODE.REFUSED
                 self.service.refused_lookup(self.att, name, "A (too many names)")
@@ -502,9 +530,11 @@ async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
     """What the client sends first, read until it is recognisably TLS, HTTP or something else;
     empty when it stays silent (the server speaks first)."""
     data = b""
-    deadline = time.monotonic() + FIRST_BYTES_WAIT
+    start = time.monotonic()
     while True:
-        left = deadline - time.monotonic() if not data else HEAD_TIMEOUT
+        # silent up to FIRST_BYTES_WAIT: the server speaks first; once it has begun, the whole
+        # opening must come within HEAD_TIMEOUT (a client dribbling bytes holds no slot for long)
+        left = start + (FIRST_BYTES_WAIT if not data else HEAD_TIMEOUT) - time.monotonic()
         if left <= 0:
             return data
         try:
@@ -519,7 +549,10 @@ async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
 
 
 def _mismatch(opening: inspect.Opening, host: str, port: int) -> str | None:
-    """Why the client's first bytes name another host than the one it resolved (None: they don't)."""
+    """Why the client's first bytes name another host than the one it resolved (None: they don't).
+    On the web's ports (443, 80) they must be a TLS ClientHello or an HTTP request."""
+    if opening.kind == "other" and port in WEB_PORTS:
+        return f"port {port} takes TLS or HTTP only: the connection's first bytes are neither"
     if opening.kind == "tls":
         if opening.error:
             return f"the TLS ClientHello cannot be read ({opening.error})"
@@ -536,6 +569,10 @@ def _mismatch(opening: inspect.Opening, host: str, port: int) -> str | None:
             return f"the HTTP Host {opening.name!r} differs from the resolved host {host!r}"
         if opening.port is not None and opening.port != port:
             return f"the HTTP Host names port {opening.port}, the connection is to {port}"
+        if opening.target is not None and not opening.target.startswith("/") and opening.target != "*":
+            target = _absolute(opening.target)
+            if target is None or target != (host, opening.port or port):
+                return f"the request's target {opening.target[:100]!r} names another place than {host}"
     if opening.kind == "incomplete":
         return "the connection's first bytes were cut short"
     return None

@@ -86,6 +86,23 @@ def normalise_host(host: str) -> str:
     return addr if addr is not None else host
 
 
+def checked_host(host: str) -> str | None:
+    """`host` normalised, if it is an address or a host name in the strict form (letters,
+    digits, `-` and `_` in dot-separated labels); None otherwise. Every name the resolver
+    answers, the proxy decides and the gateway looks up passes here: a name with an escape
+    (`\\097dmin`) or any other character a resolver library would read differently is refused,
+    so the name decided is the name looked up."""
+    if not isinstance(host, str) or len(host) > 255:
+        return None
+    normal = normalise_host(host)
+    if _address(normal) is not None:
+        return normal
+    labels = normal.split(".")
+    if not normal or len(normal) > 253 or not all(_LABEL.match(label) for label in labels):
+        return None
+    return normal
+
+
 def _address(text: str) -> str | None:
     try:
         return str(ipaddress.ip_address(text))
