@@ -212,6 +212,7 @@ def compile_policy(
     for rule in policy.rules:
         for program in rule.programs:
             by_program.setdefault(program, []).append(rule)
+    _secrets_unseen(policy, grants, source)
     return CompiledPolicy(
         source=source,
         policy=policy,
@@ -224,19 +225,52 @@ def compile_policy(
         by_program={k: tuple(v) for k, v in by_program.items()},
         grants=grants,
         casbin=Casbin(policies, groupings),
-        egress=_network(policy.sandbox.network, source),
+        egress=_network(policy, source),
     )
 
 
-def _network(setting: bool | NetworkSettings, source: Path) -> Egress | None:
+def _secrets_unseen(policy: Policy, grants: dict[str, Grant], source: Path) -> None:
+    """A brokered secret's file must lie where no sandbox and no files tool can read it."""
+    for name, secret in policy.secrets.items():
+        if secret.file is None:
+            continue
+        path = Path(os.path.realpath(source.parent / secret.file))
+        for grant in grants.values():
+            for root in (*grant.read_roots, *grant.write_roots):
+                if path == root or root in path.parents:
+                    raise PolicyError(
+                        f"{source}: secrets.{name}.file: {path} lies in {grant.principal}'s root {root}: a command "
+                        "could read the secret itself; keep it where no root reaches"
+                    )
+
+
+def _network(policy: Policy, source: Path) -> Egress | None:
     """`sandbox.network` as a mapping, compiled; presets read from this machine's pip, npm and
-    apt configuration now (a preset that cannot be read is a load error, naming it)."""
+    apt configuration now (a preset that cannot be read is a load error, naming it); brokered
+    secrets read from the gateway's environment or their files now."""
+    setting = policy.sandbox.network
     if not isinstance(setting, NetworkSettings):
+        if policy.secrets:
+            raise PolicyError(f"{source}: secrets: brokered secrets need sandbox.network as a mapping of hosts")
         return None
+    brokered = []
+    for name, secret in policy.secrets.items():
+        if secret.env is not None:
+            value = os.environ.get(secret.env)
+            if not value:
+                raise PolicyError(f"{source}: secrets.{name}.env: the gateway's environment has no {secret.env}")
+        else:
+            path = (source.parent / str(secret.file)).resolve()
+            try:
+                value = path.read_text().strip()
+            except OSError as exc:
+                raise PolicyError(f"{source}: secrets.{name}.file: {path} cannot be read: {exc.strerror}") from None
+        brokered.append((name, secret.hosts, value))
     try:
         return _egress.build(
             presets=setting.presets, allow=setting.allow, ask=setting.ask, deny=setting.deny,
             max_connections=setting.max_connections, max_bytes=setting.max_bytes,
+            intercept=[(i.host, i.read_only, i.paths) for i in setting.intercept], secrets=brokered,
         )  # fmt: skip
     except (PatternError, PresetError) as exc:
         raise PolicyError(f"{source}: sandbox.network: {exc}") from None

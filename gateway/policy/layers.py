@@ -279,6 +279,12 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
 
     for got, ceiling in _network_widenings(lo.sandbox.network, hi.sandbox.network):
         wider(("sandbox", "network"), got, ceiling)
+    for name, secret in hi.secrets.items():  # a brokered credential is power: only a lower layer grants it
+        granted = lo.secrets.get(name)
+        if granted is None:
+            wider(("secrets",), f"the secret {name}", f"{sorted(lo.secrets)}")
+        elif extra := [h for h in secret.hosts if h not in granted.hosts]:
+            wider(("secrets", name), f"hosts {extra}", f"{granted.hosts}")
     if lo.sandbox.require_landlock and not hi.sandbox.require_landlock:
         wider(("sandbox", "require_landlock"), "false", "true")
     if extra := [e for e in hi.sandbox.etc if e not in lo.sandbox.etc]:
@@ -401,4 +407,9 @@ def _network_widenings(lo: bool | NetworkSettings, hi: bool | NetworkSettings) -
         out.append((f"max_connections {hi.max_connections}", f"{lo.max_connections}"))
     if hi.max_bytes > lo.max_bytes:
         out.append((f"max_bytes {hi.max_bytes}", f"{lo.max_bytes}"))
+    kept = {i.host: i for i in hi.intercept}
+    for i in lo.intercept:  # an intercepted host's request rules stay at least as strict
+        now = kept.get(i.host)
+        if now is None or (i.read_only and not now.read_only) or (i.paths and not set(now.paths) <= set(i.paths)):
+            out.append((f"intercept of {i.host} relaxed or dropped", f"{i.model_dump()}"))
     return out

@@ -284,6 +284,17 @@ def _host_patterns(where: Literal["allow", "ask", "deny"]) -> AfterValidator:
     return AfterValidator(check)
 
 
+class InterceptSettings(_Model):
+    """A host whose TLS the proxy terminates (with the gateway's own CA, trusted only by its
+    sandboxes) to read its requests: to put brokered secrets in, and to apply request rules."""
+
+    host: Annotated[str, _host_patterns("allow")]
+    read_only: StrictBool = False
+    """Only GET, HEAD and OPTIONS requests."""
+    paths: list[Annotated[str, Field(pattern=r"^/")]] = []
+    """Request paths allowed (`*` matches any characters, `/` included); empty: any path."""
+
+
 class NetworkSettings(_Model):
     """The network as a policy: each connection decided by host and port, through the
     gateway's resolver and proxy (docs/sandbox.md, The network)."""
@@ -304,6 +315,27 @@ class NetworkSettings(_Model):
     """Connections one sandbox may hold open at once."""
     max_bytes: Annotated[StrictInt, Field(ge=1)] = 1 << 30
     """Bytes one sandbox may move through the proxy (both ways); then its connections are cut."""
+    intercept: list[InterceptSettings] = []
+    """Hosts whose requests the proxy reads (TLS terminated): secrets are brokered only to
+    these, and they take request rules (`read_only`, `paths`)."""
+
+
+class SecretSettings(_Model):
+    """A credential the gateway holds: commands see a placeholder in the variable of this name,
+    and the proxy puts the real value in where a request to one of `hosts` carries it."""
+
+    env: str | None = None
+    """The gateway's own environment variable holding it."""
+    file: str | None = None
+    """A file holding it (read when the policy loads; never inside a root a sandbox sees)."""
+    hosts: list[Annotated[str, _host_patterns("allow")]] = Field(min_length=1)
+    """The hosts it is for: each must be an intercepted host of `sandbox.network`."""
+
+    @model_validator(mode="after")
+    def _one_source(self) -> SecretSettings:
+        if (self.env is None) == (self.file is None):
+            raise ValueError("a secret comes from exactly one of `env` (the gateway's environment) or `file`")
+        return self
 
 
 def _network_kind(value: object) -> str:
@@ -380,6 +412,9 @@ class Policy(_Model):
     tools: dict[Tool, ToolAccess] = {}
     second_opinion: SecondOpinion = SecondOpinion()
     sandbox: SandboxSettings = SandboxSettings()
+    secrets: dict[Annotated[str, Field(pattern=r"^[A-Z_][A-Z0-9_]{0,63}$")], SecretSettings] = {}
+    """Credentials brokered by the network proxy (docs/sandbox.md, Credentials that never enter
+    the sandbox): the key is the variable commands see, holding a placeholder."""
     audit: AuditSettings = AuditSettings()
     environment: EnvironmentSettings = EnvironmentSettings()
     shells: list[Literal["bash", "sh"]] = ["bash"]

@@ -63,6 +63,8 @@ directory. A root that names one (or lies inside one) shows it."""
 
 HOME = "/home/agent"
 RUN_DIR = "/run/agent-gateway"
+CA_BUNDLE = "/run/agent-gateway/ca-bundle.pem"
+"""With intercepted hosts: the system's CAs and the gateway's own (sandbox/egress/broker.py)."""
 HELPER = f"{RUN_DIR}/init"
 GITCONFIG = f"{RUN_DIR}/gitconfig"
 LOOP_SHELL = f"{RUN_DIR}/bash"
@@ -264,6 +266,12 @@ def proxy_environment(egress: Egress) -> dict[str, str]:
     out = {name: proxy for name in ("HTTP_PROXY", "HTTPS_PROXY", "http_proxy", "https_proxy")}
     out["NO_PROXY"] = out["no_proxy"] = "localhost,127.0.0.1,::1"
     out.update(dict(egress.env))
+    if egress.intercepts:  # the gateway's CA, for the hosts whose requests the proxy reads
+        for name in ("SSL_CERT_FILE", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE", "GIT_SSL_CAINFO", "PIP_CERT",
+                     "NODE_EXTRA_CA_CERTS"):  # fmt: skip
+            out[name] = CA_BUNDLE
+    for secret in egress.secrets:  # a placeholder: the real value never enters the sandbox
+        out[secret.name] = secret.placeholder
     return out
 
 
@@ -333,6 +341,8 @@ def _skeleton(
     mounts += _protections(profile, write_roots, repositories, git_write)
     mounts += [Mount(RUN_DIR, "dir"), Mount(HELPER, "helper"),
                Mount(GITCONFIG, "data", data=git.global_config(profile.principal))]  # fmt: skip
+    if profile.egress is not None and profile.egress.ca_bundle:
+        mounts.append(Mount(CA_BUNDLE, "data", data=profile.egress.ca_bundle))
     if loop_shell:
         mounts.append(Mount(LOOP_SHELL, "shell"))
     ordered = sorted(enumerate(mounts), key=lambda im: (_depth(im[1].target), im[0]))

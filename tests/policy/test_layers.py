@@ -237,6 +237,16 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         ({"environment": {"allow": ["CI", "APP_*", "PAGER"]}}, "environment.allow: ['PAGER'] is wider"),
     ),
     ("shells", {"shells": []}, lambda m: m.policy.shells, [], ({"shells": ["bash", "sh"]}, "shells: ['sh'] is wider")),
+    *[
+        (
+            f"secrets.*.{part}",  # a brokered credential: only a lower layer grants one (docs/sandbox.md)
+            {"secrets": {}},
+            lambda m: m.policy.secrets,
+            {},
+            ({"secrets": {"API_TOKEN": {"env": "X", "hosts": ["api.example.com"]}}}, "secrets: the secret API_TOKEN"),
+        )
+        for part in ("env", "file", "hosts")
+    ],
 ]
 
 IDS = [c[0] for c in CASES]

@@ -511,3 +511,149 @@ def test_a_sandbox_cannot_hold_more_than_a_few_questions_and_they_end_with_it(tm
         gw.close()
     eventually(lambda: len(seen) == MAX_ASKS or None)  # each waiter returns once it is withdrawn
     assert len(seen) == MAX_ASKS and all(withdrawn for _, withdrawn in seen), seen
+
+
+BROKER_CLIENT = textwrap.dedent("""\
+    import os, sys, urllib.request
+    url, method = sys.argv[1], sys.argv[2]
+    token = os.environ["API_TOKEN"]
+    print("sandbox sees", token)
+    req = urllib.request.Request(url, method=method, data=b"x" if method == "POST" else None,
+                                 headers={"Authorization": "Bearer " + token})
+    try:
+        print("status", urllib.request.urlopen(req, timeout=30).status)
+    except Exception as exc:
+        print("refused", type(exc).__name__, str(exc)[:200])
+""")
+
+
+@pytest.fixture
+def tls_server(tmp_path: Path) -> Iterator[tuple[int, Path, list[str]]]:
+    """A real HTTPS server on the host's loopback, its certificate from a test CA of its own."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "egress test CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name).public_key(ca_key.public_key())
+          .serial_number(1).not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(ca_key, hashes.SHA256()))  # fmt: skip
+    key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")]))
+            .issuer_name(ca_name).public_key(key.public_key()).serial_number(2)
+            .not_valid_before(now - datetime.timedelta(hours=1)).not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName("localhost")]), critical=False)
+            .sign(ca_key, hashes.SHA256()))  # fmt: skip
+    certs = tmp_path / "certs"
+    certs.mkdir()
+    (certs / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (certs / "leaf.pem").write_bytes(
+        leaf.public_bytes(serialization.Encoding.PEM)
+        + key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    seen: list[str] = []
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def _answer(self) -> None:
+            seen.append(self.headers.get("Authorization", ""))
+            body = b"ok\n"
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        do_GET = do_POST = _answer
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(certs / "leaf.pem")
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield httpd.server_address[1], certs / "ca.pem", seen
+    httpd.shutdown()
+
+
+def _brokered_setup(tmp_path: Path, port: int, plain: int, read_only: bool = False) -> tuple[Path, Path, Path]:
+    ro = ", read_only: true" if read_only else ""
+    network = (f'{{allow: ["localhost:{port}", "localhost:{plain}", "127.0.0.1"], '
+               f'intercept: [{{host: "localhost:{port}"{ro}}}]}}')  # fmt: skip
+    ws, policy, audit = _setup(tmp_path, network)
+    policy.write_text(
+        policy.read_text() + f'secrets:\n  API_TOKEN: {{env: AGW_TEST_TOKEN, hosts: ["localhost:{port}"]}}\n'
+    )
+    (ws / "broker.py").write_text(BROKER_CLIENT)
+    hand_over(ws)
+    return ws, policy, audit
+
+
+def run_with(env: dict[str, str], policy: Path, ws: Path, audit: Path, command: str) -> str:
+    import os
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "gateway", "run", "--policy", str(policy), "--workspace", str(ws),
+         "--audit-dir", str(audit), "--", command],
+        capture_output=True, text=True, timeout=300, check=False, env={**os.environ, **env},
+    )  # fmt: skip
+    return proc.stdout + proc.stderr
+
+
+SECRET = "s3cr3t-value-that-must-not-leak-9f2c"
+
+
+def test_a_brokered_secret_reaches_its_host_and_never_the_sandbox_or_the_log(
+    tmp_path: Path, tls_server: tuple[int, Path, list[str]], server: int
+) -> None:
+    port, ca, seen = tls_server
+    ws, policy, audit = _brokered_setup(tmp_path, port, server)
+    env = {"AGW_TEST_TOKEN": SECRET, "SSL_CERT_FILE": str(ca)}  # the gateway trusts the test server's CA
+    out = run_with(env, policy, ws, audit, f"python3 broker.py https://localhost.:{port}/x GET")
+    assert "status 200" in out, out
+    assert seen == [f"Bearer {SECRET}"]  # the server got the real value
+    assert "sandbox sees agw-secret-api_token-" in out and SECRET not in out
+    log = "".join(f.read_text() for f in audit.glob("*.jsonl"))
+    assert SECRET not in log
+    assert not any(SECRET in f.read_text(errors="replace") for f in ws.rglob("*") if f.is_file())
+    ended = [r for r in records(audit, "egress_connection") if r["data"].get("intercepted")]
+    assert ended and ended[0]["data"]["brokered"] == ["API_TOKEN"] and ended[0]["data"]["requests"] == 1
+
+
+def test_a_placeholder_sent_to_another_host_is_refused_as_a_leak(
+    tmp_path: Path, tls_server: tuple[int, Path, list[str]], server: int
+) -> None:
+    port, ca, _ = tls_server
+    ws, policy, audit = _brokered_setup(tmp_path, port, server)
+    env = {"AGW_TEST_TOKEN": SECRET, "SSL_CERT_FILE": str(ca)}
+    out = run_with(env, policy, ws, audit, f"python3 broker.py http://localhost.:{server}/x GET")
+    assert "status 200" not in out, out
+    leaks = records(audit, "egress_leak_attempt")
+    assert leaks and leaks[0]["data"]["placeholder_of"] == "API_TOKEN" and leaks[0]["data"]["port"] == server
+
+
+def test_a_read_only_intercepted_host_refuses_a_post(
+    tmp_path: Path, tls_server: tuple[int, Path, list[str]], server: int
+) -> None:
+    port, ca, seen = tls_server
+    ws, policy, audit = _brokered_setup(tmp_path, port, server, read_only=True)
+    env = {"AGW_TEST_TOKEN": SECRET, "SSL_CERT_FILE": str(ca)}
+    out = run_with(env, policy, ws, audit, f"python3 broker.py https://localhost.:{port}/x POST")
+    assert "status 200" not in out and "403" in out, out
+    assert seen == []  # nothing reached the server
+    out = run_with(env, policy, ws, audit, f"python3 broker.py https://localhost.:{port}/x GET")
+    assert "status 200" in out, out
+
+
+def test_a_secret_for_a_host_that_is_not_intercepted_is_a_load_error(tmp_path: Path) -> None:
+    ws, policy, _ = _setup(tmp_path, '{allow: ["api.example.com"]}')
+    policy.write_text(policy.read_text() + 'secrets:\n  API_TOKEN: {env: HOME, hosts: ["api.example.com"]}\n')
+    with pytest.raises(PolicyError, match="intercept"):
+        load_policy(policy, ws)

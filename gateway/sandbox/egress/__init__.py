@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from gateway.sandbox.egress import broker as _broker
 from gateway.sandbox.egress import presets as _presets
 from gateway.sandbox.egress.rules import Egress, HostPattern, PatternError, parse_pattern
 
@@ -27,10 +28,24 @@ def build(
     deny: Sequence[str],
     max_connections: int,
     max_bytes: int,
+    intercept: Sequence[tuple[str, bool, Sequence[str]]] = (),
+    secrets: Sequence[tuple[str, Sequence[str], str]] = (),
     environ: Mapping[str, str] | None = None,
 ) -> Egress:
     """The compiled network policy, presets resolved against this machine's configuration.
-    Raises PatternError or presets.PresetError (load errors)."""
+    `intercept`: (host pattern, read_only, paths); `secrets`: (name, host patterns, value), each
+    host an intercepted one. Raises PatternError or presets.PresetError (load errors)."""
+    intercepts = tuple(_broker.Intercept(parse_pattern(h, "allow").text, ro, tuple(p)) for h, ro, p in intercept)
+    brokered: list[_broker.Secret] = []
+    for name, hosts, value in secrets:
+        for h in hosts:
+            wanted = parse_pattern(h, "allow")
+            if not any(parse_pattern(i.host, "allow").covers(wanted) for i in intercepts):
+                raise PatternError(
+                    f"the secret {name} is for {h!r}, which sandbox.network.intercept does not name: the proxy "
+                    "can put a secret only into requests it reads"
+                )
+        brokered.append(_broker.Secret(name, tuple(hosts), value, _broker.placeholder(name)))
     allowed = [parse_pattern(p, "allow") for p in allow]
     env: dict[str, str] = {}
     preset_hosts: list[tuple[str, str]] = []
@@ -49,4 +64,7 @@ def build(
         max_connections=max_connections,
         max_bytes=max_bytes,
         preset_hosts=tuple(preset_hosts),
+        intercepts=intercepts,
+        secrets=tuple(brokered),
+        ca_bundle=_broker.trust_bundle() if intercepts else b"",
     )

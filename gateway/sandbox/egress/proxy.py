@@ -30,6 +30,7 @@ import concurrent.futures
 import contextlib
 import ipaddress
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable
@@ -38,7 +39,7 @@ from typing import Any, Protocol
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord  # type: ignore[import-untyped]
 
-from gateway.sandbox.egress import inspect
+from gateway.sandbox.egress import broker, inspect
 from gateway.sandbox.egress.netns import Sockets
 from gateway.sandbox.egress.rules import Egress, checked_host
 
@@ -349,6 +350,15 @@ class EgressService:
                 if problem:
                     await self._refuse(att, host, port, via, decision.rule, problem, "allow")
                     return
+            intercept = att.egress.intercept_for(host, port)
+            if intercept is not None and opened[:1] != b"\x16":
+                why = f"{host} is intercepted (its requests are read): it takes TLS from the first byte"
+                await self._refuse(att, host, port, via, decision.rule, why, "allow")
+                return
+            leaked = _placeholder_in(att.egress, opened, host, port) if intercept is None else None
+            if leaked:
+                await self._leak(att, host, port, via, leaked)
+                return
             addresses = await self._addresses(att, host, port)
             if isinstance(addresses, str):
                 if not transparent and opened[:1] != b"\x16" and opened:
@@ -360,6 +370,9 @@ class EgressService:
                       "command": att.owner.command[:200]}  # fmt: skip
             if not await self._record(att, "egress_allowed", record):
                 await self._refuse(att, host, port, via, decision.rule, "the decision could not be recorded", "allow")
+                return
+            if intercept is not None:
+                await self._brokered(att, reader, writer, opened, host, addresses[0], port, via, decision.rule, started)
                 return
             try:
                 up_reader, up_writer = await asyncio.wait_for(
@@ -385,6 +398,47 @@ class EgressService:
                     up_writer.close()
                 # recorded however it ends, the sandbox's end (a cancellation) included
                 await asyncio.shield(self._ended(att, host, port, via, decision.rule, started, sent[0], sent[1], ended))
+
+    async def _brokered(
+        self, att: _Attachment, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opened: bytes, host: str,
+        address: str, port: int, via: str, rule: str | None, started: float,
+    ) -> None:  # fmt: skip
+        """An intercepted host: TLS terminated with the gateway's CA, each request read, its
+        rules applied, secrets put in, forwarded over the gateway's own TLS connection."""
+        intercept = att.egress.intercept_for(host, port)
+        assert intercept is not None
+        count = [0, 0]
+        ended = "cut: the sandbox ended"
+        exchange: broker.Exchange | None = None
+        try:
+            exchange = await broker.serve(
+                reader, writer, opened, host, address, port, intercept, att.egress.secrets,
+                att.egress.secrets_for(host, port), count,
+            )  # fmt: skip
+            ended = f"refused: {exchange.refused}" if exchange.refused else "closed"
+        except (OSError, ssl.SSLError, TimeoutError) as exc:
+            ended = f"failed: {type(exc).__name__}: {exc}"
+        finally:
+            att.moved += count[0] + count[1]
+            extra: dict[str, Any] = {"intercepted": True}
+            if exchange is not None:
+                extra["requests"] = exchange.requests
+                if exchange.injected:  # which secrets were put in, never their values
+                    extra["brokered"] = sorted(exchange.injected)
+            await asyncio.shield(self._ended(att, host, port, via, rule, started, count[0], count[1], ended, extra))
+            if exchange is not None and exchange.refused and exchange.refused.startswith("attempted leak of "):
+                await asyncio.shield(
+                    self._leak(att, host, port, via, exchange.refused.removeprefix("attempted leak of "))
+                )
+
+    async def _leak(self, att: _Attachment, host: str, port: int, via: str, secret: str) -> None:
+        """A secret's placeholder sent where the secret is not for: refused, and said so."""
+        _tell(att, f"{host}:{port}: the placeholder of {secret} is not sent there (an attempted leak, recorded)")
+        await self._record(
+            att, "egress_leak_attempt",
+            {"host": host, "port": port, "via": via, "placeholder_of": secret, "command": att.owner.command[:200]},
+            quiet=True,
+        )  # fmt: skip
 
     async def _ask(self, att: _Attachment, host: str, port: int) -> tuple[bool, str, str]:
         key = (host, port)
@@ -448,12 +502,13 @@ class EgressService:
 
     async def _ended(
         self, att: _Attachment, host: str, port: int, via: str, rule: str | None, started: float, up: int, down: int,
-        ended: str,
+        ended: str, extra: dict[str, Any] | None = None,
     ) -> None:  # fmt: skip
         await self._record(
             att, "egress_connection",
             {"host": host, "port": port, "via": via, "decision": "allow", "rule": rule, "bytes_out": up,
-             "bytes_in": down, "duration_ms": round((time.monotonic() - started) * 1000), "ended": ended},
+             "bytes_in": down, "duration_ms": round((time.monotonic() - started) * 1000), "ended": ended,
+             **(extra or {})},
             quiet=True,
         )  # fmt: skip
 
@@ -512,6 +567,16 @@ class _Resolver(asyncio.DatagramProtocol):
         # any other type of an answerable name: no records (NOERROR, empty); nothing is asked upstream
         if self.transport is not None:
             self.transport.sendto(reply.pack(), addr)
+
+
+def _placeholder_in(egress: Egress, data: bytes, host: str, port: int) -> str | None:
+    """A secret whose placeholder `data` (a connection's readable first bytes) carries to a host
+    it is not for."""
+    usable = egress.secrets_for(host, port)
+    for s in egress.secrets:
+        if s.name not in usable and s.placeholder.encode() in data:
+            return s.name
+    return None
 
 
 def _tell(att: _Attachment, what: str) -> None:

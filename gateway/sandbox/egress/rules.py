@@ -19,7 +19,10 @@ from __future__ import annotations
 import ipaddress
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from gateway.sandbox.egress.broker import Intercept, Secret
 
 DEFAULT_PORTS = (443, 80)
 _LABEL = re.compile(r"^[a-z0-9_]([a-z0-9_-]{0,61}[a-z0-9_])?$")
@@ -207,6 +210,28 @@ class Egress:
     """The port of the HTTP proxy inside the sandbox (HTTP_PROXY, HTTPS_PROXY point at it)."""
     preset_hosts: tuple[tuple[str, str], ...] = field(default=())
     """(preset, host pattern) for each host a preset resolved to, as `gateway check` shows them."""
+    intercepts: tuple[Intercept, ...] = ()
+    secrets: tuple[Secret, ...] = ()
+    ca_bundle: bytes = field(default=b"", repr=False)
+    """With intercepts: the CAs the sandbox trusts (the system's and the gateway's own)."""
+
+    def intercept_for(self, host: str, port: int) -> Intercept | None:
+        host = normalise_host(host)
+        for i in self.intercepts:
+            p = parse_pattern(i.host, "allow")
+            if p.names(host) and p.covers_port(port, DEFAULT_PORTS):
+                return i
+        return None
+
+    def secrets_for(self, host: str, port: int) -> set[str]:
+        """The secrets whose real value may go to `host:port`."""
+        host = normalise_host(host)
+
+        def named(text: str) -> bool:
+            p = parse_pattern(text, "allow")
+            return p.names(host) and p.covers_port(port, DEFAULT_PORTS)
+
+        return {s.name for s in self.secrets if any(named(h) for h in s.hosts)}
 
     def decide(self, host: str, port: int) -> Decision:
         host = normalise_host(host)
