@@ -43,6 +43,9 @@ EXAMPLES = 5
 """Call ids named per reason a record was not replayed."""
 
 _FAMILY = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}
+_REPLAYED = frozenset({"decision", "egress_allowed", "egress_connection", "egress_dns_refused"})
+"""Command decisions, and the network's: a connection let through, one the policy refused, a
+lookup refused (sandbox/egress/)."""
 
 
 class ReplayError(Exception):
@@ -291,7 +294,7 @@ def _decisions(
         if record is None:
             report.unreadable_lines += 1
             continue
-        if record.get("event") != "decision":
+        if record.get("event") not in _REPLAYED or not _a_decision(record):
             continue
         if lower is not None or upper is not None:
             try:
@@ -313,6 +316,9 @@ def _replay_one(record: dict[str, Any], drafts: _Drafts, report: ReplayReport) -
     tool = str(record.get("tool") or "")
     data = record.get("data") if isinstance(record.get("data"), dict) else {}
     assert isinstance(data, dict)
+    if record.get("event") != "decision":
+        _replay_network(record, data, drafts, report)
+        return
     arguments = record.get("arguments") if isinstance(record.get("arguments"), dict) else {}
     assert isinstance(arguments, dict)
     principal = record.get("principal")
@@ -374,6 +380,56 @@ def _replay_one(record: dict[str, Any], drafts: _Drafts, report: ReplayReport) -
     first = next((r.message for r in decision.reasons if r.code != "paths_checked"), "")
     row = ChangedCall(call_id, str(record.get("ts", "")), principal, tool, command, str(cwd), first)
     report._change((str(old), old_rule, new, decision.rule), row)
+
+
+def _a_decision(record: dict[str, Any]) -> bool:
+    """Whether a record is a decision to replay: not an allowed connection's end (its decision is
+    `egress_allowed`), nor a refusal of the proxy's own checks (a mismatched name, a cap)."""
+    if record.get("event") != "egress_connection":
+        return True
+    data = record.get("data") if isinstance(record.get("data"), dict) else {}
+    assert isinstance(data, dict)
+    return data.get("decision") == "deny" and data.get("policy_verdict") in ("deny", "ask")
+
+
+def _replay_network(record: dict[str, Any], data: dict[str, Any], drafts: _Drafts, report: ReplayReport) -> None:
+    """A network decision decided again under the draft's `sandbox.network` (nothing connects)."""
+    event = record.get("event")
+    call_id = str(record.get("call_id") or "")
+    draft = drafts.load(None)
+    if isinstance(draft, str):
+        report._skip("workspace", draft, call_id)
+        return
+    principal = str(record.get("principal") or "")
+    if event == "egress_dns_refused":
+        name = data.get("name")
+        if not isinstance(name, str) or data.get("why") == "not a host name":
+            report._skip("network_fields", "a refused lookup with no name the policy could decide", call_id)
+            return
+        old, old_rule, subject = "deny", data.get("rule"), f"lookup {name}"
+        resolvable = draft.egress.resolvable(name) if draft.egress is not None else draft.policy.sandbox.network is True
+        new, new_rule, why = ("allow" if resolvable else "deny"), None, "the draft's network policy"
+    else:
+        host, port = data.get("host"), data.get("port")
+        if not isinstance(host, str) or not isinstance(port, int):
+            report._skip("network_fields", "a network record with no host and port", call_id)
+            return
+        old = "allow" if event == "egress_allowed" else "deny"
+        old_rule, subject = data.get("rule"), f"connect {host}:{port}"
+        if draft.egress is not None:
+            d = draft.egress.decide(host, port)
+            new, new_rule, why = d.verdict, d.rule, d.why
+        else:
+            everything = draft.policy.sandbox.network is True
+            new, new_rule = ("allow" if everything else "deny"), None
+            why = "the draft's sandbox.network is " + ("true" if everything else "false")
+    report.replayed += 1
+    old_rule = old_rule if isinstance(old_rule, str) else None
+    if (old, old_rule) == (new, new_rule):
+        report.unchanged += 1
+        return
+    row = ChangedCall(call_id, str(record.get("ts", "")), principal, "network", subject, "", why)
+    report._change((old, old_rule, new, new_rule), row)
 
 
 def _resolve_cwd(policy: CompiledPolicy, cwd: str | None) -> Path:

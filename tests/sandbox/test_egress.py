@@ -657,3 +657,18 @@ def test_a_secret_for_a_host_that_is_not_intercepted_is_a_load_error(tmp_path: P
     policy.write_text(policy.read_text() + 'secrets:\n  API_TOKEN: {env: HOME, hosts: ["api.example.com"]}\n')
     with pytest.raises(PolicyError, match="intercept"):
         load_policy(policy, ws)
+
+
+def test_network_decisions_replay_under_a_draft_policy(tmp_path: Path, server: int) -> None:
+    """`gateway audit replay`: the recorded connections and lookups decided again under a draft."""
+    from gateway.audit.replay import replay
+
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    run(policy, ws, audit, f"python3 client.py raw localhost.,{server},localhost")
+    run(policy, ws, audit, "python3 client.py lookup api.example.com")
+    draft = tmp_path / "draft.yaml"
+    draft.write_text(POLICY.format(network='{allow: ["api.example.com"], deny: ["localhost"]}'))
+    report = replay(draft, audit, workspace=ws)
+    changes = {(g.old_decision, g.new_decision): [c.command for c in g.calls] for g in report.ordered()}
+    assert changes[("allow", "deny")] == [f"connect localhost:{server}"]
+    assert changes[("deny", "allow")] == ["lookup api.example.com"] * len(changes[("deny", "allow")])
