@@ -29,7 +29,7 @@ from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
 
 SIZE = 20 << 20
-ROUNDS = 7
+ROUNDS = 15
 CONNECTIONS = 200
 BODY = b"x" * SIZE
 

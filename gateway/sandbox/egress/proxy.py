@@ -29,11 +29,11 @@ import asyncio
 import concurrent.futures
 import contextlib
 import ipaddress
+import select
 import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -56,6 +56,7 @@ FIRST_BYTES_WAIT = 0.3
 """Seconds a connection may stay silent before the proxy connects anyway (protocols where the
 server speaks first, such as ssh). The client's first bytes are still checked whenever they come."""
 HEAD_TIMEOUT = 15.0
+RESOLVED_FOR = 60.0
 WEB_PORTS = (443, 80)
 CONNECT_TIMEOUT = 15.0
 CHUNK = 1024 * 1024
@@ -113,11 +114,16 @@ class _Attachment:
     """Address given -> name."""
     addresses: dict[str, str] = field(default_factory=dict)
     granted: dict[tuple[str, int], bool] = field(default_factory=dict)
+    resolved: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    """Host -> (when, addresses): a sandbox's connections to a name go where its first went, for
+    RESOLVED_FOR seconds (one lookup per name, and no rebinding within it)."""
     asking: dict[tuple[str, int], asyncio.Future[tuple[bool, str, str]]] = field(default_factory=dict)
-    servers: list[asyncio.base_events.Server] = field(default_factory=list)
     transport: asyncio.DatagramTransport | None = None
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
-    writers: set[asyncio.StreamWriter] = field(default_factory=set)
+    open: set[socket.socket] = field(default_factory=set)
+    """Every socket of its connections (the sandbox's side and the far side): shut down when it ends."""
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    """Guards `moved` (the relay threads count it)."""
     slots: asyncio.Semaphore | None = None
     moved: int = 0
     connections: int = 0
@@ -203,28 +209,42 @@ class EgressService:
         att.slots = asyncio.Semaphore(att.egress.max_connections)
         transport, _ = await self._loop.create_datagram_endpoint(lambda: _Resolver(self, att), sock=att.sockets.dns)
         att.transport = transport
-        for port, listener in att.sockets.listeners.items():
-            att.servers.append(
-                await asyncio.start_server(self._handler(att, port, transparent=True), sock=listener, limit=CHUNK)
-            )
-        att.servers.append(
-            await asyncio.start_server(self._handler(att, 0, transparent=False), sock=att.sockets.proxy, limit=CHUNK)
-        )
+        for listener in att.sockets.listeners.values():
+            self._spawn(att, self._accept(att, listener, transparent=True))
+        self._spawn(att, self._accept(att, att.sockets.proxy, transparent=False))
+
+    def _spawn(self, att: _Attachment, coroutine: Any) -> None:
+        task = self._loop.create_task(coroutine)
+        att.tasks.add(task)
+        task.add_done_callback(att.tasks.discard)
+
+    async def _accept(self, att: _Attachment, listener: socket.socket, transparent: bool) -> None:
+        while True:
+            try:
+                conn, _ = await self._loop.sock_accept(listener)
+            except OSError:
+                return  # the listener was closed: the sandbox ended
+            conn.setblocking(False)
+            att.open.add(conn)
+            self._spawn(att, self._serve(att, _Conn(self._loop, conn), transparent))
 
     async def _stop(self, att: _Attachment) -> None:
         att.closed = True
         att.cancel.set()  # questions still waiting for a supervisor are withdrawn
-        for server in att.servers:
-            server.close()
         if att.transport is not None:
             att.transport.close()
-        for w in list(att.writers):
-            w.close()
+        for sock in list(att.open):  # relays in threads see their sockets end
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
         for task in list(att.tasks):
             task.cancel()
         if att.tasks:
             await asyncio.wait(att.tasks, timeout=5)
         att.sockets.close()
+        for sock in list(att.open):
+            with contextlib.suppress(OSError):
+                sock.close()
+        att.open.clear()
         if att.refused_lookups or att.over_cap or att.refused_connections:
             data = {
                 "connections": att.connections,
@@ -237,26 +257,17 @@ class EgressService:
             }
             await self._record(att, "egress_summary", data, quiet=True)
 
-    def _handler(self, att: _Attachment, port: int, transparent: bool) -> Callable[..., Any]:
-        async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-            task = asyncio.current_task()
-            assert task is not None
-            att.tasks.add(task)
-            att.writers.add(writer)
-            try:
-                await self._connection(att, port, transparent, reader, writer)
-            except asyncio.CancelledError:
-                pass
-            except Exception as exc:  # fail closed: the connection ends, and it is said why
-                with contextlib.suppress(Exception):
-                    await self._record(att, "egress_error", {"error": f"{type(exc).__name__}: {exc}"}, quiet=True)
-            finally:
-                att.writers.discard(writer)
-                with contextlib.suppress(Exception):
-                    writer.close()
-                att.tasks.discard(task)
-
-        return handle
+    async def _serve(self, att: _Attachment, conn: _Conn, transparent: bool) -> None:
+        try:
+            await self._connection(att, transparent, conn)
+        except asyncio.CancelledError:
+            pass
+        except Exception as exc:  # fail closed: the connection ends, and it is said why
+            with contextlib.suppress(Exception):
+                await self._record(att, "egress_error", {"error": f"{type(exc).__name__}: {exc}"}, quiet=True)
+        finally:
+            att.open.discard(conn.sock)
+            conn.close()
 
     # --- records -------------------------------------------------------------------------
     async def _record(self, att: _Attachment, event: str, data: dict[str, Any], quiet: bool = False) -> bool:
@@ -269,11 +280,10 @@ class EgressService:
         return True
 
     # --- one connection ------------------------------------------------------------------
-    async def _connection(
-        self, att: _Attachment, port: int, transparent: bool, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
-    ) -> None:
+    async def _connection(self, att: _Attachment, transparent: bool, conn: _Conn) -> None:
         started = time.monotonic()
-        sock = writer.get_extra_info("socket")
+        sock = conn.sock
+        port = 0
         assert att.slots is not None
         if att.slots.locked():
             why = f"more than {att.egress.max_connections} connections at once (sandbox.network.max_connections)"
@@ -293,34 +303,34 @@ class EgressService:
                     )
                     return
             else:
-                head = await _read_head(reader)
+                head = await conn.read_head()
                 opening = inspect.http_head(head) if head else inspect.Opening("http", error="no request")
                 if opening.error or opening.method is None or opening.target is None:
-                    await _say(writer, 400, opening.error or "not a proxy request")
+                    await conn.say(400, opening.error or "not a proxy request")
                     await self._refuse(att, None, 0, via, None, f"a bad proxy request: {opening.error}")
                     return
                 if opening.method == "CONNECT":
                     host, cport = inspect.split_authority(opening.target)
                     if cport is None or cport < 0:
-                        await _say(writer, 400, "CONNECT needs host:port")
+                        await conn.say(400, "CONNECT needs host:port")
                         await self._refuse(att, host, 0, via, None, "a CONNECT without a port")
                         return
                     port = cport
                 else:
                     target = _absolute(opening.target)
                     if target is None:
-                        await _say(writer, 400, "expected an absolute http:// URL")
+                        await conn.say(400, "expected an absolute http:// URL")
                         await self._refuse(att, None, 0, via, None, "a proxy request that is not an absolute http URL")
                         return
                     host, port = target
                     if opening.name is not None and (opening.name != host or (opening.port or 80) != port):
-                        await _say(writer, 403, "the Host header names another host than the URL")
+                        await conn.say(403, "the Host header names another host than the URL")
                         await self._refuse(att, host, port, via, None, f"Host {opening.name} differs from the URL's")
                         return
-                    opened = _origin_form(head)
+                    opened, conn.pending = _origin_form(head) + conn.pending, b""
                 named = checked_host(host or "")
                 if named is None:
-                    await _say(writer, 400, "not a host name (letters, digits, '-', '_' and dots) or an address")
+                    await conn.say(400, "not a host name (letters, digits, '-', '_' and dots) or an address")
                     await self._refuse(att, None, port, via, None, f"{(host or '')[:100]!r} is not a host name")
                     return
                 host = named
@@ -331,20 +341,19 @@ class EgressService:
                 how = f"{answered} by {by}"
                 if not granted:
                     if not transparent:
-                        await _say(writer, 403, f"{host}:{port}: not approved ({answered})")
+                        await conn.say(403, f"{host}:{port}: not approved ({answered})")
                     await self._refuse(att, host, port, via, decision.rule, f"asked; {answered} by {by}", "ask")
                     return
             elif decision.verdict == "deny":
                 if not transparent:
-                    await _say(writer, 403, decision.why)
+                    await conn.say(403, decision.why)
                 await self._refuse(att, host, port, via, decision.rule, decision.why, "deny")
                 return
             if not transparent and not opened:
-                writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
-                await writer.drain()
+                await conn.send(b"HTTP/1.1 200 Connection established\r\n\r\n")
             # the client's first bytes, when it sends them before the server speaks
             if not opened:
-                opened = await _first_bytes(reader)
+                opened = await _first_bytes(conn)
             if opened:
                 problem = _mismatch(inspect.classify(opened), host, port)
                 if problem:
@@ -362,7 +371,7 @@ class EgressService:
             addresses = await self._addresses(att, host, port)
             if isinstance(addresses, str):
                 if not transparent and opened[:1] != b"\x16" and opened:
-                    await _say(writer, 403, addresses)
+                    await conn.say(403, addresses)
                 await self._refuse(att, host, port, via, decision.rule, addresses, decision.verdict)
                 return
             record = {"host": host, "port": port, "via": via, "decision": "allow", "rule": decision.rule,
@@ -372,36 +381,73 @@ class EgressService:
                 await self._refuse(att, host, port, via, decision.rule, "the decision could not be recorded", "allow")
                 return
             if intercept is not None:
-                await self._brokered(att, reader, writer, opened, host, addresses[0], port, via, decision.rule, started)
+                await self._brokered(att, conn, opened, host, addresses[0], port, via, decision.rule, started)
                 return
-            try:
-                up_reader, up_writer = await asyncio.wait_for(
-                    asyncio.open_connection(addresses[0], port, limit=CHUNK), CONNECT_TIMEOUT
-                )
-            except (TimeoutError, OSError) as exc:
-                await self._ended(att, host, port, via, decision.rule, started, 0, 0, f"connect failed: {exc}")
-                return
-            att.writers.add(up_writer)
+            far = socket.socket(socket.AF_INET6 if ":" in addresses[0] else socket.AF_INET, socket.SOCK_STREAM)
+            far.setblocking(False)
+            att.open.add(far)
             sent = [0, 0]
             ended = "cut: the sandbox ended"
             try:
+                try:
+                    await asyncio.wait_for(self._loop.sock_connect(far, (addresses[0], port)), CONNECT_TIMEOUT)
+                except (TimeoutError, OSError) as exc:
+                    ended = f"connect failed: {exc}"
+                    return
                 if opened:
-                    up_writer.write(opened)
+                    await self._loop.sock_sendall(far, opened)
                     sent[0] += len(opened)
-                    att.moved += len(opened)
-                ended = await _relay(
-                    att, reader, writer, up_reader, up_writer, sent, opened_checked=bool(opened), host=host, port=port
-                )
+                    with att.lock:
+                        att.moved += len(opened)
+                ended = await self._relay(att, conn.sock, far, sent, bool(opened), host, port)
             finally:
-                att.writers.discard(up_writer)
-                with contextlib.suppress(Exception):
-                    up_writer.close()
+                att.open.discard(far)
+                with contextlib.suppress(OSError):
+                    far.close()
                 # recorded however it ends, the sandbox's end (a cancellation) included
                 await asyncio.shield(self._ended(att, host, port, via, decision.rule, started, sent[0], sent[1], ended))
 
+    async def _relay(
+        self, att: _Attachment, near: socket.socket, far: socket.socket, sent: list[int], checked: bool, host: str,
+        port: int,
+    ) -> str:  # fmt: skip
+        """Copy both ways, a thread each (the loop is not in the data's path), until both sides
+        are done. The client's first bytes, if they had not come before the far side was
+        connected (a silent start), are checked as they come. How it ended."""
+        done: asyncio.Future[None] = self._loop.create_future()
+        left = [2]
+        why: list[str] = []
+
+        def finished() -> None:
+            left[0] -= 1
+            if left[0] == 0 and not done.done():
+                done.set_result(None)
+
+        def pump(src: socket.socket, dst: socket.socket, index: int, check: bool) -> None:
+            try:
+                _pump(att, src, dst, index, check, sent, why, host, port)
+            finally:
+                self._loop.call_soon_threadsafe(finished)
+
+        for s in (near, far):
+            s.setblocking(True)
+        threading.Thread(target=pump, args=(near, far, 0, not checked), name="egress-up", daemon=True).start()
+        threading.Thread(target=pump, args=(far, near, 1, False), name="egress-down", daemon=True).start()
+        try:
+            await asyncio.shield(done)
+        except asyncio.CancelledError:
+            for s in (near, far):  # the sandbox ended: the threads see their sockets end
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            await done
+            raise
+        if why:
+            return f"cut: {why[0]}"
+        return "closed"
+
     async def _brokered(
-        self, att: _Attachment, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, opened: bytes, host: str,
-        address: str, port: int, via: str, rule: str | None, started: float,
+        self, att: _Attachment, conn: _Conn, opened: bytes, host: str, address: str, port: int, via: str,
+        rule: str | None, started: float,
     ) -> None:  # fmt: skip
         """An intercepted host: TLS terminated with the gateway's CA, each request read, its
         rules applied, secrets put in, forwarded over the gateway's own TLS connection."""
@@ -410,7 +456,10 @@ class EgressService:
         count = [0, 0]
         ended = "cut: the sandbox ended"
         exchange: broker.Exchange | None = None
+        closing: list[asyncio.StreamWriter] = []
         try:
+            reader, writer = await asyncio.open_connection(sock=conn.detach())
+            closing.append(writer)
             exchange = await broker.serve(
                 reader, writer, opened, host, address, port, intercept, att.egress.secrets,
                 att.egress.secrets_for(host, port), count,
@@ -419,7 +468,10 @@ class EgressService:
         except (OSError, ssl.SSLError, TimeoutError) as exc:
             ended = f"failed: {type(exc).__name__}: {exc}"
         finally:
-            att.moved += count[0] + count[1]
+            for w in closing:
+                w.close()
+            with att.lock:
+                att.moved += count[0] + count[1]
             extra: dict[str, Any] = {"intercepted": True}
             if exchange is not None:
                 extra["requests"] = exchange.requests
@@ -473,13 +525,18 @@ class EgressService:
             if ipaddress.ip_address(host):
                 found = [host]
         except ValueError:
-            try:
-                infos = await asyncio.wait_for(
-                    self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT
-                )
-            except (TimeoutError, OSError) as exc:
-                return f"{host} does not resolve: {exc}"
-            found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+            cached = att.resolved.get(host)
+            if cached is not None and time.monotonic() - cached[0] < RESOLVED_FOR:
+                found = cached[1]
+            else:
+                try:
+                    infos = await asyncio.wait_for(
+                        self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM), CONNECT_TIMEOUT
+                    )
+                except (TimeoutError, OSError) as exc:
+                    return f"{host} does not resolve: {exc}"
+                found = list(dict.fromkeys(str(info[4][0]) for info in infos))
+                att.resolved[host] = (time.monotonic(), found)
         usable = [a for a in found if not blocked(a) or att.egress.listed_address(a)]
         if not usable:
             listed = ", ".join(found)
@@ -584,14 +641,66 @@ def _tell(att: _Attachment, what: str) -> None:
         att.refusals.append(what)
 
 
-async def _read_head(reader: asyncio.StreamReader) -> bytes:
-    try:
-        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT)
-    except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ConnectionError):
-        return b""
+class _Conn:
+    """A connection from the sandbox, read by the event loop until it is decided (then relayed
+    by threads, or handed to the broker as streams)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, sock: socket.socket) -> None:
+        self.loop = loop
+        self.sock = sock
+        self.pending = b""
+        self._detached = False
+
+    async def recv(self, timeout: float) -> bytes:
+        """What the client sent next (b"" at its end); raises TimeoutError."""
+        if self.pending:
+            data, self.pending = self.pending, b""
+            return data
+        return await asyncio.wait_for(self.loop.sock_recv(self.sock, inspect.MAX_HEAD), timeout)
+
+    async def read_head(self) -> bytes:
+        """An HTTP request head, up to its blank line (b"" if none comes within HEAD_TIMEOUT or
+        MAX_HEAD bytes); what follows it stays pending."""
+        data = b""
+        deadline = time.monotonic() + HEAD_TIMEOUT
+        while b"\r\n\r\n" not in data:
+            if len(data) > inspect.MAX_HEAD:
+                return b""
+            try:
+                chunk = await self.recv(max(0.0, deadline - time.monotonic()))
+            except (TimeoutError, OSError):
+                return b""
+            if not chunk:
+                return b""
+            data += chunk
+        end = data.index(b"\r\n\r\n") + 4
+        self.pending = data[end:]
+        return data[:end]
+
+    async def send(self, data: bytes) -> None:
+        await asyncio.wait_for(self.loop.sock_sendall(self.sock, data), HEAD_TIMEOUT)
+
+    async def say(self, status: int, why: str) -> None:
+        """An HTTP answer of the proxy's own (a refusal), as far as the client takes it."""
+        reason = {400: "Bad Request", 403: "Forbidden"}.get(status, "Error")
+        body = f"agent-gateway: {why}\n".encode(errors="replace")
+        head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
+                "X-Proxy-Error: blocked-by-policy\r\nConnection: close\r\n\r\n")  # fmt: skip
+        with contextlib.suppress(Exception):
+            await self.send(head.encode() + body)
+
+    def detach(self) -> socket.socket:
+        """The socket, for streams of its own (the broker); this object no longer closes it."""
+        self._detached = True
+        return self.sock
+
+    def close(self) -> None:
+        if not self._detached:
+            with contextlib.suppress(OSError):
+                self.sock.close()
 
 
-async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
+async def _first_bytes(conn: _Conn) -> bytes:
     """What the client sends first, read until it is recognisably TLS, HTTP or something else;
     empty when it stays silent (the server speaks first)."""
     data = b""
@@ -603,7 +712,7 @@ async def _first_bytes(reader: asyncio.StreamReader) -> bytes:
         if left <= 0:
             return data
         try:
-            chunk = await asyncio.wait_for(reader.read(inspect.MAX_HEAD), left)
+            chunk = await conn.recv(left)
         except TimeoutError:
             return data
         if not chunk:
@@ -643,65 +752,59 @@ def _mismatch(opening: inspect.Opening, host: str, port: int) -> str | None:
     return None
 
 
-async def _relay(
-    att: _Attachment,
-    reader: asyncio.StreamReader,
-    writer: asyncio.StreamWriter,
-    up_reader: asyncio.StreamReader,
-    up_writer: asyncio.StreamWriter,
-    sent: list[int],
-    opened_checked: bool,
-    host: str,
-    port: int,
-) -> str:
-    """Copy both ways until both sides are done. The client's first bytes, if they had not come
-    before the connection was made (a silent start), are checked as they come."""
-    why: list[str] = []
-
-    async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter, index: int, check: bool) -> None:
-        first = check
-        pending = b""
+def _pump(
+    att: _Attachment, src: socket.socket, dst: socket.socket, index: int, check: bool, sent: list[int],
+    why: list[str], host: str, port: int,
+) -> None:  # fmt: skip
+    """One direction of a relay, on a thread of its own: read into one buffer, write it on.
+    `check`: the client's first bytes come now (a silent start) and must name `host`."""
+    buf = bytearray(CHUNK)
+    view = memoryview(buf)
+    pending = b""
+    deadline = 0.0
+    try:
         while True:
-            chunk = await src.read(CHUNK)
-            if not chunk:
+            if check and pending:  # an opening begun must be whole within HEAD_TIMEOUT
+                ready, _, _ = select.select([src], [], [], max(0.0, deadline - time.monotonic()))
+                if not ready:
+                    why.append("the connection's first bytes were cut short")
+                    break
+            n = src.recv_into(buf)
+            if n == 0:
+                if check and pending:
+                    why.append("the connection's first bytes were cut short")
                 break
-            if first:
-                pending += chunk
-                opening = inspect.classify(pending)
-                if opening.kind == "incomplete" and len(pending) < inspect.MAX_HEAD:
+            chunk: bytes | memoryview = view[:n]
+            if check:
+                if not pending:
+                    deadline = time.monotonic() + HEAD_TIMEOUT
+                pending += bytes(chunk)
+                if inspect.classify(pending).kind == "incomplete" and len(pending) < inspect.MAX_HEAD:
                     continue
-                first = False
-                problem = _mismatch(opening, host, port)
+                check = False
+                problem = _mismatch(inspect.classify(pending), host, port)
                 if problem:
                     why.append(problem)
-                    raise ConnectionAbortedError(problem)
+                    break
                 chunk, pending = pending, b""
-            sent[index] += len(chunk)
-            att.moved += len(chunk)
-            if att.moved > att.egress.max_bytes:
+            with att.lock:
+                att.moved += len(chunk)
+                over = att.moved > att.egress.max_bytes
+            if over:
                 att.over_cap = True
                 why.append(f"the sandbox moved more than {att.egress.max_bytes} bytes (sandbox.network.max_bytes)")
-                raise ConnectionAbortedError(why[-1])
-            dst.write(chunk)
-            await dst.drain()
-        with contextlib.suppress(OSError, RuntimeError):
-            if dst.can_write_eof():
-                dst.write_eof()
-
-    tasks = [
-        asyncio.ensure_future(copy(reader, up_writer, 0, not opened_checked)),
-        asyncio.ensure_future(copy(up_reader, writer, 1, False)),
-    ]
-    done, pending = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
-    for t in pending:
-        if any(d.exception() for d in done):
-            t.cancel()
-    with contextlib.suppress(Exception):
-        await asyncio.gather(*pending, return_exceptions=True)
-    if why:
-        return f"cut: {why[0]}"
-    errors = [t.exception() for t in tasks if t.done() and not t.cancelled() and t.exception()]
-    return f"reset: {errors[0]}" if errors else "closed"
+                break
+            dst.sendall(chunk)
+            sent[index] += len(chunk)
+        with contextlib.suppress(OSError):
+            dst.shutdown(socket.SHUT_WR)
+    except OSError:
+        pass  # reset, or shut down because the sandbox ended
+    finally:
+        if why:  # cut: both ways end now
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
 
 
 def _origin_form(head: bytes) -> bytes:
@@ -727,16 +830,6 @@ def _absolute(target: str) -> tuple[str, int] | None:
     if port is not None and port < 0:
         return None
     return host, port or 80
-
-
-async def _say(writer: asyncio.StreamWriter, status: int, why: str) -> None:
-    reason = {400: "Bad Request", 403: "Forbidden"}.get(status, "Error")
-    body = f"agent-gateway: {why}\n".encode(errors="replace")
-    head = (f"HTTP/1.1 {status} {reason}\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}\r\n"
-            "X-Proxy-Error: blocked-by-policy\r\nConnection: close\r\n\r\n")  # fmt: skip
-    with contextlib.suppress(Exception):
-        writer.write(head.encode() + body)
-        await writer.drain()
 
 
 _service: EgressService | None = None
