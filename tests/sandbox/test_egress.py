@@ -74,6 +74,14 @@ CLIENT = textwrap.dedent("""\
             ctx = ssl.create_default_context()
             t = ctx.wrap_socket(s, server_hostname=sni)
             print("status tls-ok")
+        elif kind == "slow":  # silent past the proxy's wait, then a request naming another host
+            import time
+            host, port, header = target.split(",")
+            s = socket.create_connection((host, int(port)), timeout=30)
+            time.sleep(1.5)
+            s.sendall(("GET / HTTP/1.1\\r\\nHost: " + header + "\\r\\nConnection: close\\r\\n\\r\\n").encode())
+            data = s.recv(200)
+            print("status", data.split(b" ")[1].decode() if data else "closed")
         elif kind == "send":  # raw first bytes (escaped), then whatever comes back
             host, port, payload = target.split(",", 2)
             s = socket.create_connection((host, int(port)), timeout=30)
@@ -672,3 +680,15 @@ def test_network_decisions_replay_under_a_draft_policy(tmp_path: Path, server: i
     changes = {(g.old_decision, g.new_decision): [c.command for c in g.calls] for g in report.ordered()}
     assert changes[("allow", "deny")] == [f"connect localhost:{server}"]
     assert changes[("deny", "allow")] == ["lookup api.example.com"] * len(changes[("deny", "allow")])
+
+
+def test_a_silent_start_is_checked_when_the_first_bytes_come(tmp_path: Path, server: int) -> None:
+    """A client that waits past the proxy's patience (as ssh would) before naming another host:
+    the far side is connected, but the first bytes are checked before they are sent on."""
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    out = run(policy, ws, audit, f"python3 client.py slow localhost.,{server},evil.example")
+    assert "status 200" not in out, out
+    ended = [r["data"]["ended"] for r in records(audit, "egress_connection")]
+    assert any("evil.example" in e for e in ended), ended
+    out = run(policy, ws, audit, f"python3 client.py slow localhost.,{server},localhost")
+    assert "status 200" in out, out  # the honest slow client goes through
