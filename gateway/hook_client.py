@@ -216,6 +216,11 @@ def ask(
         raise
     except TimeoutError:
         raise Refused(f"the gateway did not answer within {timeout:.0f} s") from None
+    except PermissionError as exc:  # a sandbox of the agent's own forbids reaching the socket
+        raise Refused(
+            f"the gateway at {sock_path} could not be asked: {exc.strerror or exc} (the agent's own sandbox "
+            "forbids the connection? Codex: sandbox_workspace_write.network_access = true, docs/hooks.md)"
+        ) from None
     except OSError as exc:
         raise Refused(f"the gateway at {sock_path} could not be asked: {exc.strerror or exc}") from None
     finally:
