@@ -608,13 +608,13 @@ def test_claude_code_hook_takes_home_as_its_shell_does_and_runs_calls_in_the_san
 
 def test_claude_code_hook_answers_before_claude_gives_up(hooked: Setup, model: Any) -> None:
     """A hook Claude Code stops for its time reads as no objection, and the call runs. A command
-    the gate takes long to decide got through that way when the hook's limit was under the
-    client's 20 s wait; now the gateway denies at its deadline (here 3 s), far inside the limit."""
+    the gate takes long to decide got through that way when the hook's limit (here 15 s) was under
+    the client's 20 s wait; now the gateway denies at its deadline (10 s), inside the limit."""
     setup = hooked
     slow = "; ".join([f"cd d{i}" for i in range(1400)] + [f"cat x{i}" for i in range(1400)] + ["echo ran > ran.txt"])
     assert len(slow) < 65536
     script = [[claude_bash("toolu_warm", "true")], [claude_bash("toolu_slow", slow)]]
     scripted = model("anthropic", script)
-    run_claude_hooked(setup, scripted, claude_hook_settings(setup, 15, "--deadline", "3"))
+    run_claude_hooked(setup, scripted, claude_hook_settings(setup, 15))
     assert not (setup.workspace / "ran.txt").exists()
     assert "deadline" in json.dumps(claude_results(scripted)["toolu_slow"]["content"])
