@@ -391,7 +391,8 @@ class HookService:
         lim = limits(policy, self.principal)
         cap = lim.get("timeout_ms") or 120_000
         timeout = min(cap, max(1000, pending.timeout_ms - 2000)) if pending.timeout_ms else cap
-        profile = sandbox_profile(policy, self.principal, self.private, pending.homes.home, self._report)
+        network = _HookNetwork(self, pending.call_id) if policy.egress is not None else None
+        profile = sandbox_profile(policy, self.principal, self.private, pending.homes.home, self._report, network)
         analysis = evaluate(policy, pending.command, self.principal, Path(pending.cwd), None, Tool.RUN).analysis
         started = time.monotonic()
         try:
@@ -446,6 +447,26 @@ class HookService:
         """The nested-repository watcher's reports (sandbox/nested.py), on the audit record."""
         with contextlib.suppress(AuditUnavailable):
             self.audit.append(event, principal=self.principal, data=dict(data))
+
+
+class _HookNetwork:
+    """What a policy network's resolver and proxy (sandbox/egress) use of the gate for one exec:
+    the audit log; a host the policy would ask about is refused, since no supervisor answers in
+    hook mode (the agent's user answers only the agent's own prompts)."""
+
+    def __init__(self, service: HookService, call_id: str) -> None:
+        self.service = service
+        self.principal = service.principal
+        self.call_id = call_id
+
+    def current_call(self) -> str | None:
+        return self.call_id
+
+    def record(self, event: str, call_id: str | None, principal: str, data: dict[str, Any]) -> None:
+        self.service.audit.append(event, call_id=call_id, principal=principal, tool="network", data=data)
+
+    def ask(self, call_id: str | None, principal: str, host: str, port: int, command: str) -> tuple[bool, str, str]:
+        return False, "nobody", "hook mode: no supervisor answers a network ask"
 
 
 def _message(decision: Decision) -> str:
