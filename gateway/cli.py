@@ -670,13 +670,21 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--allow-uid", type=int, action="append", help="another uid that may ask (default: only this one)")
     dm.add_argument("--idle-exit", type=float, default=3600.0,
                     help="seconds without a call before the daemon exits (0: never; default: %(default)s)")  # fmt: skip
+    dm.add_argument("--deadline", type=float, help="seconds to decide a call before denying it (default: 10)")
+    dm.add_argument("--no-sandbox", action="store_true",
+                    help="no rewrite of shell calls into sandboxed runs: the agent runs every call itself")  # fmt: skip
     dm.set_defaults(func=_cmd_daemon)
-    sub.add_parser("hook", help="an agent's pre-tool-use hook: gateway hook claude-code|codex|gemini (docs/hooks.md)")
+    sub.add_parser("hook", help="an agent's pre-tool-use hook: gateway hook claude-code|codex|gemini (docs/hooks.md); "
+                   "gateway hook codex --check|--trust: will Codex run it")  # fmt: skip
     return ap
 
 
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
+    if args_list[:2] == ["hook", "codex"] and ("--check" in args_list or "--trust" in args_list):
+        from gateway.hooks import codex
+
+        return codex.main(args_list[2:])
     if args_list[:1] == ["hook"]:  # the per-call path: the thin client, nothing else imported
         from gateway import hook_client
 

@@ -57,17 +57,20 @@ def evaluate(
     cwd: Path | None = None,
     env: dict[str, str] | None = None,
     tool: Tool = Tool.RUN,
+    homes: pathjail.Homes | None = None,
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
     `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
-    session or processes: the principal must be allowed that tool family). A decision made
-    before for the same inputs is served from the policy's cache when every path component it
-    resolved is still as it was (stages/decision_cache.py)."""
-    key = (principal, str(cwd) if cwd is not None else None, tuple(sorted((env or {}).items())), tool, command)
+    session or processes: the principal must be allowed that tool family). `homes`: what `~`
+    means to the shell that will run it (default: the gateway's sandbox, the policy's `home`).
+    A decision made before for the same inputs is served from the policy's cache when every
+    path component it resolved is still as it was (stages/decision_cache.py)."""
+    variables = tuple(sorted((env or {}).items()))
+    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes)
     found = policy.decisions.get(key) if policy.casbin.enforcing else None
     if isinstance(found, CheckResult):
         return found
-    with decision_cache.observing() as seen:
+    with decision_cache.observing() as seen, pathjail.shell_homes(homes):
         result = _evaluate(policy, command, principal, cwd, env, tool)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis

@@ -1,12 +1,14 @@
 """The `gateway` command's entry point. `gateway hook AGENT ...`, which an agent runs for every
 tool call, goes straight to the thin client (gateway/hook_client.py) without importing the CLI
-(argparse, json, the command table); everything else is `gateway.cli.main`."""
+(argparse, json, the command table); everything else (`gateway hook codex --check` too) is
+`gateway.cli.main`."""
 
 import sys
 
 
 def main() -> int:
-    if sys.argv[1:2] == ["hook"]:
+    checking = sys.argv[2:3] == ["codex"] and ("--check" in sys.argv or "--trust" in sys.argv)
+    if sys.argv[1:2] == ["hook"] and not checking:
         from gateway import hook_client
 
         return hook_client.main(sys.argv[2:])

@@ -10,7 +10,7 @@ import json
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -508,32 +508,11 @@ class Gateway:
 
     def profile(self, policy: CompiledPolicy, principal: str) -> sandbox.Profile:
         """What every executor's sandbox gets from the policy: roots, protected paths, the
-        gateway's private directories (never shown), quotas, network, Landlock."""
-        grant = policy.grant(principal)
-        lim = limits(policy, principal)
-        settings = policy.policy.sandbox
-        return sandbox.Profile(
-            principal=principal,
-            read_roots=grant.read_roots,
-            write_roots=grant.write_roots,
-            protected=grant.protected,
-            private=self.private_dirs() + (Path(os.path.realpath(Path.home())),),
-            quotas=sandbox.Quotas(
-                memory_bytes=lim.get("memory_bytes", DEFAULT_MEMORY_BYTES),
-                pids=lim.get("pids", DEFAULT_PIDS),
-                cpu_seconds=lim.get("cpu_seconds", DEFAULT_CPU_SECONDS),
-                file_bytes=lim.get("file_bytes", DEFAULT_FILE_BYTES),
-                open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
-                tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
-            ),
-            network=settings.network is True,
-            egress=policy.egress,
-            egress_hooks=_NetworkHooks(self, principal) if policy.egress is not None else None,
-            landlock="required" if settings.require_landlock else "optional",
-            etc=tuple(settings.etc),
-            path=tuple(str(p) for p in grant.path),
-            report=self._quarantined,
-        )
+        gateway's private directories (never shown), quotas, network, Landlock, and HOME (the
+        policy's `home`: `~` means the same to the jail, the files tool and the commands)."""
+        home = str(policy.home) if policy.home is not None else None
+        hooks = _NetworkHooks(self, principal) if policy.egress is not None else None
+        return sandbox_profile(policy, principal, self.private_dirs(), home, self._quarantined, hooks)
 
     def _quarantined(self, event: str, data: dict[str, object]) -> None:
         """The nested-repository watcher moved one aside, tripped, or failed (sandbox/nested.py).
@@ -577,6 +556,46 @@ class Gateway:
         """Why this setup must not execute: the agent could rewrite the audit log, the policy,
         the approvals queue or the gateway's state if one lies inside its write roots."""
         return unsafe_setup(policy, principal, self.audit.directory, self.hidden)
+
+
+def sandbox_profile(
+    policy: CompiledPolicy,
+    principal: str,
+    private: tuple[Path, ...],
+    home: str | None,
+    report: Callable[[str, dict[str, object]], None] | None = None,
+    egress_hooks: Any = None,
+) -> sandbox.Profile:
+    """The sandbox `principal`'s commands run in: its roots, protected paths, the gateway's
+    `private` directories and its user's home (never shown), quotas, network (`egress_hooks`:
+    what records a policy network's connections and answers its asks; without, such a network
+    stays closed), Landlock; HOME is `home` (None: the sandbox's private one)."""
+    grant = policy.grant(principal)
+    lim = limits(policy, principal)
+    settings = policy.policy.sandbox
+    return sandbox.Profile(
+        principal=principal,
+        read_roots=grant.read_roots,
+        write_roots=grant.write_roots,
+        protected=grant.protected,
+        private=private + (Path(os.path.realpath(Path.home())),),
+        quotas=sandbox.Quotas(
+            memory_bytes=lim.get("memory_bytes", DEFAULT_MEMORY_BYTES),
+            pids=lim.get("pids", DEFAULT_PIDS),
+            cpu_seconds=lim.get("cpu_seconds", DEFAULT_CPU_SECONDS),
+            file_bytes=lim.get("file_bytes", DEFAULT_FILE_BYTES),
+            open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
+            tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
+        ),
+        network=settings.network is True,
+        egress=policy.egress,
+        egress_hooks=egress_hooks,
+        landlock="required" if settings.require_landlock else "optional",
+        etc=tuple(settings.etc),
+        path=tuple(str(p) for p in grant.path),
+        report=report,
+        home=home,
+    )
 
 
 def unsafe_setup(policy: CompiledPolicy, principal: str, audit_dir: Path, hidden: tuple[Path, ...]) -> str:

@@ -6,8 +6,12 @@ Gemini CLI's BeforeTool; docs/hooks.md cites them)."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import os
+import pwd
+import shlex
 import signal
 import socket
 import subprocess
@@ -23,6 +27,7 @@ import pytest
 
 from gateway import hook_client
 from gateway.audit import records
+from gateway.sandbox.identity import hand_over
 
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT = ROOT / "gateway" / "hook_client.py"
@@ -37,24 +42,27 @@ class Setup:
     state: Path
     options: list[str]
 
-    def hook(self, agent: str, payload: Any, *extra: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
-        """The client as an agent runs it: `python -I -S hook_client.py AGENT ...`, input on stdin."""
+    def hook(
+        self, agent: str, payload: Any, *extra: str, env: dict[str, str] | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """The client as an agent runs it: `python -I -S hook_client.py AGENT ...`, input on stdin,
+        in the agent's environment (`env`: HOME and the rest; default: this test's)."""
         data = payload if isinstance(payload, str) else json.dumps(payload)
         argv = [sys.executable, "-I", "-S", str(CLIENT), agent, *self.options, *extra]
-        return subprocess.run(argv, input=data, capture_output=True, text=True, timeout=120, cwd=self.workspace)
+        return subprocess.run(
+            argv, input=data, capture_output=True, text=True, timeout=120, cwd=self.workspace, env=env
+        )
 
-    def sock(self) -> Path:
-        config = hook_client.configuration(_options(self.options))
-        import hashlib
-
-        digest = hashlib.sha256("\0".join(config).encode()).hexdigest()[:20]
+    def sock(self, *extra: str) -> Path:
+        config = hook_client.configuration(_options([*self.options, *extra]))
+        digest = hashlib.sha256("\0".join([hook_client.PROTOCOL, *config]).encode()).hexdigest()[:20]
         return self.state / "hooks" / f"{digest}.sock"
 
     def decisions(self) -> list[dict[str, Any]]:
         return [r for _, _, r, _ in records(self.audit) if isinstance(r, dict) and r.get("event") == "decision"]
 
     def daemon_pids(self) -> list[int]:
-        """Every live `gateway daemon` process serving this setup's socket."""
+        """Every live `gateway daemon` process serving a socket in this setup's state directory."""
         found = []
         for entry in Path("/proc").iterdir():
             if not entry.name.isdigit():
@@ -63,7 +71,7 @@ class Setup:
                 argv = (entry / "cmdline").read_bytes().split(b"\0")
             except OSError:
                 continue
-            if b"daemon" in argv and str(self.sock()).encode() in argv:
+            if b"daemon" in argv and any(a.startswith(str(self.state).encode()) for a in argv):
                 found.append(int(entry.name))
         return found
 
@@ -231,9 +239,14 @@ def test_claude_code_a_tool_it_does_not_model_is_denied(gw: Setup) -> None:
 # --- Codex ----------------------------------------------------------------------------------
 
 
-def test_codex_allow_is_no_objection_deny_and_ask_are_denials(gw: Setup) -> None:
+def test_codex_allow_is_a_sandboxed_rewrite_deny_and_ask_are_denials(gw: Setup) -> None:
     proc = gw.hook("codex", codex("Bash", "git status", gw.workspace))
-    assert (proc.returncode, proc.stdout) == (0, "")  # Codex reads permissionDecision:allow as a failed hook
+    out = json.loads(proc.stdout)["hookSpecificOutput"]  # Codex takes allow only with a rewritten input
+    assert out["permissionDecision"] == "allow" and set(out["updatedInput"]) == {"command"}
+    assert " exec --socket " in out["updatedInput"]["command"]
+    # --no-sandbox: no rewrite, and Codex reads a bare permissionDecision:allow as a failed hook
+    proc = gw.hook("codex", codex("Bash", "git status", gw.workspace), "--no-sandbox")
+    assert (proc.returncode, proc.stdout) == (0, "")
     for command, words in (("cat /etc/shadow", "outside the read roots"), ("rm -rf build", "cannot ask")):
         proc = gw.hook("codex", codex("Bash", command, gw.workspace))
         assert proc.returncode == 0
@@ -393,7 +406,8 @@ def test_another_uid_is_refused_by_the_socket(fresh: Setup) -> None:
         f"s.connect({str(sock_path)!r})\n"
         "data=b''\n"
         "try:\n"  # the daemon may hang up before the request is even sent: that is the refusal too
-        "    s.sendall(b'AGW1 claude-code\\n'+sys.stdin.buffer.read()); s.shutdown(socket.SHUT_WR)\n"
+        "    d=sys.stdin.buffer.read(); s.sendall(b'AGW2 claude-code - %d\\n' % len(d) + d)\n"
+        "    s.shutdown(socket.SHUT_WR)\n"
         "    while (c:=s.recv(65536)): data+=c\n"
         "except (ConnectionResetError, BrokenPipeError): pass\n"
         "print(repr(data))\n"
@@ -468,3 +482,217 @@ def test_a_killed_daemon_is_replaced_by_the_next_hook(fresh: Setup) -> None:
     assert fresh.sock().exists()
     assert claude_answer(fresh.hook("claude-code", payload))[0] == "allow"
     assert len(fresh.daemon_pids()) == 1 and first not in fresh.daemon_pids()
+
+
+# --- what ~ means: the agent's own shell's HOME, never the policy's ------------------------
+
+
+TILDE_READS = ["head -c 400 ~/.ssh/id_ed25519", "ls -la ~/.ssh", "echo ~/.*", "cd && cat .ssh/config", "cd ~; ls"]
+
+
+@pytest.fixture
+def agent_home(tmp_path: Path) -> Path:
+    """The agent's HOME, outside the workspace, holding what an agent must not read."""
+    home = tmp_path / "agent-home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("-----BEGIN OPENSSH PRIVATE KEY-----\nsecret\n")
+    (home / ".ssh" / "config").write_text("Host *\n")
+    return home
+
+
+@pytest.mark.parametrize("agent", ["claude-code", "codex", "gemini"])
+def test_tilde_is_the_agents_home_and_is_jailed(gw: Setup, agent_home: Path, agent: str) -> None:
+    """Under the shipped policy (`home: "."`, the workspace) `~` reached the user's real home:
+    the agent's shell expands it from its own HOME, the jail took it for the workspace."""
+    env = {**os.environ, "HOME": str(agent_home)}
+    for command in TILDE_READS:
+        if agent == "claude-code":
+            verdict, reason = claude_answer(gw.hook(agent, claude("Bash", {"command": command}, gw.workspace), env=env))
+        elif agent == "codex":
+            out = json.loads(gw.hook(agent, codex("Bash", command, gw.workspace), env=env).stdout)["hookSpecificOutput"]
+            verdict, reason = out["permissionDecision"], out["permissionDecisionReason"]
+        else:
+            answer = json.loads(
+                gw.hook(agent, gemini("run_shell_command", {"command": command}, gw.workspace), env=env).stdout
+            )
+            verdict, reason = answer["decision"], answer["reason"]
+        assert verdict == "deny" and str(agent_home) in reason and "outside the read roots" in reason, (command, reason)
+    assert gw.decisions()[-1]["data"]["home"] == str(agent_home)
+
+
+def test_tilde_user_is_that_accounts_home_and_an_unset_home_is_the_accounts(gw: Setup, agent_home: Path) -> None:
+    """Gemini CLI runs the command in its own shell: `~NAME` is NAME's home on this host. A
+    Claude Code call runs in the gateway's sandbox, which knows other accounts: refused there."""
+    mine = pwd.getpwuid(os.geteuid())
+    env = {**os.environ, "HOME": str(agent_home)}
+
+    def gemini_says(command: str, environment: dict[str, str]) -> dict[str, Any]:
+        proc = gw.hook("gemini", gemini("run_shell_command", {"command": command}, gw.workspace), env=environment)
+        answer: dict[str, Any] = json.loads(proc.stdout)
+        return answer
+
+    denied = gemini_says(f"cat ~{mine.pw_name}/.profile", env)
+    assert denied["decision"] == "deny" and f"{mine.pw_dir.rstrip('/')}/.profile" in denied["reason"]
+    denied = gemini_says("cat ~no-such-user-7f/x", env)
+    assert denied["decision"] == "deny" and "no account 'no-such-user-7f'" in denied["reason"]
+    unset = {k: v for k, v in os.environ.items() if k != "HOME"}  # bash then takes the account's home
+    denied = gemini_says("cat ~/x", unset)
+    assert denied["decision"] == "deny" and f"{mine.pw_dir.rstrip('/')}/x" in denied["reason"]
+    payload = claude("Bash", {"command": f"cat ~{mine.pw_name}/.profile"}, gw.workspace)
+    verdict, reason = claude_answer(gw.hook("claude-code", payload, env=env))
+    assert verdict == "deny" and "only known at run time" in reason
+
+
+def test_a_home_inside_the_workspace_is_allowed_where_it_leads(gw: Setup) -> None:
+    env = {**os.environ, "HOME": str(gw.workspace / "src")}
+    verdict, _ = claude_answer(
+        gw.hook("claude-code", claude("Bash", {"command": "cat ~/main.py"}, gw.workspace), env=env)
+    )
+    assert verdict == "allow"
+    verdict, _ = claude_answer(gw.hook("claude-code", claude("Bash", {"command": "cd && ls"}, gw.workspace), env=env))
+    assert verdict == "allow"
+
+
+# --- a second barrier: allowed shell calls run in the gateway's sandbox ---------------------
+
+
+def rewritten(proc: subprocess.CompletedProcess[str]) -> str:
+    """The command an agent runs instead of the one it asked for (Claude Code's updatedInput)."""
+    out = json.loads(proc.stdout)["hookSpecificOutput"]
+    assert out["permissionDecision"] in ("allow", "ask"), out
+    command: str = out["updatedInput"]["command"]
+    return command
+
+
+def as_the_agent_runs_it(command: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=300, cwd=cwd)
+
+
+def test_an_allowed_program_runs_in_the_sandbox_not_as_the_user(fresh: Setup) -> None:
+    """`make` is allowed, and a Makefile runs anything: run by the agent itself, it reads what
+    the user can read (the hook was the only barrier). Rewritten, it runs in the sandbox."""
+    secret = fresh.base / "outside-secret.txt"
+    secret.write_text("the-users-secret-5d2\n")
+    (fresh.workspace / "Makefile").write_text(f"all:\n\tcat {secret}\n")
+    hand_over(fresh.workspace)
+    around = subprocess.run(["make", "-s"], capture_output=True, text=True, timeout=60, cwd=fresh.workspace)
+    assert "the-users-secret-5d2" in around.stdout  # what an unsandboxed allowed call does
+    proc = fresh.hook("claude-code", claude("Bash", {"command": "make -s", "description": "build"}, fresh.workspace))
+    command = rewritten(proc)
+    assert json.loads(proc.stdout)["hookSpecificOutput"]["updatedInput"]["description"] == "build"
+    ran = as_the_agent_runs_it(command, fresh.workspace)
+    assert "the-users-secret-5d2" not in ran.stdout + ran.stderr
+    assert ran.returncode != 0 and "No such file" in ran.stderr
+    decision = fresh.decisions()[-1]
+    result = [r for _, _, r, _ in records(fresh.audit) if isinstance(r, dict) and r.get("event") == "result"][-1]
+    assert result["call_id"] == decision["call_id"] and result["data"]["hook"]["exec"] is True
+    assert decision["data"]["hook"]["exec"]["sha256"] in command
+
+
+def test_nothing_but_the_decided_call_runs_through_the_exec(fresh: Setup) -> None:
+    hand_over(fresh.workspace)
+
+    def decided(command: str) -> str:
+        return rewritten(fresh.hook("claude-code", claude("Bash", {"command": command}, fresh.workspace)))
+
+    def refused(line: str, why: str) -> None:
+        proc = as_the_agent_runs_it(line, fresh.workspace)
+        assert proc.returncode == 126 and why in proc.stderr, (proc.returncode, proc.stderr)
+
+    line = decided("echo one > one.txt")
+    assert as_the_agent_runs_it(line, fresh.workspace).returncode == 0
+    assert (fresh.workspace / "one.txt").read_text() == "one\n"
+    (fresh.workspace / "one.txt").unlink()
+    refused(line, "no decided call")  # once: a replay runs nothing
+    assert not (fresh.workspace / "one.txt").exists()
+    # the shown command is checked against the decided one (and the digest binds it anyway)
+    words = shlex.split(decided("echo two > two.txt"))
+    words[-1] = "echo other > other.txt"
+    refused(shlex.join(words), "not the decided one")
+    assert not (fresh.workspace / "other.txt").exists() and not (fresh.workspace / "two.txt").exists()
+    words = shlex.split(decided("echo three > three.txt"))
+    words[words.index("--sha256") + 1] = "0" * 64
+    refused(shlex.join(words), "digest")
+    refused(shlex.join([*words[: words.index("--call") + 1], "0123456789abcdef", *words[words.index("--sha256") :]]),
+            "no decided call")  # fmt: skip
+    assert not (fresh.workspace / "three.txt").exists()
+    # a denied call has nothing to run: its answer carries no rewrite at all
+    out = json.loads(fresh.hook("claude-code", claude("Bash", {"command": "cat /etc/shadow"}, fresh.workspace)).stdout)
+    assert "updatedInput" not in out["hookSpecificOutput"]
+    refusals = [
+        r for _, _, r, _ in records(fresh.audit) if isinstance(r, dict) and r.get("event") == "hook_exec_refused"
+    ]
+    assert len(refusals) == 4
+
+
+def test_an_approved_ask_runs_in_the_sandbox_too(fresh: Setup) -> None:
+    """Claude Code's user approves an `ask` in its own prompt: the approved call then runs in
+    the sandbox, and the prompt shows the command itself."""
+    hand_over(fresh.workspace)
+    (fresh.workspace / "build").mkdir()
+    proc = fresh.hook("claude-code", claude("Bash", {"command": "rm -r build"}, fresh.workspace))
+    line = rewritten(proc)
+    assert json.loads(proc.stdout)["hookSpecificOutput"]["permissionDecision"] == "ask"
+    assert line.endswith(" -- 'rm -r build'")
+    assert as_the_agent_runs_it(line, fresh.workspace).returncode == 0
+    assert not (fresh.workspace / "build").exists()
+
+
+def _sandboxed_sleepers(marker: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "cmdline").read_bytes() == f"sleep\0{marker}\0".encode():
+                    found.append(int(entry.name))
+    return found
+
+
+def test_an_exec_its_agent_stops_ends_its_command(fresh: Setup) -> None:
+    """The agent kills a command at its own time limit by killing what it ran (the exec
+    client): the command in the sandbox ends with it."""
+    hand_over(fresh.workspace)
+    line = rewritten(fresh.hook("claude-code", claude("Bash", {"command": "sleep 287"}, fresh.workspace)))
+    client = subprocess.Popen(["bash", "-c", line], start_new_session=True, cwd=fresh.workspace)
+    try:
+        for _ in range(6000):
+            if _sandboxed_sleepers("287"):
+                break
+            time.sleep(0.02)
+        assert _sandboxed_sleepers("287"), "the command never started"
+    finally:
+        os.killpg(client.pid, signal.SIGKILL)
+        client.wait(60)
+    for _ in range(6000):
+        if not _sandboxed_sleepers("287"):
+            break
+        time.sleep(0.02)
+    assert _sandboxed_sleepers("287") == []
+
+
+def test_no_sandbox_leaves_the_call_to_the_agent(fresh: Setup) -> None:
+    proc = fresh.hook("claude-code", claude("Bash", {"command": "git status"}, fresh.workspace), "--no-sandbox")
+    out = json.loads(proc.stdout)["hookSpecificOutput"]
+    assert out["permissionDecision"] == "allow" and "updatedInput" not in out
+
+
+# --- a deadline far inside the agent's time limit ---------------------------------------------
+
+
+def slow_command() -> str:
+    """A command the jail takes long to decide (each relative path against each `cd` target)."""
+    return "; ".join([f"cd d{i}" for i in range(1500)] + [f"cat x{i}" for i in range(1500)])[:65000]
+
+
+def test_a_call_not_decided_by_the_deadline_is_denied(fresh: Setup) -> None:
+    """An agent reads a hook it stops for its time as no objection: the gateway answers a call
+    it has not decided by its deadline with a denial, far inside the agent's limit."""
+    payload = claude("Bash", {"command": slow_command()}, fresh.workspace)
+    verdict, reason = claude_answer(fresh.hook("claude-code", payload, "--deadline", "1"))
+    assert verdict == "deny" and "deadline (1 s)" in reason
+    for _ in range(6000):  # the denial's record is written right after the answer
+        found = [r for r in fresh.decisions() if r["reasons"] and r["reasons"][0]["code"] == "decision_deadline"]
+        if found:
+            break
+        time.sleep(0.02)
+    assert found and found[0]["data"]["hook"]["told"] == "deny"

@@ -11,6 +11,10 @@ Who may ask:
 
 One daemon per socket: it holds an exclusive lock on `NAME.pid` for its life, so a second one
 started for the same socket exits at once; a stale socket is removed only under that lock.
+
+Requests (protocol: gateway/hook_client.py): an agent's hook call, answered within the
+deadline (service.py), or the `exec` of a call it decided and rewrote, run in the sandbox while
+the client stays connected (a client that goes away stops the command).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import argparse
 import contextlib
 import fcntl
 import os
+import select
 import signal
 import socket
 import stat
@@ -30,11 +35,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.hooks.formats import AGENTS
-from gateway.hooks.service import HookService
+from gateway.hooks.service import DEADLINE_S, Caller, HookService
 from gateway.log import log
 
-MAX_REQUEST = (32 << 20) + 64
-READ_TIMEOUT_S = 10.0
+PROTOCOL = b"AGW2"
+MAX_REQUEST = 32 << 20
+MAX_HEADER = 16 << 10
+READ_TIMEOUT_S = 5.0
 MAX_CONNECTIONS = 64
 EXIT_USAGE = 2
 
@@ -147,17 +154,24 @@ class Daemon:
                     log.warning("hook_peer_refused", uid=uid, socket=str(self.sock_path))
                     return
                 conn.settimeout(READ_TIMEOUT_S)
-                data = _read_all(conn)
-                if data is None:
-                    return
-                head, nl, raw = data.partition(b"\n")
-                parts = head.split(b" ")
-                agent = parts[1].decode("ascii", "replace") if len(parts) == 2 and parts[0] == b"AGW1" else ""
-                if not nl or agent not in AGENTS:
+                request = _read_request(conn)
+                if request is None or self.service is None:
                     return  # not a hook client: nothing to answer in
-                if self.service is None:
+                kind, home, body = request
+                if kind == "exec":
+                    conn.settimeout(None)
+                    cancel = threading.Event()
+                    ended = threading.Event()
+                    watcher = threading.Thread(target=_watch_hangup, args=(conn, cancel, ended), daemon=True)
+                    watcher.start()
+                    try:
+                        reply = self.service.execute(body, uid, cancel)
+                    finally:
+                        ended.set()
+                elif kind in AGENTS:
+                    reply = self.service.handle(kind, body, Caller(uid, home))
+                else:
                     return
-                reply = self.service.handle(agent, raw)
                 conn.sendall(b"%d %d\n" % (reply.exit, len(reply.stdout)) + reply.stdout + reply.stderr)
         except OSError:
             pass  # the client went away: it answered its agent with a denial already
@@ -166,25 +180,65 @@ class Daemon:
             self._slots.release()
 
 
-def _read_all(conn: socket.socket) -> bytes | None:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = conn.recv(1 << 16)
+def _read_request(conn: socket.socket) -> tuple[str, str | None, bytes] | None:
+    """`AGW2 KIND HOME LENGTH\\n` and LENGTH bytes: (kind, the agent's HOME or None, body), or
+    None for anything else."""
+    data = b""
+    while b"\n" not in data:
+        chunk = conn.recv(4096)
         if not chunk:
-            return b"".join(chunks)
-        size += len(chunk)
-        if size > MAX_REQUEST:
+            return None
+        data += chunk
+        if len(data) > MAX_HEADER and b"\n" not in data[:MAX_HEADER]:
+            return None
+    head, _, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if len(parts) != 4 or parts[0] != PROTOCOL or not parts[3].isdigit():
+        return None
+    size = int(parts[3])
+    if size > MAX_REQUEST:
+        return None
+    home: str | None = None
+    if parts[2] != b"-":
+        if not parts[2].startswith(b"h"):
+            return None
+        try:
+            home = os.fsdecode(bytes.fromhex(parts[2][1:].decode("ascii")))
+        except ValueError:
+            return None
+    chunks = [body]
+    got = len(body)
+    while got < size:
+        chunk = conn.recv(min(1 << 16, size - got))
+        if not chunk:
             return None
         chunks.append(chunk)
+        got += len(chunk)
+    return parts[1].decode("ascii", "replace"), home, b"".join(chunks)[:size]
+
+
+def _watch_hangup(conn: socket.socket, cancel: threading.Event, ended: threading.Event) -> None:
+    """Set `cancel` when the exec's client goes away (the agent stopped it) before `ended`."""
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLRDHUP | select.POLLHUP | select.POLLERR)
+    while not ended.is_set():
+        try:
+            if poller.poll(200):
+                cancel.set()
+                return
+        except (OSError, ValueError):
+            return
 
 
 def main(args: argparse.Namespace) -> int:
+    from gateway import sandbox
     from gateway.audit import AuditUnavailable, open_signed
+    from gateway.executors import shell
     from gateway.pipeline import unsafe_setup
     from gateway.policy.loader import PolicyError
     from gateway.policy.reload import PolicyHolder
     from gateway.policy.selftest import load_checked
+    from gateway.sandbox import quotas, reaper
 
     sock_path = Path(os.path.abspath(args.socket))
     daemon = Daemon(sock_path, frozenset(args.allow_uid or ()), args.idle_exit)
@@ -215,7 +269,21 @@ def main(args: argparse.Namespace) -> int:
         unsafe = unsafe_setup(policy, principal, Path(args.audit_dir), private)
         if unsafe:
             raise PolicyError(unsafe)
-        daemon.service = HookService(holder.current, audit, principal, private)
+        executor = None
+        if not args.no_sandbox:  # allowed shell calls of Claude Code and Codex run in the sandbox
+            try:
+                sandbox.check()
+            except sandbox.SandboxUnavailable as exc:
+                raise DaemonError(
+                    f"the sandbox cannot start here ({exc}): `gateway doctor` says why; "
+                    "--no-sandbox decides only (the agent then runs every call itself)"
+                ) from None
+            reaper.start()  # killed sandboxes' orphaned namespace inits are reaped here
+            with contextlib.suppress(Exception):
+                quotas.kill_abandoned()
+            executor = shell.run
+        deadline = args.deadline if args.deadline is not None else DEADLINE_S
+        daemon.service = HookService(holder.current, audit, principal, private, sock_path, deadline, executor)
         with contextlib.suppress(Exception):  # start the parser's workers now, not on the first call
             from gateway.decide import evaluate
 

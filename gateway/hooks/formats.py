@@ -11,14 +11,20 @@ Facts from the agents' own documentation and sources (docs/hooks.md cites them):
 - **Codex** `PreToolUse`: the same envelope plus `model` and `turn_id`; `Bash` and
   `apply_patch` carry their text in `tool_input.command` (a patch names its files in
   `*** Add File: / *** Update File: / *** Delete File: / *** Move to:` lines). It takes `deny`
-  with a non-empty reason; `allow` (without a rewritten input) and `ask` are "unsupported" and
-  read as a failed hook, which lets the tool run: so an allow is an empty answer, and an ask is
-  answered as a denial that says a supervisor must approve.
+  with a non-empty reason, and `allow` with `updatedInput` (a `Bash` call's rewritten
+  `command`); a bare `allow` and `ask` are "unsupported" and read as a failed hook, which lets
+  the tool run: so an allow without a rewrite is an empty answer, and an ask is answered as a
+  denial that says a supervisor must approve.
 - **Gemini CLI** `BeforeTool`: stdin `{session_id, transcript_path, cwd, hook_event_name:
   "BeforeTool", timestamp, tool_name, tool_input}`; tools `run_shell_command` (`command`,
   `dir_path`), `read_file`/`write_file`/`replace` (`file_path`), `list_directory`, `glob`,
   `grep_search` (`dir_path`), `read_many_files` (`include`). The answer, exit 0: `{"decision":
   "allow"|"deny"|"ask", "reason": ...}` (`ask` makes the CLI confirm with the user).
+
+Claude Code's `updatedInput` (with `allow` or `ask`) replaces the tool's input: an allowed
+`Bash` call is answered with its command rewritten into a run through the gateway's sandbox
+(`service.py`). Gemini CLI documents `hookSpecificOutput.tool_input` for the same; it is not
+used here (no Gemini CLI runs in this project's tests), so Gemini's commands run unsandboxed.
 
 Every agent treats a hook that exits with a code other than 0 or 2, or prints what it cannot
 parse, as no objection: so every answer here is well-formed, and anything this module does not
@@ -68,6 +74,8 @@ class HookCall:
     tool_use_id: str | None = None
     arguments: dict[str, Any] = field(default_factory=dict)
     """What the decision record keeps of the tool input (sizes, never file contents)."""
+    tool_input: dict[str, Any] = field(default_factory=dict, repr=False)
+    """The tool input as the agent sent it (a rewritten input keeps its other fields)."""
 
 
 def parse(agent: str, raw: bytes) -> HookCall:
@@ -109,6 +117,7 @@ def parse(agent: str, raw: bytes) -> HookCall:
         _optional_str(data, "session_id"),
         _optional_str(data, "tool_use_id"),
         arguments,
+        tool_input,
     )
 
 
@@ -261,13 +270,26 @@ def _json(obj: dict[str, Any]) -> bytes:
     return (json.dumps(obj, ensure_ascii=False) + "\n").encode("utf-8", "replace")
 
 
-def answer(agent: str, verdict: str, message: str) -> Answer:
-    """`verdict` (allow, ask, deny) with `message`, in the agent's format."""
+REWRITES = ("claude-code", "codex")
+"""The agents whose hook answer can replace a shell call's command (`updatedInput`)."""
+
+
+def answer(agent: str, verdict: str, message: str, updated_input: dict[str, Any] | None = None) -> Answer:
+    """`verdict` (allow, ask, deny) with `message`, in the agent's format. `updated_input`: the
+    tool input the agent runs instead (Claude Code with allow or ask, Codex with allow)."""
     reason = f"agent-gateway: {message}"
     if agent == "claude-code":
-        out = {"hookEventName": "PreToolUse", "permissionDecision": verdict, "permissionDecisionReason": reason}
+        out: dict[str, Any] = {
+            "hookEventName": "PreToolUse", "permissionDecision": verdict, "permissionDecisionReason": reason,
+        }  # fmt: skip
+        if updated_input is not None and verdict != "deny":
+            out["updatedInput"] = updated_input
         return Answer(0, _json({"hookSpecificOutput": out}), b"", verdict)
     if agent == "codex":
+        if verdict == "allow" and updated_input is not None:
+            rewritten = {"hookEventName": "PreToolUse", "permissionDecision": "allow",
+                         "permissionDecisionReason": reason, "updatedInput": updated_input}  # fmt: skip
+            return Answer(0, _json({"hookSpecificOutput": rewritten}), b"", "allow")
         if verdict == "allow":  # no objection: Codex's own approval settings still apply
             return Answer(0, b"", b"", "allow")
         if verdict == "ask":

@@ -82,6 +82,7 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     items = [bwrap, _user_namespaces(bwrap.facts.get("path"), account), account, _landlock(policy), _cgroups(account)]
     items.append(_helper())
     items.append(_nested())
+    items.append(_hook_mode(bwrap.ok and account.ok))
     if policy is not None:
         items.append(_policy(policy))
         items.append(_network(policy))
@@ -284,6 +285,29 @@ def _nested() -> Item:
         f"watched with inotify (up to {watches or '?'} directories across write roots; fs.inotify.max_user_watches)"
     )
     return Item("nested", label, True, detail, True, facts)
+
+
+HOOK_AGENTS = {
+    "claude-code": "sandboxed: an allowed or approved Bash call is rewritten into a run in this sandbox",
+    "codex": "sandboxed: an allowed Bash call is rewritten into a run in this sandbox (Codex's own sandbox must "
+    "let it reach the gateway: sandbox_workspace_write.network_access = true); apply_patch is applied by Codex",
+    "gemini": "NOT sandboxed: Gemini CLI runs each call itself after the answer (the hook decides only)",
+    "file tools": "NOT sandboxed: every agent's own file tools read and write as the user (decided only)",
+}
+
+
+def _hook_mode(sandbox_ok: bool) -> Item:
+    """What `gateway hook` holds here, agent by agent (docs/hooks.md): where an agent lets the
+    hook rewrite a shell call it runs in this sandbox; elsewhere the hook is the only barrier."""
+    facts: dict[str, Any] = {"agents": dict(HOOK_AGENTS)}
+    if not sandbox_ok:
+        detail = (
+            "the sandbox cannot start here: the hook's gateway starts only with --no-sandbox, and then every "
+            "agent runs every call itself (the hook decides only)"
+        )
+        return Item("hook_mode", "hook mode", False, detail, False, facts)
+    detail = "; ".join(f"{agent}: {what}" for agent, what in HOOK_AGENTS.items())
+    return Item("hook_mode", "hook mode", True, detail, False, facts)
 
 
 def _inotify_probe() -> int:

@@ -125,6 +125,10 @@ class Profile:
     already mounted read-only here: the plan adds no mount for them, only their names."""
     report: Callable[[str, dict[str, object]], None] | None = field(default=None, compare=False)
     """Where the nested-repository watcher reports a quarantine (the gateway's audit log)."""
+    home: str | None = None
+    """HOME inside: what `~` means to the path jail and the files tool for these commands (the
+    policy's `home`, or for an agent's hook call the agent's own HOME), shown only where a root
+    shows it. None: the private HOME tmpfs."""
 
 
 @dataclass(frozen=True)
@@ -250,7 +254,7 @@ def build(
     skeleton = _skeleton(
         profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds, loop_shell
     )
-    full_env = {**env, "HOME": HOME, **git.environment(GITCONFIG)}
+    full_env = {**env, "HOME": profile.home or HOME, **git.environment(GITCONFIG)}
     if profile.path:
         full_env["PATH"] = ":".join([p for p in full_env.get("PATH", "").split(":") if p] + list(profile.path))
     if profile.egress is not None:

@@ -1,8 +1,9 @@
 """Remembered decisions, never served stale.
 
 A decision depends on the policy, the principal, the cwd, the environment, the tool family, the
-command text, and the filesystem the path jail resolved: each component it looked at (missing,
-not a link, or a link to a given target). The first five are the key (the cache lives on the
+command text, what `~` means where it runs, and the filesystem the path jail resolved: each
+component it looked at (missing, not a link, or a link to a given target). All but the last are
+the key (the cache lives on the
 compiled policy object, so a reloaded policy starts empty); the filesystem part is recorded while
 the decision is made (`observing`) and checked again, with the same `lstat` and `readlink` calls
 the jail made, before a remembered decision is served. A decision whose jail expanded a glob (a

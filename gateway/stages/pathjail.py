@@ -2,8 +2,10 @@
 
 Paths come from the deciding rules (`path_args`, `path_options`, or where a rule writes neither,
 the program's model: gateway/programs/), from redirects (`>`/`>>` are
-writes, `<` a read) and from the cwd. Each is made absolute against the cwd, `~` is the policy's
-`home`, and symlinks and `..` are resolved (`real_path`: like `os.path.realpath`, which also resolves the existing
+writes, `<` a read) and from the cwd. Each is made absolute against the cwd, `~` is what the
+shell that runs the command takes it for (`Homes`: in the gateway's sandbox the policy's `home`,
+which is the sandbox's HOME; under an agent's hook the agent's HOME and this host's accounts),
+and symlinks and `..` are resolved (`real_path`: like `os.path.realpath`, which also resolves the existing
 parent of a path that does not exist yet). Roots are compared by path components
 (`/srv/ws2` is not inside `/srv/ws`). A write must be inside a write root and outside every
 protected path; a read inside a read or write root.
@@ -27,9 +29,14 @@ the write roots writable, is the barrier that holds.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import pwd
 import re
 import stat
+from collections.abc import Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 
 from gateway.analysis import Command, Expansion, RedirectMode, Word
@@ -56,6 +63,41 @@ class PathRefused(Exception):
 
 
 _Refused = PathRefused
+
+
+@dataclass(frozen=True)
+class Homes:
+    """What `~`, `~NAME` and a bare `cd` mean to the shell that will run the command: one
+    meaning per place a command runs. Without one in force (`shell_homes`), the gateway's
+    sandbox: `~` is the policy's `home` (the sandbox's HOME), `~NAME` is refused."""
+
+    home: str | None
+    """`~`, `~/...` and a bare `cd`; None: refused."""
+    users: bool = False
+    """`~NAME` is NAME's home in this host's account database (the agent's own shell); else it
+    is refused as a value known only at run time."""
+    whose: str = "the policy's home"
+    """For messages: where `home` comes from."""
+
+
+_homes: ContextVar[Homes | None] = ContextVar("shell_homes", default=None)
+
+
+@contextlib.contextmanager
+def shell_homes(homes: Homes | None) -> Iterator[None]:
+    """Decide with `homes` (None: the sandbox's, from the policy) on this thread."""
+    token = _homes.set(homes)
+    try:
+        yield
+    finally:
+        _homes.reset(token)
+
+
+def _current_homes(policy: CompiledPolicy) -> Homes:
+    return _homes.get() or Homes(str(policy.home) if policy.home is not None else None)
+
+
+_LOGIN = re.compile(r"~[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 _PROC = "/proc"
@@ -261,15 +303,38 @@ def _glob_reads(
 
 
 def _tilde(policy: CompiledPolicy, word: Word) -> tuple[str, set[Expansion]]:
-    """`word`'s value with a leading `~` made the policy's home, and its remaining expansions."""
+    """`word`'s value with a leading `~` or `~NAME` replaced as the running shell would
+    (`Homes`), and its remaining expansions. A tilde prefix this cannot settle (`~+`, `~-`,
+    `~NAME` where accounts are not looked up, a prefix written with quotes) stays an expansion:
+    the path is then refused as known only at run time."""
     value = word.value
     kinds = set(word.expansions)
-    if Expansion.TILDE in kinds and (value == "~" or value.startswith("~/")):
-        if policy.home is None:
-            raise _Refused("tilde_without_home", f"'{value}': the policy sets no home for ~", {"path": value})
-        value = str(policy.home) + value[1:]
-        kinds.discard(Expansion.TILDE)
-    return value, kinds
+    if Expansion.TILDE not in kinds or not value.startswith("~"):
+        return value, kinds
+    head, slash, rest = value.partition("/")
+    raw = word.raw or value
+    if not (raw == head or raw.startswith(head + "/")):
+        return value, kinds  # quoted or escaped inside the prefix: not for this check to guess
+    homes = _current_homes(policy)
+    if head == "~":
+        if homes.home is None:
+            raise _Refused("tilde_without_home", f"'{value}': {homes.whose} is not set: ~ is unknown", {"path": value})
+        home = homes.home
+    elif homes.users and _LOGIN.fullmatch(head):
+        if (obs := decision_cache.current()) is not None:
+            obs.unknowable()  # the account database is not watched: such a decision is not kept
+        try:
+            home = pwd.getpwnam(head[1:]).pw_dir
+        except KeyError:
+            raise _Refused(
+                "tilde_user", f"'{value}': there is no account {head[1:]!r} on this host", {"path": value}
+            ) from None
+    else:
+        return value, kinds
+    if not home.startswith("/"):
+        raise _Refused("tilde_without_home", f"'{value}': {head} is {home!r}, not an absolute path", {"path": value})
+    kinds.discard(Expansion.TILDE)
+    return home.rstrip("/") + (slash + rest if slash else "") if home != "/" else "/" + rest, kinds
 
 
 def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word], list[Word]]:
@@ -437,13 +502,12 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
 def _after_cd(policy: CompiledPolicy, cmd: Command, cwds: list[Path]) -> list[Path]:
     args = [w for w in cmd.argv[1:] if not w.value.startswith("-") or w.value == "-"]
     if not args:
-        if policy.home is None:
+        homes = _current_homes(policy)
+        if homes.home is None or not homes.home.startswith("/"):
             raise _Refused(
-                "cd_without_target",
-                f"{cmd.program} without a directory goes to $HOME, which the policy does not set",
-                {},
+                "cd_without_target", f"{cmd.program} without a directory goes to $HOME: {homes.whose} is not set", {}
             )
-        targets = [str(policy.home)]
+        targets = [real_path(homes.home)]
     elif args[0].value == "-":
         raise _Refused("cd_without_target", f"{cmd.program} - goes to a directory only known at run time", {})
     else:

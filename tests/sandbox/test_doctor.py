@@ -14,7 +14,7 @@ import pytest
 from gateway.sandbox import landlock
 
 GATEWAY = Path(sys.executable).parent / "gateway"
-ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "nested"}
+ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "nested", "hook_mode"}
 # The Landlock ABI each mainline kernel introduced: a kernel that has Landlock has at least this.
 LANDLOCK_SINCE = [((6, 15), 7), ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3), ((5, 19), 2), ((5, 13), 1)]
 
@@ -83,6 +83,17 @@ def test_doctor_names_the_cgroup_version_and_controllers() -> None:
     assert item["controllers"] == ["memory", "pids"]
     assert item["detail"].startswith(f"cgroup v{item['version']}: memory and pids per sandbox under ")
     assert item["fallback"] == []
+
+
+def test_doctor_says_which_agents_hook_mode_sandboxes() -> None:
+    """Hook mode is a sandbox only where the agent lets the hook rewrite a shell call: doctor
+    says so plainly for each agent (issue 23)."""
+    _, report = doctor_json()
+    item = report["items"]["hook_mode"]
+    assert item["required"] is False and item["ok"] is True
+    assert item["agents"]["claude-code"].startswith("sandboxed") and item["agents"]["codex"].startswith("sandboxed")
+    assert item["agents"]["gemini"].startswith("NOT sandboxed") and item["agents"]["file tools"].startswith("NOT")
+    assert "gemini: NOT sandboxed" in doctor().stdout
 
 
 def test_doctor_text_is_one_line_per_item_and_a_verdict() -> None:

@@ -16,10 +16,13 @@ The clients are installed by `make clients` (pinned below and in the Makefile) i
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import pwd
 import re
 import shlex
+import signal
 import subprocess
 import threading
 from collections.abc import Iterator
@@ -394,3 +397,224 @@ def test_claude_code_without_the_documented_config_keeps_its_own_tools(setup: Se
 def test_clients_are_pinned_in_the_makefile() -> None:
     makefile = (REPO / "Makefile").read_text()
     assert f"CODEX_VERSION := {CODEX_VERSION}\n" in makefile and f"CLAUDE_VERSION := {CLAUDE_VERSION}\n" in makefile
+
+
+# --- hook mode: the clients' own tools, each call decided by `gateway hook` -------------------
+
+HOOKS_DOC = REPO / "docs" / "hooks.md"
+SECRET = "users-secret-3c8e"
+
+
+def hooks_doc_block(name: str) -> str:
+    """The fenced block after `<!-- clients-test: NAME -->` in docs/hooks.md."""
+    match = re.search(rf"<!-- clients-test: {re.escape(name)} -->\n```[a-z]*\n(.*?)```", HOOKS_DOC.read_text(), re.S)
+    assert match, f"docs/hooks.md has no block marked <!-- clients-test: {name} -->"
+    return match.group(1)
+
+
+def hook_options(setup: Setup, *extra: str) -> list[str]:
+    """The gateway's hook arguments for this test (docs/hooks.md's, with the test's own files)."""
+    return [
+        "--policy", str(REPO / "policies" / "default.yaml"), "--workspace", str(setup.workspace),
+        "--audit-dir", str(setup.audit), "--audit-keys", str(setup.root / "audit-keys"),
+        "--state-dir", str(setup.root / "state"), *extra,
+    ]  # fmt: skip
+
+
+def hook_decisions(setup: Setup) -> list[dict[str, Any]]:
+    return [
+        r for _, _, r, _ in records(setup.audit) if r and r.get("event") == "decision" and "hook" in r.get("data", {})
+    ]
+
+
+def stop_hook_daemons(setup: Setup) -> None:
+    """The resident gateways the hooks started for this test (their socket is in its state dir)."""
+    state = str(setup.root / "state").encode()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"daemon" in argv and any(a.startswith(state) for a in argv):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGTERM)
+
+
+@pytest.fixture
+def hooked(setup: Setup) -> Iterator[Setup]:
+    (setup.root / "home" / "secret.txt").write_text(SECRET + "\n")
+    yield setup
+    stop_hook_daemons(setup)
+
+
+def codex_hook_config(setup: Setup, model_url: str) -> str:
+    provider = f"""model = "gpt-5.5"
+model_provider = "scripted"
+[model_providers.scripted]
+name = "scripted"
+base_url = "{model_url}/v1"
+wire_api = "responses"
+env_key = "SCRIPTED_MODEL_KEY"
+request_max_retries = 0
+stream_max_retries = 0
+"""
+    block = hooks_doc_block("codex-hook")
+    command = shlex.join([GATEWAY, "hook", "codex", *hook_options(setup)])
+    block, n = re.subn(r'^command = ".*"$', lambda _: f"command = {json.dumps(command)}", block, flags=re.M)
+    assert n == 1, block
+    top, _, tables = block.partition("\n[")  # root keys must precede the tables
+    return f"{top}\n{provider}\n[{tables}"
+
+
+def codex_env(setup: Setup) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(setup.root / "home"),
+        "CODEX_HOME": str(setup.root / "codex-home"), "SCRIPTED_MODEL_KEY": "test", "NO_COLOR": "1",
+    }  # fmt: skip
+
+
+def codex_shell(call_id: str, command: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": f"fc_{call_id}", "call_id": call_id, "name": "exec_command",
+            "arguments": json.dumps({"cmd": command})}  # fmt: skip
+
+
+def codex_outputs(scripted: ScriptedModel) -> dict[str, str]:
+    """What each shell call gave the model back (the last turn holds them all)."""
+    items = scripted.turns()[-1]["input"]
+    return {
+        str(i.get("call_id")): json.dumps(i.get("output")) for i in items if i.get("type") == "function_call_output"
+    }
+
+
+def gateway_hook_codex(setup: Setup, verb: str) -> subprocess.CompletedProcess[str]:
+    codex = installed("@openai/codex", CODEX_VERSION, "codex")
+    argv = [GATEWAY, "hook", "codex", verb, "--codex", str(codex), "--cwd", str(setup.workspace)]
+    return subprocess.run(argv, env=codex_env(setup), capture_output=True, text=True, timeout=CLIENT_TIMEOUT)
+
+
+def test_codex_hook_as_documented_is_trusted_checked_and_holds(hooked: Setup, model: Any) -> None:
+    """docs/hooks.md's Codex block alone is silently off: `codex exec` skips a hook it does not
+    trust, and the agent read what it liked. `gateway hook codex --check` says so; `--trust`
+    (Codex's own trust record, written by Codex) turns it on, and then the hook decides every
+    shell call and an allowed one runs in the gateway's sandbox."""
+    setup = hooked
+    subprocess.run(["git", "init", "-q", str(setup.workspace)], check=True, timeout=60)  # a project, as Codex has it
+    # writable by both the gateway's sandbox account and Codex's own sandbox (root, unprivileged in
+    # its namespace, makes mount points in the workspace): not given to one of them
+    setup.workspace.chmod(0o777)
+    secret = setup.root / "home" / "secret.txt"
+    home = setup.root / "codex-home"
+    home.mkdir()
+    codex = installed("@openai/codex", CODEX_VERSION, "codex")
+    argv = [str(codex), "exec", "--skip-git-repo-check", "--cd", str(setup.workspace), "do the task"]
+
+    untrusted = model("openai", [[codex_shell("call_read", f"cat {secret}")]])
+    (home / "config.toml").write_text(codex_hook_config(setup, untrusted.url))
+    off = gateway_hook_codex(setup, "--check")
+    assert off.returncode == 1 and "not trusted" in off.stdout, off.stdout + off.stderr
+    run_client(argv, codex_env(setup), setup.workspace)
+    assert SECRET in codex_outputs(untrusted)["call_read"]  # what the documented setup let through
+    assert not setup.audit.exists()  # the hook never ran: nothing was decided, nothing recorded
+
+    trusted = gateway_hook_codex(setup, "--trust")
+    assert trusted.returncode == 0 and "Codex runs the gateway's hook" in trusted.stdout, trusted.stdout
+    assert gateway_hook_codex(setup, "--check").returncode == 0
+    script = [[codex_shell("call_read", f"cat {secret}")], [codex_shell("call_run", "id -un; echo made > made.txt")]]
+    scripted = model("openai", script)
+    config = (home / "config.toml").read_text()  # the trust stays; only the model's address changes
+    (home / "config.toml").write_text(config.replace(untrusted.url, scripted.url))
+    run_client(argv, codex_env(setup), setup.workspace)
+    outputs = codex_outputs(scripted)
+    assert SECRET not in outputs["call_read"] and "agent-gateway" in outputs["call_read"], outputs["call_read"]
+    assert (setup.workspace / "made.txt").exists(), outputs["call_run"]
+    assert (setup.workspace / "made.txt").read_text() == "made\n"
+    sandbox_account = pwd.getpwuid((setup.workspace / "made.txt").stat().st_uid).pw_name
+    assert sandbox_account in outputs["call_run"]  # it ran as the sandbox's account, in the sandbox
+    decided = hook_decisions(setup)
+    assert [d["decision"] for d in decided] == ["deny", "allow"], decided
+    assert decided[1]["data"]["hook"]["exec"]["sandboxed"] is True
+    assert verify(setup.audit).ok
+
+
+def claude_hook_settings(setup: Setup, timeout: int | None = None, *extra: str) -> Path:
+    """docs/hooks.md's settings.json for Claude Code, with the test's gateway arguments."""
+    settings = json.loads(hooks_doc_block("claude-hook"))
+    (group,) = settings["hooks"]["PreToolUse"]
+    (hook,) = group["hooks"]
+    hook["command"] = shlex.join([GATEWAY, "hook", "claude-code", *hook_options(setup, *extra)])
+    if timeout is not None:
+        hook["timeout"] = timeout
+    path = setup.root / "claude-settings.json"
+    path.write_text(json.dumps(settings))
+    return path
+
+
+def run_claude_hooked(setup: Setup, model: ScriptedModel, settings: Path) -> None:
+    """Claude Code with its own tools, the hook deciding each call; Bash itself is allowed, as a
+    user who leaves the decisions to the gateway has it."""
+    claude = installed("@anthropic-ai/claude-code", CLAUDE_VERSION, "claude")
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(setup.root / "home"),
+        "ANTHROPIC_BASE_URL": model.url, "ANTHROPIC_API_KEY": "sk-test",
+        "CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1",
+    }  # fmt: skip
+    argv = [str(claude), "-p", "do the task", "--settings", str(settings), "--allowedTools", "Bash"]
+    run_client(argv, env, setup.workspace)
+
+
+def claude_bash(ident: str, command: str) -> dict[str, Any]:
+    return {"type": "tool_use", "id": ident, "name": "Bash", "input": {"command": command, "description": "step"}}
+
+
+def claude_results(scripted: ScriptedModel) -> dict[str, dict[str, Any]]:
+    """Each tool call's result, as Claude Code gave it back to the model."""
+    found: dict[str, dict[str, Any]] = {}
+    for message in scripted.turns()[-1]["messages"]:
+        if isinstance(message["content"], list):
+            for c in message["content"]:
+                if c.get("type") == "tool_result":
+                    found[c["tool_use_id"]] = c
+    return found
+
+
+def test_claude_code_hook_takes_home_as_its_shell_does_and_runs_calls_in_the_sandbox(hooked: Setup, model: Any) -> None:
+    """Through the real Claude Code, as docs/hooks.md configures it: `~` is the user's home (the
+    shipped policy's `home` is the workspace: the jail read `~/.ssh` as a workspace path and let
+    it through), and an allowed `make`, whose Makefile reads a file outside the roots, runs in
+    the gateway's sandbox instead of as the user."""
+    setup = hooked
+    (setup.root / "home" / ".ssh").mkdir()
+    (setup.root / "home" / ".ssh" / "id_ed25519").write_text(f"-----BEGIN OPENSSH PRIVATE KEY-----\n{SECRET}\n")
+    (setup.workspace / "Makefile").write_text(f"all:\n\t@cat {setup.root / 'home' / 'secret.txt'}\n")
+    setup.workspace.chmod(0o777)  # the sandbox's account writes here (Claude Code runs as root here)
+    script = [
+        [claude_bash("toolu_key", "head -c 400 ~/.ssh/id_ed25519")],
+        [claude_bash("toolu_make", "make -s")],
+    ]
+    scripted = model("anthropic", script)
+    run_claude_hooked(setup, scripted, claude_hook_settings(setup))
+    results = claude_results(scripted)
+    assert SECRET not in json.dumps(results), results
+    assert "outside the read roots" in json.dumps(results["toolu_key"]["content"])
+    assert "No such file" in json.dumps(results["toolu_make"]["content"]), results["toolu_make"]
+    decided = hook_decisions(setup)
+    assert [d["decision"] for d in decided] == ["deny", "allow"]
+    assert decided[1]["data"]["hook"]["exec"]["sandboxed"] is True
+    runs = [r for _, _, r, _ in records(setup.audit) if r and r.get("event") == "result"]
+    assert [r["call_id"] for r in runs] == [decided[1]["call_id"]]
+
+
+def test_claude_code_hook_answers_before_claude_gives_up(hooked: Setup, model: Any) -> None:
+    """A hook Claude Code stops for its time reads as no objection, and the call runs. A command
+    the gate takes long to decide got through that way when the hook's limit (here 15 s) was under
+    the client's 20 s wait; now the gateway denies at its deadline (10 s), inside the limit."""
+    setup = hooked
+    slow = "; ".join([f"cd d{i}" for i in range(1400)] + [f"cat x{i}" for i in range(1400)] + ["echo ran > ran.txt"])
+    assert len(slow) < 65536
+    script = [[claude_bash("toolu_warm", "true")], [claude_bash("toolu_slow", slow)]]
+    scripted = model("anthropic", script)
+    run_claude_hooked(setup, scripted, claude_hook_settings(setup, 15))
+    assert not (setup.workspace / "ran.txt").exists()
+    assert "deadline" in json.dumps(claude_results(scripted)["toolu_slow"]["content"])

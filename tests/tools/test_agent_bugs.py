@@ -163,6 +163,23 @@ def test_a_tilde_cwd_is_the_policys_home(gw: Gateway, ws: Path, tmp_path: Path) 
     assert not (ws / "~").exists()
 
 
+def test_tilde_is_one_place_for_commands_sessions_and_the_files_tool(gw: Gateway, ws: Path) -> None:
+    """The jail and the files tool took `~` for the policy's home while the sandbox's shell took
+    it for a private, empty HOME: what a command wrote to `~/x` the files tool never found, and
+    what the jail checked was not what the command touched (issue 23)."""
+    ran = gw.handle(RunCall(principal="agent", command="echo from-run > ~/from-run.txt; echo $HOME"))
+    assert ran["status"] == "ok" and ran["stdout"] == f"{ws}\n", ran
+    read = gw.handle(FilesCall(principal="agent", action="read", path="~/from-run.txt"))
+    assert read.get("content") == "from-run\n", read
+    wrote = gw.handle(FilesCall(principal="agent", action="write", path="~/from-files.txt", content="from-files"))
+    assert wrote["status"] == "ok", wrote
+    assert gw.handle(RunCall(principal="agent", command="cat ~/from-files.txt"))["stdout"] == "from-files"
+    sid = gw.handle(SessionCall(principal="agent", action="start"))["session_id"]
+    out = gw.handle(SessionCall(principal="agent", action="exec", session_id=sid, command="cat ~/from-run.txt"))
+    assert out.get("output", out.get("stdout", "")).strip() == "from-run", out
+    gw.handle(SessionCall(principal="agent", action="kill", session_id=sid))
+
+
 # --- files delete honours the rule that decides rm -------------------------------------------------
 def test_files_delete_asks_where_rm_asks(gw: Gateway, ws: Path) -> None:
     (ws / "tree" / "sub").mkdir(parents=True)
