@@ -692,3 +692,36 @@ def test_a_silent_start_is_checked_when_the_first_bytes_come(tmp_path: Path, ser
     assert any("evil.example" in e for e in ended), ended
     out = run(policy, ws, audit, f"python3 client.py slow localhost.,{server},localhost")
     assert "status 200" in out, out  # the honest slow client goes through
+
+
+def test_the_network_works_with_the_gateway_as_an_ordinary_user(tmp_path: Path, server: int) -> None:
+    """As an ordinary user the helper enters the sandbox's network through the user namespace
+    that owns it (NS_GET_USERNS): the same decisions, the same records."""
+    import os
+    import sysconfig
+
+    if os.geteuid() != 0:
+        pytest.skip("switching to an ordinary user needs root")
+    system = Path("/usr/bin/python3")
+    probe = subprocess.run(
+        [str(system), "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True
+    )
+    if probe.returncode != 0 or probe.stdout.strip() != str(sys.version_info[:2]):
+        pytest.skip("no system python of the venv's version to run the gateway as another user")
+    nobody = 65534
+    ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
+    policy.write_text(policy.read_text() + 'second_opinion: {unconfirmed: "allow"}\n')
+    home = tmp_path / "home"
+    home.mkdir()
+    for p in (tmp_path, ws, home, *ws.iterdir()):
+        os.chown(p, nobody, nobody)
+    repo = Path(__file__).resolve().parents[2]
+    path = os.pathsep.join([str(repo), sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]])
+    proc = subprocess.run(
+        ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", "env", f"HOME={home}", f"XDG_STATE_HOME={home}/state",
+         f"PYTHONPATH={path}", str(system), "-m", "gateway", "run", "--policy", str(policy), "--workspace", str(ws),
+         "--audit-dir", str(audit), "--", f"python3 client.py raw localhost.,{server},localhost"],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert "status 200" in proc.stdout, proc.stdout + proc.stderr
+    assert [r["data"]["via"] for r in records(audit, "egress_allowed")] == ["transparent"]
