@@ -720,7 +720,8 @@ def test_the_network_works_with_the_gateway_as_an_ordinary_user(tmp_path: Path, 
     proc = subprocess.run(
         ["setpriv", f"--reuid={nobody}", f"--regid={nobody}", "--clear-groups", "env", f"HOME={home}",
          f"XDG_STATE_HOME={home}/state", f"PYTHONPATH={path}", str(system), "-m", "gateway", "run",
-         "--policy", str(policy), "--workspace", str(ws), "--audit-dir", str(audit), "--", f"python3 client.py raw localhost.,{server},localhost"],
+         "--policy", str(policy), "--workspace", str(ws), "--audit-dir", str(audit), "--",
+         f"python3 client.py raw localhost.,{server},localhost"],
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert "status 200" in proc.stdout, proc.stdout + proc.stderr
