@@ -511,7 +511,7 @@ class Gateway:
         gateway's private directories (never shown), quotas, network, Landlock, and HOME (the
         policy's `home`: `~` means the same to the jail, the files tool and the commands)."""
         home = str(policy.home) if policy.home is not None else None
-        hooks = _NetworkHooks(self, principal) if policy.egress is not None else None
+        hooks = _NetworkHooks(self, principal) if policy.network_of(principal)[1] is not None else None
         return sandbox_profile(policy, principal, self.private_dirs(), home, self._quarantined, hooks)
 
     def _quarantined(self, event: str, data: dict[str, object]) -> None:
@@ -573,6 +573,7 @@ def sandbox_profile(
     grant = policy.grant(principal)
     lim = limits(policy, principal)
     settings = policy.policy.sandbox
+    everything, egress = policy.network_of(principal)
     return sandbox.Profile(
         principal=principal,
         read_roots=grant.read_roots,
@@ -587,8 +588,8 @@ def sandbox_profile(
             open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
             tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
         ),
-        network=settings.network is True,
-        egress=policy.egress,
+        network=everything,
+        egress=egress,
         egress_hooks=egress_hooks,
         landlock="required" if settings.require_landlock else "optional",
         etc=tuple(settings.etc),
@@ -683,7 +684,8 @@ class _NetworkHooks:
     ) -> tuple[bool, str, str]:
         gw = self.gateway
         policy = gw.policy
-        decision = policy.egress.decide(host, port) if policy.egress is not None else None
+        egress = policy.network_of(principal)[1]
+        decision = egress.decide(host, port) if egress is not None else None
         if decision is None or decision.verdict != "ask":  # the policy changed while it waited: decide again
             return (decision is not None and decision.verdict == "allow"), "the policy", "decided again"
         asked = new_call_id()

@@ -391,7 +391,7 @@ class HookService:
         lim = limits(policy, self.principal)
         cap = lim.get("timeout_ms") or 120_000
         timeout = min(cap, max(1000, pending.timeout_ms - 2000)) if pending.timeout_ms else cap
-        network = _HookNetwork(self, pending.call_id) if policy.egress is not None else None
+        network = _HookNetwork(self, pending.call_id) if policy.network_of(self.principal)[1] is not None else None
         profile = sandbox_profile(policy, self.principal, self.private, pending.homes.home, self._report, network)
         analysis = evaluate(policy, pending.command, self.principal, Path(pending.cwd), None, Tool.RUN).analysis
         started = time.monotonic()

@@ -16,6 +16,7 @@ misloaded (pycasbin's `enforce` returns True when disabled), and serialises acce
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import threading
 from dataclasses import dataclass, field, replace
@@ -24,7 +25,7 @@ from pathlib import Path
 import casbin
 
 from gateway import programs
-from gateway.policy.layers import load_layers, resolve_roots
+from gateway.policy.layers import load_layers, network_widenings, resolve_roots
 from gateway.policy.loader import PolicyError, UnknownPrincipal
 from gateway.policy.schema import NetworkSettings, Policy, Rule, RuleDecision, Tool
 from gateway.sandbox import egress as _egress
@@ -129,6 +130,15 @@ class CompiledPolicy:
     casbin: Casbin
     egress: Egress | None = None
     """`sandbox.network` as a mapping, compiled (presets resolved when the policy loaded)."""
+    networks: dict[str, tuple[bool, Egress | None]] = field(default_factory=dict)
+    """Principal -> (everything, hosts) where its roles set their own `network`."""
+
+    def network_of(self, principal: str) -> tuple[bool, Egress | None]:
+        """What the principal's sandboxes reach: (True, None) everything; (False, Egress) the
+        hosts of a network policy; (False, None) nothing."""
+        if principal in self.networks:
+            return self.networks[principal]
+        return self.policy.sandbox.network is True, self.egress
     # decisions made under this policy (pipeline.evaluate): a reloaded policy starts empty
     decisions: DecisionCache = field(default_factory=DecisionCache, init=False, compare=False, repr=False)
 
@@ -213,6 +223,7 @@ def compile_policy(
         for program in rule.programs:
             by_program.setdefault(program, []).append(rule)
     _secrets_unseen(policy, grants, source)
+    egress = _network(policy, policy.sandbox.network, source)
     return CompiledPolicy(
         source=source,
         policy=policy,
@@ -225,7 +236,8 @@ def compile_policy(
         by_program={k: tuple(v) for k, v in by_program.items()},
         grants=grants,
         casbin=Casbin(policies, groupings),
-        egress=_network(policy, source),
+        egress=egress,
+        networks=_role_networks(policy, source),
     )
 
 
@@ -244,13 +256,46 @@ def _secrets_unseen(policy: Policy, grants: dict[str, Grant], source: Path) -> N
                     )
 
 
-def _network(policy: Policy, source: Path) -> Egress | None:
-    """`sandbox.network` as a mapping, compiled; presets read from this machine's pip, npm and
-    apt configuration now (a preset that cannot be read is a load error, naming it); brokered
-    secrets read from the gateway's environment or their files now."""
-    setting = policy.sandbox.network
+def _role_networks(policy: Policy, source: Path) -> dict[str, tuple[bool, Egress | None]]:
+    """Each principal whose roles (inherited ones included) set their own `network`: the one
+    they set, checked to narrow `sandbox.network` as a layer must."""
+    out: dict[str, tuple[bool, Egress | None]] = {}
+    compiled: dict[str, tuple[bool, Egress | None]] = {}
+    for name, principal in policy.principals.items():
+        closure = sorted({r for role in principal.roles for r in _ancestors(policy, role)})
+        settings: dict[str, bool | NetworkSettings] = {}
+        for r in closure:
+            own = policy.roles[r].network
+            if own is not None:
+                settings[r] = own
+        if not settings:
+            continue
+        distinct = {json.dumps(s if isinstance(s, bool) else s.model_dump(), sort_keys=True) for s in settings.values()}
+        if len(distinct) > 1:
+            raise PolicyError(
+                f"{source}: principals.{name}: its roles {sorted(settings)} set different networks: give it one"
+            )
+        role, setting = next(iter(settings.items()))
+        wider = network_widenings(policy.sandbox.network, setting)
+        if wider:
+            got, ceiling = wider[0]
+            raise PolicyError(
+                f"{source}: roles.{role}.network: {got} is wider than sandbox.network ({ceiling}); a role may only "
+                "narrow it"
+            )
+        key = next(iter(distinct))
+        if key not in compiled:
+            compiled[key] = (setting is True, _network(policy, setting, source))
+        out[name] = compiled[key]
+    return out
+
+
+def _network(policy: Policy, setting: bool | NetworkSettings, source: Path) -> Egress | None:
+    """`sandbox.network` (or a role's `network`) as a mapping, compiled; presets read from this
+    machine's pip, npm and apt configuration now (a preset that cannot be read is a load error,
+    naming it); brokered secrets read from the gateway's environment or their files now."""
     if not isinstance(setting, NetworkSettings):
-        if policy.secrets:
+        if policy.secrets and setting is policy.sandbox.network:
             raise PolicyError(f"{source}: secrets: brokered secrets need sandbox.network as a mapping of hosts")
         return None
     brokered = []

@@ -277,7 +277,7 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
             f"{_ceiling(lower, field)}; a layer may only tighten the layers it includes (docs/policy.md, Layering)"
         )
 
-    for got, ceiling in _network_widenings(lo.sandbox.network, hi.sandbox.network):
+    for got, ceiling in network_widenings(lo.sandbox.network, hi.sandbox.network):
         wider(("sandbox", "network"), got, ceiling)
     for name, secret in hi.secrets.items():  # a brokered credential is power: only a lower layer grants it
         granted = lo.secrets.get(name)
@@ -305,6 +305,15 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
                 wider(("tools", tool.value), f"{now.value} at level {level}", f"{was.value}")
                 break
 
+    for name, role in hi.roles.items():  # a role's own network narrows the sandbox's, and what it had
+        if role.network is None:
+            continue
+        had = lo.roles[name].network if name in lo.roles and lo.roles[name].network is not None else None
+        for ceiling_setting in (hi.sandbox.network, had):
+            if ceiling_setting is None:
+                continue
+            for got, ceiling in network_widenings(ceiling_setting, role.network):
+                wider(("roles", name, "network"), got, ceiling)
     lo_ws = _workspace(lower, workspace)
     hi_ws = _workspace(merged, workspace)
     # roots resolve against the workspace: say so when this layer moved it
@@ -382,7 +391,7 @@ def _ceiling(lower: _Layer, field: tuple[str, ...]) -> str:
     return f"the default in {lower.path}, which does not set it"
 
 
-def _network_widenings(lo: bool | NetworkSettings, hi: bool | NetworkSettings) -> list[tuple[str, str]]:
+def network_widenings(lo: bool | NetworkSettings, hi: bool | NetworkSettings) -> list[tuple[str, str]]:
     """How `hi` reaches more of the network than `lo` allowed: (what, the lower bound) each."""
     if lo is True or hi is False:
         return []

@@ -126,6 +126,10 @@ class Role(_Model):
     read roots and outside its write roots: a tool directory is read-only, so nothing the
     agent writes can shadow or become a program found there. Checked at load."""
     limits: Limits = Limits()
+    network: NetworkSetting | None = None
+    """The network this role's sandboxes get instead of `sandbox.network` (false, or a mapping of
+    hosts: docs/sandbox.md, The network). It may only narrow `sandbox.network`; a principal whose
+    roles set different ones is a load error."""
 
 
 class Principal(_Model):

@@ -159,6 +159,13 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         ["src/pkg"],
         (_role(write_roots=["."]), "roles.dev.write_roots: writing"),
     ),
+    (
+        "roles.*.network",  # a role's own network narrows the sandbox's (docs/sandbox.md, The network)
+        _role(network=False),
+        lambda m: m.policy.roles["dev"].network,
+        False,
+        (_role(network=True), "roles.dev.network: true (commands reach the network) is wider than false"),
+    ),
     # a tool directory is bounded by the merged roots, checked when the policy compiles
     ("roles.*.path", _role(path=["/usr/local/bin"]), lambda m: m.policy.roles["dev"].path, ["/usr/local/bin"], None),
     (

@@ -726,3 +726,28 @@ def test_the_network_works_with_the_gateway_as_an_ordinary_user(tmp_path: Path, 
     )  # fmt: skip
     assert "status 200" in proc.stdout, proc.stdout + proc.stderr
     assert [r["data"]["via"] for r in records(audit, "egress_allowed")] == ["transparent"]
+
+
+def test_a_role_takes_a_network_of_its_own_that_narrows_the_sandboxes(tmp_path: Path, server: int) -> None:
+    """Per role: a role's `network` replaces sandbox.network for its principals, and may only
+    narrow it; roles of one principal that disagree are a load error."""
+    base = f'{{allow: ["localhost:{server}", "127.0.0.1", "api.example.com"]}}'
+    ws, policy, audit = _setup(tmp_path, base)
+    text = policy.read_text()
+    narrowed = text.replace(
+        '  dev: {level: 2, read_roots: ["."], write_roots: ["."]}',
+        '  dev: {level: 2, read_roots: ["."], write_roots: ["."], network: {allow: ["api.example.com"]}}',
+    )
+    assert narrowed != text
+    policy.write_text(narrowed)
+    out = run(policy, ws, audit, f"python3 client.py raw localhost.,{server},localhost")
+    assert "status 200" not in out, out  # the role's network does not name localhost
+    compiled = load_policy(policy, ws)
+    everything, egress = compiled.network_of("agent")
+    assert not everything and egress is not None and [p.text for p in egress.allow] == ["api.example.com"]
+    policy.write_text(narrowed.replace('network: {allow: ["api.example.com"]}', 'network: {allow: ["github.com"]}'))
+    with pytest.raises(PolicyError, match=r"roles\.dev\.network: allowing \['github\.com'\]"):
+        load_policy(policy, ws)
+    policy.write_text(narrowed.replace('network: {allow: ["api.example.com"]}', "network: true"))
+    with pytest.raises(PolicyError, match=r"roles\.dev\.network"):
+        load_policy(policy, ws)
