@@ -139,6 +139,7 @@ class CompiledPolicy:
         if principal in self.networks:
             return self.networks[principal]
         return self.policy.sandbox.network is True, self.egress
+
     # decisions made under this policy (pipeline.evaluate): a reloaded policy starts empty
     decisions: DecisionCache = field(default_factory=DecisionCache, init=False, compare=False, repr=False)
 
