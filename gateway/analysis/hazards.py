@@ -14,6 +14,7 @@ from functools import lru_cache
 
 from gateway.analysis.model import Assignment, Command, Expansion, Flag, RedirectMode, Word
 from gateway.analysis.primary import Unmodelled, Walk
+from gateway.analysis.words import numeric_only
 
 # Builtins that run text as code, or change how later names resolve.
 FORBIDDEN_BUILTINS: dict[str, str] = {
@@ -27,7 +28,26 @@ FORBIDDEN_BUILTINS: dict[str, str] = {
     "bind": "bind -x runs a string as shell code on a key, which cannot be checked",
 }
 # Options that make a builtin run a string as a command: {builtin: option letters}
-_COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CFW", "complete": "CFW"}
+_COMMAND_OPTIONS = {"mapfile": "C", "readarray": "C", "compgen": "CFW", "complete": "CFW", "jobs": "x"}
+# Builtins with an option that assigns a variable, binds a name or runs code, and the letters of
+# their options that take a value. bash reads a builtin's options after expansion, up to its
+# first operand or `--`, so a word known only at run time there (`printf "$x" /tmp` with
+# x=-vPATH) may be any of them; after the first operand no word is an option.
+_RISKY_OPTIONS: dict[str, str] = {
+    "printf": "v",
+    "wait": "p",
+    "hash": "pt",
+    "set": "o",
+    "compgen": "ACFGPSWXo",
+    "complete": "ACFGPSWXo",
+    "jobs": "",
+    "mapfile": "CcdnOsu",
+    "readarray": "CcdnOsu",
+}
+# Characters an unquoted $((...)) result can hold: the shell splits it at IFS like any other
+# expansion, so IFS may not hold them (docs/analysis.md, "Numbers").
+_NUMBER_CHARACTERS = frozenset("0123456789-")
+_UNKNOWN = Word("", (Expansion.PARAMETER,), "")  # an assigned value known only at run time
 # fmt: off
 # Words tree-sitter may leave as a command name when it misreads `time { ...; }` and the like.
 RESERVED_WORDS = frozenset({
@@ -162,6 +182,8 @@ def check(commands: list[Command], walk: Walk) -> None:
             raise Unmodelled("forbidden_builtin", f"{program}: {FORBIDDEN_BUILTINS[program]}", program)
         if program == "hash" and any(w.value.startswith("-") and "p" in w.value for w in cmd.argv[1:]):
             raise Unmodelled("forbidden_builtin", "hash -p binds a command name to another program", "hash -p")
+        if program in _RISKY_OPTIONS:
+            _check_option_words(cmd)
         letters = _COMMAND_OPTIONS.get(program, "")
         if letters and any(w.value.startswith("-") and set(w.value[1:]) & set(letters) for w in cmd.argv[1:]):
             raise Unmodelled("forbidden_builtin", f"{program} -{letters[0]} runs a string as a command", program)
@@ -191,21 +213,80 @@ def _set_exports(args: tuple[Word, ...]) -> bool:
     i = 0
     while i < len(args):
         v = args[i].value
-        if v == "--" or not v.startswith("-") or v == "-":
+        if v == "--" or v[:1] not in "-+" or v in ("-", "+"):
             return False
-        if v == "-o":
-            if i + 1 < len(args) and args[i + 1].value in ("allexport", "keyword"):
+        if "o" in v[1:]:  # -o NAME, +o NAME, and o anywhere in a cluster (`set -oe allexport`)
+            value = args[i + 1] if i + 1 < len(args) else None
+            if value is not None and (not value.literal or value.value in ("allexport", "keyword")):
                 return True
             i += 2
             continue
-        if set(v[1:]) & {"a", "k"}:
+        if v[0] == "-" and set(v[1:]) & {"a", "k"}:
             return True
         i += 1
     return False
 
 
+def _option_words(args: tuple[Word, ...], with_value: str, anywhere: bool = False) -> tuple[list[Word], int]:
+    """A builtin's option words (with the values they take) and the index of its first operand:
+    options end at `--` or at the first word that is not one (bash's builtins do not permute). A
+    letter of `with_value` takes the next word when it ends its cluster, or with `anywhere`
+    wherever it stands in it (`set -oe pipefail`)."""
+    i = 0
+    out: list[Word] = []
+    while i < len(args):
+        w = args[i]
+        v = w.value
+        if w.literal and v == "--":
+            return out, i + 1
+        if w.literal and (v[:1] not in "-+" or v in ("-", "+")):
+            return out, i
+        out.append(w)
+        takes = set(v[1:]) & set(with_value) if anywhere else v[-1] in with_value
+        if w.literal and takes and i + 1 < len(args):
+            out.append(args[i + 1])  # the option's value
+            i += 1
+        i += 1
+    return out, i
+
+
+def _could_be_option(w: Word) -> bool:
+    """Could a word known only at run time be an option to a builtin? Only one whose value
+    starts with a literal character other than `-` or `+` cannot (`x$y`: split or not, the first
+    word starts with `x`, and a builtin's options end there). A glob is the jail's: it refuses a
+    match that would be an option (docs/analysis.md, "Words the gate expands itself")."""
+    if set(w.expansions) <= {Expansion.GLOB, Expansion.TILDE} or numeric_only(w.raw):
+        return False  # a number (`wait $!`) is at most `-` and digits: none of the options
+    return not w.value or w.value[0] in "$`{-+\"'"
+
+
+def _takes_value(w: Word, program: str) -> bool:
+    letters = _RISKY_OPTIONS[program]
+    v = w.value
+    return bool(set(v[1:]) & set(letters)) if program == "set" else v[-1:] in letters and len(v) > 1
+
+
+def _check_option_words(cmd: Command) -> None:
+    """A word known only at run time where a builtin with a risky option reads its options:
+    `printf "$x" /tmp` assigns PATH when x is -vPATH, `set "$x"` turns on allexport."""
+    program = cmd.program
+    args = cmd.argv[1:]
+    letters = _RISKY_OPTIONS[program]
+    words, _ = _option_words(args, letters, anywhere=program == "set")
+    for k, w in enumerate(words):
+        value = k > 0 and words[k - 1].literal and _takes_value(words[k - 1], program)
+        if w.literal or value or not _could_be_option(w):
+            continue  # a value's own check is its option's (printf -v NAME, set -o NAME)
+        raise Unmodelled(
+            "dynamic_builtin_option",
+            f"{program}: '{w.raw or w.value}' is known only at run time and stands where {program} reads its "
+            f"options, some of which assign variables or run code: put '--' before it",
+            w.raw or w.value,
+        )
+
+
 def _check_assignment(a: Assignment) -> None:
-    _check_variable(a.name.split("[", 1)[0], "assignment")
+    _check_variable(a.name.split("[", 1)[0], "assignment", a.value)
     _check_stash(a.value, f"assignment to {a.name}")
 
 
@@ -235,7 +316,16 @@ def _check_stash(value: Word, how: str) -> None:
         )
 
 
-def _check_variable(name: str, how: str) -> None:
+def _check_variable(name: str, how: str, value: Word | None = _UNKNOWN) -> None:
+    """`value` is what `how` assigns: a Word, None for nothing (`unset`, `local NAME`), or by
+    default a value known only at run time."""
+    if name == "IFS" and value is not None and not (value.literal and not set(value.value) & _NUMBER_CHARACTERS):
+        raise Unmodelled(
+            "protected_variable",
+            f"{how} to IFS is refused unless its value is written literally and holds no digit or '-': the "
+            "gate takes an unquoted $((...)) for one number, which IFS must not split (restore IFS with `unset IFS`)",
+            name,
+        )
     if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES):
         raise Unmodelled(
             "protected_variable",
@@ -291,8 +381,11 @@ def _check_variable_targets(cmd: Command) -> None:
                 program,
             )
         operands = tuple(w for w in args if not w.value.startswith(("-", "+")))
-        for name in _names_of(operands, program):
-            _check_variable(name, program)
+        for name, w in zip(_names_of(operands, program), operands, strict=True):
+            if program == "unset" or "=" not in w.value:
+                _check_variable(name, program, None)  # unset, or declared without a value
+            else:
+                _check_variable(name, program, Word(w.value.split("=", 1)[1], w.expansions, w.raw))
     elif program == "read":
         operands = _operands_after_options(args, "adinNptu")
         for name in _names_of(operands + _option_arguments(args, "a", "adinNptu"), "read"):
@@ -302,9 +395,10 @@ def _check_variable_targets(cmd: Command) -> None:
         for name in _names_of(operands, program):
             _check_variable(name, program)
     elif program == "printf":
-        for i, w in enumerate(args):
-            if w.value == "-v" and i + 1 < len(args):
-                targets: tuple[Word, ...] = (args[i + 1],)
+        options, _ = _option_words(args, "v")  # -v only before the format: after it, an argument
+        for i, w in enumerate(options):
+            if w.value == "-v" and i + 1 < len(options):
+                targets: tuple[Word, ...] = (options[i + 1],)
             elif w.value.startswith("-v") and len(w.value) > 2:  # printf -vNAME
                 targets = (Word(w.value[2:], w.expansions, w.raw),)
             else:

@@ -278,3 +278,101 @@ def join_continuations(text: str) -> str:
         out.append(text[i])
         i += 1
     return "".join(out)
+
+
+def unquoted_expansion(raw: str) -> bool:
+    """Does the word as written (`raw`) hold a `$` expansion or a backquote outside quotes? Such a
+    word's value is split at IFS and globbed again by the shell."""
+    quote = ""
+    k = 0
+    while k < len(raw):
+        c = raw[k]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            k += 1  # the next character is literal (inside double quotes too, where it matters not)
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c == "`":
+            return True
+        elif c == "$" and k + 1 < len(raw):
+            nxt = raw[k + 1]
+            if nxt == "'" or nxt == '"':  # $'...' and $"...": quoted text
+                quote = nxt
+                k += 1
+            elif nxt.isalnum() or nxt in "_{(@*#?!$-":
+                return True
+        k += 1
+    return False
+
+
+_NUMERIC_PARAMETERS = frozenset("!$?#")
+
+
+def numeric_only(raw: str) -> bool:
+    """Is every expansion in the word as written (`raw`) one whose value is a number:
+    `$((...))`, `$[...]`, `$!`, `$$`, `$?`, `$#`, `${#NAME}`, `${#NAME[@]}`? Such a value is
+    `-?[0-9]+`: never an option other than `-` and digits, never a path separator. Words
+    holding any other expansion (or none) are not numeric_only."""
+    quote = ""
+    found = False
+    k, n = 0, len(raw)
+    while k < n:
+        c = raw[k]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            k += 1
+        elif c == '"' and quote == '"':
+            quote = ""
+        elif c in "'\"" and not quote:
+            quote = c
+        elif c == "`":
+            return False
+        elif c == "$" and k + 1 < n:
+            nxt = raw[k + 1]
+            if nxt in "'\"" and not quote:  # $'...', $"...": quoted text (a translation is refused below)
+                if nxt == '"':
+                    return False
+                quote = "'"
+                k += 1
+            elif raw.startswith("$((", k) or nxt == "[":
+                end = arithmetic_end(raw, k)
+                if end < 0:
+                    return False
+                found, k = True, end
+                continue
+            elif nxt in _NUMERIC_PARAMETERS:
+                found, k = True, k + 2
+                continue
+            elif nxt == "{" and re.match(r"\$\{#[A-Za-z_][A-Za-z0-9_]*(\[[@*]\])?\}", raw[k:]):
+                found, k = True, raw.index("}", k) + 1
+                continue
+            elif nxt.isalnum() or nxt in "_{(@*#?!$-":
+                return False
+        k += 1
+    return found
+
+
+def arithmetic_end(raw: str, start: int) -> int:
+    """The index after the `))` (or `]`) closing the arithmetic expansion at `start`, or -1
+    when it cannot be told (quotes or a substitution inside: such a word is not numeric_only)."""
+    close = "]" if raw[start + 1] == "[" else "))"
+    depth = 0
+    k = start + (2 if close == "]" else 3)
+    while k < len(raw):
+        c = raw[k]
+        if c in "'\"`\\" or (raw.startswith("$(", k) and not raw.startswith("$((", k)):
+            return -1
+        if c in "([":
+            depth += 1
+        elif depth == 0 and raw.startswith(close, k):
+            return k + len(close)
+        elif c in ")]":
+            depth -= 1
+            if depth < 0:
+                return -1
+        k += 1
+    return -1

@@ -185,10 +185,13 @@ class Rule(_Model):
     """The first argument must be one of these (`git status`)."""
     first_arg: list[str] | None = None
     """Anchored regular expressions for the first positional argument after the subcommand
-    (`python -m` + `first_arg: [pytest, mypy]`). Unset: any."""
+    (`python -m` + `first_arg: [pytest, mypy]`). Unset: any. A deny rule with `first_arg` never
+    matches a command without a positional argument."""
     args: list[str] | None = None
-    """Anchored regular expressions: every positional argument after the subcommand must match
-    one of them in full. Unset: any argument."""
+    """Anchored regular expressions. An allow or ask rule matches only if every positional
+    argument after the subcommand matches one of them in full; a deny rule matches if some
+    positional argument does (never the bare program). `[]`: only a command without positional
+    arguments. Unset: any argument."""
     forbidden_options: list[str] = []
     """Options that stop an allow/ask rule from matching, in every spelling: `-i` also catches
     `-i.bak` and `-ni`; `--in-place` also `--in-place=x` and prefixes like `--in-pl`."""

@@ -27,6 +27,7 @@ __all__ = [
     "model_for",
     "models",
     "models_subcommand",
+    "never_options_from",
     "read",
     "reading_of",
 ]
@@ -116,3 +117,23 @@ def reading_of(cmd: Command) -> Reading | None:
     """`cmd` read through its program's model, or None when the program has none."""
     model = model_for(cmd.program) if cmd.argv else None
     return read(model, cmd) if model is not None else None
+
+
+def never_options_from(cmd: Command) -> int | None:
+    """The argv index from which no word of `cmd` is an option to its program, as its model reads
+    it, or None: every word of a program whose words are all values (echo, ps, kill), the words
+    after the first operand of a program that does not permute (printf's arguments after the
+    format, awk's files after the program), the words after `--`. A glob there may match a file
+    named like an option: the program takes it as an argument (pathjail.py)."""
+    model = model_for(cmd.program) if cmd.argv else None
+    if model is None:
+        return None
+    if model.grammar == "words":
+        return 1
+    reading = reading_of(cmd)
+    if reading is None or reading.refused:
+        return None
+    found: list[int] = [r.index + 1 for r in reading.roles if r.kind == "end_of_options"][:1]
+    if not model.permutes and not model.subcommands and reading.operands:
+        found.append(reading.operands[0] + 1)
+    return min(found) if found else None

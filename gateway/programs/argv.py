@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.analysis import Command, Expansion, Word
+from gateway.analysis.words import numeric_only, unquoted_expansion
 from gateway.programs import awk, jq, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
 from gateway.stages import producers
@@ -91,8 +92,16 @@ def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
         return w.value.startswith("-")
     if set(w.expansions) <= _PATH_EXPANSIONS:
         return w.value.startswith("-")  # a glob: the path jail refuses a match that would be an option
+    if numeric_only(w.raw):
+        # a number (`$((n+1))`, `$!`): where it starts the word it may be negative, `-` and
+        # digits, an option only to a program that takes digit options (head -5); to others an
+        # error. Never split: IFS may hold no digit or `-` (analysis/hazards.py).
+        leading = w.value[:1] == "$" or w.raw[:2] == '"$'
+        return w.value[:1] == "-" or (leading and (model is None or _digit_options(model)))
     if model is not None and model.only_reads and producers.starting_points(w) is not None:
         return False
+    if (entry := producers.named_entry(w)) is not None:
+        return entry.dash_first  # `build/stamp-$(date +%s)`: one word, starting as written
     # the value is quote-removed: a leading character other than these is literal, unless the
     # shell may split the word (`x$V` with V=' --output=F')
     return not w.value or w.value[:1] in "$`-{" or may_split(w)
@@ -108,34 +117,13 @@ def may_split(w: Word) -> bool:
         return False
     if Expansion.BRACE in w.expansions:
         return True
-    return _unquoted_expansion(w.raw)
+    if numeric_only(w.raw):
+        return False  # a number: IFS may hold no digit or `-` (analysis/hazards.py)
+    return unquoted_expansion(w.raw)
 
 
-def _unquoted_expansion(raw: str) -> bool:
-    """Does the word as written hold a `$` expansion or a backquote outside quotes?"""
-    quote = ""
-    k = 0
-    while k < len(raw):
-        c = raw[k]
-        if quote == "'":
-            quote = "" if c == "'" else quote
-        elif c == "\\":
-            k += 1  # the next character is literal (inside double quotes too, where it matters not)
-        elif quote == '"':
-            quote = "" if c == '"' else quote
-        elif c in "'\"":
-            quote = c
-        elif c == "`":
-            return True
-        elif c == "$" and k + 1 < len(raw):
-            nxt = raw[k + 1]
-            if nxt == "'" or nxt == '"':  # $'...' and $"...": quoted text
-                quote = nxt
-                k += 1
-            elif nxt.isalnum() or nxt in "_{(@*#?!$-":
-                return True
-        k += 1
-    return False
+def _digit_options(model: ProgramModel) -> bool:
+    return model.digit_options or any(len(n) == 2 and n[1].isdigit() for o in model.options for n in o.names)
 
 
 class _Reader:
@@ -275,7 +263,7 @@ class _Reader:
             return i + 1
         if opt.optional:
             return i + 1
-        return self._values(i + 1, kinds, opt)
+        return self._values(i + 1, kinds, opt, f"--{name}")
 
     def _short(self, i: int) -> int:
         w = self.argv[i]
@@ -307,19 +295,20 @@ class _Reader:
                     return i + 1
                 if opt.optional:
                     return i + 1
-                return self._values(i + 1, kinds, opt)
+                return self._values(i + 1, kinds, opt, f"-{c}")
             j += 1
         return i + 1
 
-    def _values(self, i: int, kinds: tuple[Kind, ...], opt: Option) -> int:
+    def _values(self, i: int, kinds: tuple[Kind, ...], opt: Option, name: str = "") -> int:
         for kind in kinds:
             if i >= len(self.argv):
                 return i  # the program refuses a missing value; nothing runs
             if may_split(self.argv[i]):
                 w = self.argv[i]
                 raise _Refused(
-                    f"{w.raw or w.value}, the value of {opt.names[0]}, is known only at run time and unquoted: the "
-                    f'shell may split it into more words, options to {self.model.program}: quote it ("$V")'
+                    f"{w.raw or w.value}, the value of {name or opt.names[0]}, is known only at run time and "
+                    f"unquoted: the shell may split it into more words, options to {self.model.program}: "
+                    'quote it ("$V")'
                 )
             self._value(i, kind, self.argv[i], opt)
             i += 1
@@ -332,7 +321,7 @@ class _Reader:
             opt = self.leading[argv[i].value]
             self.roles.append(Role(i, "option", argv[i].value))
             self._effects(opt)
-            i = self._values(i + 1, opt.kinds, opt)
+            i = self._values(i + 1, opt.kinds, opt, argv[i].value)
         while i < len(argv):
             w = argv[i]
             if w.literal and (w.value.startswith("-") or w.value in _OPERATORS):
@@ -363,7 +352,7 @@ class _Reader:
                     j += 1
                 i = j + 1
                 continue
-            i = self._values(i + 1, primary.kinds, primary)
+            i = self._values(i + 1, primary.kinds, primary, w.value)
 
     # --- what words are ----------------------------------------------------------------------
     def _effects(self, opt: Option) -> None:
@@ -402,7 +391,12 @@ class _Reader:
             if not w.literal:
                 raise _Refused(f"the {self.model.language} script {w.raw or w.value} is known only at run time")
             self.scripts.append((i, w))
-        elif kind in (Kind.PATTERN, Kind.OTHER) and Expansion.GLOB in w.expansions and w is self.argv[i]:
+        elif (
+            kind in (Kind.PATTERN, Kind.OTHER)
+            and Expansion.GLOB in w.expansions
+            and w is self.argv[i]
+            and not (opt is None and self.model.operands.printed)
+        ):
             raise _Refused(
                 f"the unquoted glob {w.value!r} would be expanded by the shell into file names, which "
                 f"{self.model.program} would take as a {kind.value} and files: quote it"

@@ -125,6 +125,10 @@ class Operands(_Model):
     """Every other operand (for find: the starting points)."""
     assignments: StrictBool = False
     """Operands written NAME=VALUE are variable assignments, not files (awk)."""
+    printed: StrictBool = False
+    """The operands are text the program prints (printf's format and arguments): an unquoted glob
+    there gives it file names to print, which is what such a glob is for (its listing is a read,
+    jailed), not a pattern turned into file names by mistake."""
 
 
 class Subcommand(_Model):

@@ -39,6 +39,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway import programs
 from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
@@ -224,6 +225,9 @@ def check(
                 checked["read"].append(real)
             for access, words in (("read", reads), ("write", writes)):
                 for word in words:
+                    if (entry := producers.named_entry(word)) is not None:  # `build/stamp-$(date +%s)`
+                        checked[access] += _check_named(entry, cwds, access, grant, who)
+                        continue
                     for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected, budget):
                         _check_path(p, access, grant, who)
                         checked[access].append(p)
@@ -260,9 +264,11 @@ def _glob_reads(
     # a `for` list: its matches reach the body's commands through the loop variable, as options too
     words += [(0, w) for w in cmd.words if Expansion.GLOB in w.expansions]
     name = cmd.program if cmd.argv else "a for loop"
+    operands_from = programs.never_options_from(cmd)  # echo's words, printf's arguments after the format
     for k, word in words:
         value, kinds = _tilde(policy, word)
         options_end = any(w.value == "--" and w.literal for w in cmd.argv[1:k]) if k > 0 else k < 0
+        options_end = options_end or (k > 0 and operands_from is not None and k >= operands_from)
         if kinds - {Expansion.GLOB}:
             if unknown_ok:
                 continue  # the rule accepts values known only at run time: the sandbox holds
@@ -298,6 +304,41 @@ def _glob_reads(
                     f"{name}: the glob {value!r} matches {option!r}, which a program would read as an "
                     "option: write './' before the glob, or put '--' first",
                     {"glob": value, "match": option},
+                )
+    return out
+
+
+def _check_named(entry: producers.NamedEntry, cwds: list[Path], access: str, grant: Grant, who: str) -> list[str]:
+    """A path made of a literal directory and names printed at run time (producers.NamedEntry):
+    the directory is checked with the word's access; for a write, no name may spell `.git`, and
+    no protected path below the directory may be one the names could spell (`x-$(date +%s)`
+    beside `.git` is fine: date prints no `.`). What the names turn out to be (an existing
+    symlink, say), the sandbox bounds, as for a producer's listing."""
+    out: list[str] = []
+    for cwd in cwds:
+        directory = real_path(entry.directory if entry.directory.startswith("/") else str(cwd / entry.directory))
+        _check_path(directory, access, grant, who)
+        out.append(directory)
+        if access != "write":
+            continue
+        spelled = next((p.pattern for p in entry.components if p.fullmatch(".git")), None)
+        if spelled is not None:
+            raise _Refused(
+                "protected_path",
+                f"{who}: a name made at run time under {directory} could be .git, written only by git",
+                {"path": directory, "access": access},
+            )
+        for protected in grant.protected:
+            if not inside(str(protected), Path(directory)) or str(protected) == directory:
+                continue
+            parts = protected.relative_to(directory).parts
+            if len(entry.components) >= len(parts) and all(
+                pattern.fullmatch(part) for pattern, part in zip(entry.components, parts, strict=False)
+            ):
+                raise _Refused(
+                    "protected_path",
+                    f"{who}: a name made at run time under {directory} could be {protected}, which is protected",
+                    {"path": str(protected), "access": access},
                 )
     return out
 
@@ -430,7 +471,12 @@ def _resolve(
     value, kinds = _tilde(policy, word)
     starts = producers.starting_points(word)
     if starts is not None:  # `$(find lib -name '*.rb')`: what it lists lies under lib (producers.py)
-        return [real_path(s if s.startswith("/") else str(cwd / s)) for cwd in cwds for s in starts]
+        listed: list[str] = []
+        for cwd in cwds:
+            for s in starts:  # a glob start (`$(ls -t out/*.txt)`): each match, as the jail checks globs
+                found = globs.expand(s, str(cwd), budget or globs.Budget()).paths if globs.has_magic(s) else []
+                listed += [real_path(f) for f in found] or [real_path(s if s.startswith("/") else str(cwd / s))]
+        return listed
     if kinds - {Expansion.GLOB}:
         if unknown_ok:
             return []  # the rule accepts values known only at run time: the sandbox holds

@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from gateway.analysis import Command, Expansion, Flag
+from gateway.analysis.words import numeric_only
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
-from gateway.programs import Reading, models_subcommand, reading_of
+from gateway.programs import Reading, model_for, models_subcommand, reading_of
 from gateway.programs.argv import could_be_option, may_split
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
 from gateway.stages import producers
@@ -139,6 +140,11 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
     reading = reading_of(cmd) if uses_model and rule.decision is not RuleDecision.DENY else None
     if reading is not None:
         positional = reading.operands
+        modelled = model_for(cmd.program)
+        if not reading.refused and modelled is not None and modelled.grammar != "words":
+            # what the model reads as options: after printf's format, awk's program or `--`, a
+            # word that starts with `-` is an argument, and an option's value is its value
+            options = [r.text for r in reading.roles if r.kind == "option"]
     if rule.when_options and not any(_has_option(o, spec) for o in options for spec in rule.when_options):
         return None, ""
     strict = rule.decision is not RuleDecision.DENY
@@ -170,6 +176,8 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                 w = argv[k]
                 if w.literal and w.value == "--":
                     break
+                if numeric_only(w.raw) and not any(_is_digit_option(spec) for spec in rule.forbidden_options):
+                    continue  # a number is at most `-` and digits
                 if not w.literal and could_be_option(w) and (w.raw[:1] != "-" or may_split(w)):
                     return None, (
                         f"argument {w.raw or w.value} is known only at run time and could be an option the rule "
@@ -185,11 +193,15 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             )
         if not rule.accept_unknown:
             jailed = jails_paths
+            values = _values_of(reading, rule) if reading is not None else frozenset()
             for k in range(i, len(argv)):
                 w = argv[k]
+                if k in values and not may_split(w):
+                    continue  # a message, a name, a pattern or a number, and one word: that value
                 # a glob or ~ in a path argument is expanded and checked by the path jail
                 listing = producers.starting_points(w) is not None
-                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or listing
+                named = producers.named_entry(w) is not None  # `build/stamp-$(date +%s)`
+                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or listing or named
                 if listing and reading is None and not any(x.literal and x.value == "--" for x in argv[i:k]):
                     # split at blanks, a listed name can be an option (a directory named
                     # 'x --target-directory=y'); with no model to say which options are harmless,
@@ -212,6 +224,8 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     None,
                     f"setting {a.name} is not allowed (the rule allows {', '.join(rule.env) or 'no variables'})",
                 )
+    if rule.first_arg is not None and not strict and not positional:
+        return None, ""  # a deny rule about the first argument does not concern a command without one
     if rule.first_arg is not None and positional:
         first = argv[positional[0]].value
         found = _any_match(_patterns(tuple(rule.first_arg)), first, strict)
@@ -219,6 +233,15 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             allowed = ", ".join(rule.first_arg)[:160]
             why = found or f"first argument {_short(first)} is not one of the allowed ones ({allowed})"
             return None, why if strict else ""
+    if rule.args is not None and not strict:
+        # A deny rule matches what its args say: some positional argument matching one of them
+        # (so never a command without one), or with `args: []`, no positional argument at all.
+        patterns = _patterns(tuple(rule.args))
+        if not rule.args:
+            return (None, "") if positional else (Match(rule, positional, reading), "")
+        if not any(_any_match(patterns, argv[k].value, False) is True for k in positional):
+            return None, ""
+        return Match(rule, positional, reading), ""
     if rule.args is not None:
         patterns = _patterns(tuple(rule.args))
         for k in positional:
@@ -233,6 +256,26 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     )
                 return None, ""
     return Match(rule, positional, reading), ""
+
+
+_VALUE_KINDS = frozenset({"option", "other", "pattern"})
+
+
+def _values_of(reading: Reading, rule: Rule) -> frozenset[int]:
+    """argv indices of the words the model reads as values that name no file and run nothing (a
+    message, a name, a pattern, a number: `git commit -m "$MSG"`, `head -n $((N+1))`), the value
+    of an option or an operand; not an operand the rule's `args` or `first_arg` must check."""
+    kinds: dict[int, set[str]] = {}
+    for r in reading.roles:
+        kinds.setdefault(r.index, set()).add(r.kind)
+    checked = set(reading.operands) if rule.args is not None else set(reading.operands[:1] if rule.first_arg else ())
+    return frozenset(
+        k for k, found in kinds.items() if found <= _VALUE_KINDS and found != {"option"} and k not in checked
+    )
+
+
+def _is_digit_option(spec: str) -> bool:
+    return len(spec) == 2 and spec[0] == "-" and spec[1].isdigit()
 
 
 def _any_match(patterns: tuple[PolicyPattern, ...], value: str, strict: bool) -> bool | str:
