@@ -215,6 +215,12 @@ class Rule(_Model):
     accept_unknown_paths: StrictBool = False
     """Let path arguments whose value is only known at run time pass the path jail unchecked
     (the sandbox is then the only barrier). Redirect targets are never exempt."""
+    writes: StrictBool = True
+    """(allow/ask rules) `false`: the rule does not match a command that writes a file: one
+    redirected into a file (`>`, `>>`, `&>`; /dev/null, /dev/stdout and /dev/stderr are fine), or
+    one its program's model says writes (`sort -o F`, uniq's second file, `sed -i`), even where
+    the rule's own `path_args` read every word. For a read-only agent whose roots must stay
+    writable for git (policies/examples/read-mostly.yaml)."""
     approval: Literal["supervisor", "client"] = "supervisor"
     """Who answers when this rule asks. `supervisor` (default): the supervisor channel (the
     approvals queue or the gateway's terminal). `client`: the agent's own MCP client, through an
@@ -256,6 +262,11 @@ class Rule(_Model):
             raise ValueError(
                 f"approval: {self.approval!r} only applies to rules that ask (this one is {self.decision})"
             )
+        if not self.writes and self.decision is RuleDecision.DENY:
+            raise ValueError("writes: false only applies to rules that allow or ask (a deny rule matches regardless)")
+        if not self.writes and ((self.path_args and self.path_args.write != "none") or self.path_options.write):
+            raise ValueError("writes: false contradicts the paths this rule says its commands write (path_args.write, "
+                             "path_options.write)")  # fmt: skip
         return self
 
 

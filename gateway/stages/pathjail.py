@@ -418,8 +418,12 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
             # --from-file=F, du --files0-from=F, file -mF): a value that is no path is jailed
             # harmlessly inside the cwd.
             out = writes if spec.write == "all" else reads
+            # with only the first word a path (a script: python, node), the words after it are
+            # the script's, not options of the program's that could name files
+            end = pos[0] if spec.read == "first" and spec.write == "none" and pos else len(argv)
             for k, value in _attached(argv, start, listed):
-                out.append(Word(value, argv[k].expansions, argv[k].raw))
+                if k < end:
+                    out.append(Word(value, argv[k].expansions, argv[k].raw))
     redirected: list[Word] = []
     for r in cmd.redirects:
         if r.target is None:

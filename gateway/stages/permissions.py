@@ -10,10 +10,10 @@ match is a denial that names the near misses, so the agent learns what to change
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 
-from gateway.analysis import Command, Expansion, Flag
+from gateway.analysis import Command, Expansion, Flag, RedirectMode, Word
 from gateway.analysis.words import numeric_only
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
@@ -37,7 +37,11 @@ class Match:
 def decide_command(policy: CompiledPolicy, principal: str, cmd: Command) -> tuple[Decision, list[Match]]:
     """The decision for one command, and the rules that matched it (for the path jail)."""
     if not cmd.argv:
-        return Decision(Verdict.ALLOW, None, ()), []
+        if not any(r.mode in (RedirectMode.WRITE, RedirectMode.APPEND) for r in cmd.redirects):
+            return Decision(Verdict.ALLOW, None, ()), []
+        # `> f` truncates f with no program: decided as `: > f`, so a rule that lets `:` write no
+        # file (writes: false) refuses it too
+        cmd = replace(cmd, argv=(Word(":", (), ":"),))
     program = cmd.program
     misses: list[str] = []
     matches: list[Match] = []
@@ -216,6 +220,10 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     )
             if Flag.DYNAMIC_ARGS in cmd.flags:
                 return None, f"its arguments arrive at run time (from {cmd.wrapper}): run it on literal arguments"
+        if not rule.writes:
+            why = _writes(cmd, reading)
+            if why:
+                return None, f"{why}, and this rule's commands write no file"
         if Flag.DYNAMIC_ARGS in cmd.flags and jails_paths and not rule.accept_unknown_paths:
             return None, f"its arguments arrive at run time (from {cmd.wrapper}) and could be paths"
         for a in cmd.assignments:
@@ -256,6 +264,26 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                     )
                 return None, ""
     return Match(rule, positional, reading), ""
+
+
+_WRITABLE_DEVICES = frozenset({"/dev/null", "/dev/stdout", "/dev/stderr"})
+
+
+def _writes(cmd: Command, reading: Reading | None) -> str:
+    """Why `cmd` writes a file ("" when it does not): a redirect into a file, or what its
+    program's model says it writes (read whatever the rule's `path_args` say: a rule with
+    `writes: false` relies on it); a command the model cannot read may write anything."""
+    for r in cmd.redirects:
+        target = r.target
+        writes = r.mode in (RedirectMode.WRITE, RedirectMode.APPEND) and target is not None
+        if writes and target is not None and not (target.literal and target.value in _WRITABLE_DEVICES):
+            return f"it writes {target.raw or target.value} (a redirect)"
+    found = reading if reading is not None else (reading_of(cmd) if models_subcommand(cmd) else None)
+    if found is not None and found.refused:
+        return f"its model cannot tell what it writes ({found.refused})"
+    if found is not None and found.writes:
+        return f"it writes {', '.join(w.value for w in found.writes)[:160]} (gateway/programs/{found.model}.yaml)"
+    return ""
 
 
 _VALUE_KINDS = frozenset({"option", "other", "pattern"})
