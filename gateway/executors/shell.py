@@ -74,10 +74,16 @@ def sandbox_pipe() -> tuple[int, int]:
     return r, w
 
 
+# A program that pages its output when it writes to a terminal (man, and others, in a session's
+# terminal) runs PAGER: `cat`, never `less`, whose `!cmd` would run a command no one decided
+# (less itself, if something still starts it, in its secure mode: no commands, no other files).
+PAGERS = {"PAGER": "cat", "MANPAGER": "cat", "LESSSECURE": "1"}
+
+
 def scrubbed_env(extra: dict[str, str]) -> dict[str, str]:
     """The environment a command starts with: an allowlist plus what the policy permitted (the
     sandbox's plan adds HOME and git's settings over it)."""
-    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb"}
+    env = {"PATH": SAFE_PATH, "LANG": "C.UTF-8", "LC_ALL": "C.UTF-8", "TERM": "dumb", **PAGERS}
     env.update(extra)
     return env
 

@@ -145,6 +145,13 @@ class _Reader:
         self.first_replaced = False
         self.writes_operands = False
         self.backup: list[Word] = []  # backup suffixes (sed -i.bak)
+        self.directory = ""  # the directory a `directory` option moved to (tar -C DIR), "" for none
+        self.directories: list[str] = []  # every one of them, in order
+        self.operand_directory: dict[int, str] = {}  # an operand's directory, where one applies
+        self.extracting = model.extracts
+        self.cwd_members = False  # do members land in the cwd too (an operand before the first -C)
+        self.lists_only = False
+        self.rest_kind: Kind | None = None  # an option's say on the operands after the first (zip -d)
         self._use(model)
 
     def _use(self, model: ProgramModel) -> None:
@@ -157,20 +164,17 @@ class _Reader:
             for n in o.names:
                 if model.grammar == "find":
                     self.leading[n] = o
-                elif len(n) == 2:
-                    self.short[n[1]] = o
-                else:
+                elif n.startswith("--"):
                     self.long[n[2:]] = o
+                else:
+                    self.short[n[1:]] = o  # one character; two for the infozip grammar (-TT)
 
     # --- the grammars ------------------------------------------------------------------------
     def getopt(self) -> None:
         argv = self.argv
-        if self.model.bundled_first and len(argv) > 1 and not argv[1].value.startswith("-"):
-            raise _Refused(
-                f"{self.model.program}: the first word {argv[1].raw or argv[1].value!r} is a bundle of options "
-                f"without a dash, which the model does not read: write them with one (-{argv[1].value})"
-            )
         i, ended = 1, False
+        if self.model.bundled_first and len(argv) > 1 and not argv[1].value.startswith("-"):
+            i = self._old_style()
         while i < len(argv):
             w = argv[i]
             v = w.value
@@ -178,7 +182,7 @@ class _Reader:
                 i, ended = self._enter_subcommand(i), False
                 continue
             if ended or v == "-" or not could_be_option(w, self.model):
-                self.operands.append(i)
+                self._operand(i)
                 ended = ended or not self.model.permutes  # awk: the first operand ends the options
                 i += 1
                 continue
@@ -206,6 +210,26 @@ class _Reader:
             i = self._long(i) if v.startswith("--") else self._short(i)
             if self.ended_by_option:
                 ended, self.ended_by_option = True, False
+
+    def _old_style(self) -> int:
+        """tar's old option style (`tar czf out.tgz src`): the first word is a cluster of short
+        options without a dash, and each that takes a value takes the next unused word, in order."""
+        bundle = self.argv[1]
+        if not bundle.literal or not bundle.value:
+            raise _Refused(
+                f"{self.model.program}: the first word {bundle.raw or bundle.value!r} is known only at run time and "
+                "would be read as options"
+            )
+        nxt = 2
+        for c in bundle.value:
+            opt = self.short.get(c)
+            if opt is None:
+                raise _Refused(f"{self.model.program}: {c!r} (in {bundle.value!r}) is not an option (in its model)")
+            self.roles.append(Role(1, "option", "-" + c))
+            self._effects(opt)
+            if opt.kinds and not opt.optional:
+                nxt = self._values(nxt, opt.kinds, opt, "-" + c)
+        return nxt
 
     def _enter_subcommand(self, i: int) -> int:
         """The first operand after a program's global options names its subcommand (git)."""
@@ -354,7 +378,159 @@ class _Reader:
                 continue
             i = self._values(i + 1, primary.kinds, primary, w.value)
 
+    def infozip(self) -> None:
+        """Info-ZIP zip 3.0's parser (fileio.c get_option), for the options its model lists."""
+        argv = self.argv
+        i, ended = 1, False
+        while i < len(argv):
+            w = argv[i]
+            v = w.value
+            if ended or v == "-" or not could_be_option(w, self.model):
+                self._operand(i)
+                i += 1
+                continue
+            if not v.startswith("-"):
+                raise _Refused(
+                    f"{w.raw or v} is known only at run time and could be an option to {self.model.program}: "
+                    "put '--' before it, or write it literally"
+                )
+            if may_split(w):
+                raise _Refused(f"{w.raw or v} holds an unquoted value known only at run time: quote it")
+            if v == "--":
+                self.roles.append(Role(i, "end_of_options", v))
+                ended = True
+                i += 1
+                continue
+            i = self._zip_long(i) if v.startswith("--") else self._zip_short(i)
+
+    def _zip_short(self, i: int) -> int:
+        v = self.argv[i].value
+        j = 1
+        while j < len(v):
+            pair, one = v[j : j + 2], v[j]
+            name = pair if len(pair) == 2 and pair in self.short else one  # a two-character option wins
+            opt = self.short.get(name)
+            if opt is None:
+                raise _Refused(f"-{name} (in {v!r}) is not an option of {self.model.program} (in its model)")
+            self.roles.append(Role(i, "option", "-" + name))
+            self._effects(opt)
+            j += len(name)
+            if not opt.kinds:
+                if v[j : j + 1] == "-":
+                    j += 1  # a trailing - negates
+                continue
+            rest = v[j:].removeprefix("=")
+            if rest:
+                self._value(i, opt.kinds[0], Word(rest, self.argv[i].expansions, self.argv[i].raw), opt)
+                return i + 1
+            return self._zip_values(i + 1, opt, "-" + name)
+        return i + 1
+
+    def _zip_long(self, i: int) -> int:
+        w = self.argv[i]
+        name, eq, attached = w.value[2:].partition("=")
+        name = name.removesuffix("-") if name.endswith("-") and name[:-1] in self.long else name  # negated
+        opt = self.long.get(name)
+        if opt is None:
+            found = {id(o): (n, o) for n, o in self.long.items() if n.startswith(name)} if name else {}
+            if len(found) != 1:
+                raise _Refused(f"--{name} is {'ambiguous' if found else 'not an option of'} {self.model.program}")
+            name, opt = next(iter(found.values()))
+        self.roles.append(Role(i, "option", f"--{name}"))
+        self._effects(opt)
+        if not opt.kinds:
+            if eq:
+                raise _Refused(f"{self.model.program}: --{name} takes no value")
+            return i + 1
+        if eq:
+            self._value(i, opt.kinds[0], Word(attached, w.expansions, w.raw), opt)
+            return i + 1
+        if opt.optional:
+            return i + 1
+        return self._zip_values(i + 1, opt, f"--{name}")
+
+    def _zip_values(self, i: int, opt: Option, name: str) -> int:
+        if not opt.value_list:
+            return self._values(i, opt.kinds, opt, name)
+        while i < len(self.argv):  # a list: up to the next option, a lone @, or the end
+            w = self.argv[i]
+            if w.literal and w.value == "@":
+                return i + 1
+            if could_be_option(w, self.model):
+                if w.literal or w.value.startswith("-"):
+                    return i  # the next option
+                raise _Refused(f"{w.raw or w.value}, in the list of {name}, is known only at run time: it could end it")
+            i = self._values(i, opt.kinds, opt, name)
+        return i
+
+    def unzip(self) -> None:
+        """UnZip 6.0's parser (unzip.c uz_opts, then its -d/-x scan of the words after the
+        archive), for the options its model lists."""
+        argv = self.argv
+        i = 1
+        if len(argv) > 1 and argv[1].literal and argv[1].value.startswith("-Z"):
+            raise _Refused(f"{self.model.program} -Z: ZipInfo mode is not modelled: use unzip -l")
+        while i < len(argv):  # options: only before the archive
+            w = argv[i]
+            if not could_be_option(w, self.model):
+                break
+            if not w.literal or may_split(w):
+                raise _Refused(f"{w.raw or w.value} is known only at run time where {self.model.program} reads options")
+            v = w.value
+            j, i = 1, i + 1
+            while j < len(v):
+                c = v[j]
+                j += 1
+                if c == "-":
+                    continue  # negates the next option
+                opt = self.short.get(c)
+                if opt is None:
+                    raise _Refused(f"-{c} (in {v!r}) is not an option of {self.model.program} (in its model)")
+                self.roles.append(Role(i - 1, "option", "-" + c))
+                self._effects(opt)
+                if opt.kinds:  # -d DIR, -P PASSWORD: the rest of the word, or the next one
+                    if v[j:]:
+                        self._value(i - 1, opt.kinds[0], Word(v[j:], w.expansions, w.raw), opt)
+                    elif i < len(argv):
+                        self._value(i, opt.kinds[0], argv[i], opt)
+                        i += 1
+                    break
+        if i >= len(argv):
+            return
+        self._operand(i)  # the archive
+        excluding = False
+        k = i + 1
+        while k < len(argv):
+            w = argv[k]
+            if not w.literal and (w.value[:1] in "$`{-" or may_split(w)):
+                raise _Refused(f"{w.raw or w.value} is known only at run time and could be -d DIR or -x to unzip")
+            opt = self.short.get("d")
+            if w.value.startswith("-d") and opt is not None and not self.directories:
+                self.roles.append(Role(k, "option", "-d"))
+                if w.value[2:]:
+                    self._value(k, opt.kinds[0], Word(w.value[2:], w.expansions, w.raw), opt)
+                elif k + 1 < len(argv):
+                    k += 1
+                    self._value(k, opt.kinds[0], argv[k], opt)
+            elif w.value == "-x" and not excluding:
+                self.roles.append(Role(k, "option", "-x"))
+                excluding = True
+            else:
+                self.roles.append(Role(k, Kind.PATTERN.value, w.value))  # a member, matched inside the archive
+            k += 1
+
     # --- what words are ----------------------------------------------------------------------
+    def _operand(self, i: int) -> None:
+        self.operands.append(i)
+        if self.directory:
+            w = self.argv[i]
+            if not w.literal:
+                raise _Refused(
+                    f"{self.model.program}: {w.raw or w.value} is known only at run time and relative to "
+                    f"{self.directory} (the shell expands it in the cwd): name it from the cwd instead"
+                )
+            self.operand_directory[i] = self.directory
+
     def _effects(self, opt: Option) -> None:
         if opt.unsupported:
             raise _Refused(f"{self.model.program} {opt.names[0]}: {opt.unsupported}")
@@ -368,9 +544,23 @@ class _Reader:
             self.first_kind = opt.first_operand
         if opt.writes_unknown:
             self.writes.append(Word(opt.writes_unknown, (Expansion.PARAMETER,), opt.writes_unknown))
+        if opt.reads_unknown:
+            self.reads.append(Word(opt.reads_unknown, (Expansion.PARAMETER,), opt.reads_unknown))
+        self.extracting = self.extracting or opt.extracts
+        self.lists_only = self.lists_only or opt.lists_only
+        if opt.rest_operands is not None:
+            self.rest_kind = opt.rest_operands
 
     def _value(self, i: int, kind: Kind, w: Word, opt: Option | None) -> None:
         self.roles.append(Role(i, kind.value, w.value))
+        if opt is not None and opt.directory:
+            if not w.literal:
+                raise _Refused(f"{self.model.program} {opt.names[0]}: the directory {w.raw or w.value} is known only "
+                               "at run time")  # fmt: skip
+            self.directory = w.value if w.value.startswith("/") or not self.directory else f"{self.directory}/{w.value}"
+            self.directories.append(self.directory)
+            self.cwd_members = self.cwd_members or bool(self.operands)  # tar x F -C D: F went to the cwd
+            w = Word(self.directory, w.expansions, w.raw)
         if opt is not None and opt.remote_colon and ":" in w.value.split("/", 1)[0]:
             self.runs.append(f"{w.value!r} names a file on another host, which {self.model.program} reaches by rsh")
         if opt is not None and opt.backup_suffix:
@@ -414,11 +604,22 @@ class _Reader:
             if model.operands.assignments and w.literal and _is_assignment(w.value):
                 self.roles.append(Role(k, "operand_assignment", w.value))
                 continue
-            self._value(k, model.operands.rest, w, None)
+            if k in self.operand_directory:  # tar -C DIR FILE: FILE is DIR/FILE
+                w = Word(os.path.join(self.operand_directory[k], w.value), w.expansions, w.raw)
+            rest = self.rest_kind if self.rest_kind is not None and k != self.operands[0] else model.operands.rest
+            self._value(k, rest, w, None)
             if self.writes_operands and model.operands.rest is Kind.READ:
                 self.writes.append(w)
                 self.writes.extend(_backups(w, self.backup))
         self._scripts()
+        if self.extracting and not self.lists_only:
+            # the members are written under the extraction directory (and with -C, each one given):
+            # the jail checks it as a write, the sandbox bounds what lies below
+            cwd = not self.directories or (self.cwd_members and self.top.grammar != "unzip")
+            written = {w.value for w in self.writes if w.literal}
+            for d in dict.fromkeys([*(["."] if cwd else []), *self.directories]):
+                if d not in written:
+                    self.writes.append(Word(d))
         return Reading(
             model.program,
             tuple(sorted(self.roles, key=lambda r: r.index)),
@@ -483,6 +684,10 @@ def _read(
             reader.find()
         elif model.grammar == "words":
             reader.roles.extend(Role(k, Kind.OTHER.value, w.value) for k, w in enumerate(argv) if k)
+        elif model.grammar == "infozip":
+            reader.infozip()
+        elif model.grammar == "unzip":
+            reader.unzip()
         else:
             reader.getopt()
         return reader.finish(), reader.injected

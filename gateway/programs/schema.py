@@ -83,6 +83,25 @@ class Option(_Model):
     writes_unknown: str = ""
     """Set (to what) when the option writes files named only at run time (tar -x: the archive's
     members): a write the jail refuses unless the rule accepts unknown paths."""
+    extracts: StrictBool = False
+    """With this option the program extracts an archive's members (tar -x): it writes under its
+    extraction directory (the cwd, or the value of a `directory` option), which the jail checks
+    as a write; what lies below, the sandbox bounds (docs/policy.md, "Archives")."""
+    lists_only: StrictBool = False
+    """With this option a program that extracts by default only lists, tests or prints (unzip -l,
+    -t, -p): it writes no member."""
+    directory: StrictBool = False
+    """The value is the directory the program works in from here on (tar -C DIR, unzip -d DIR): the
+    operands after it are relative to it (tar), and the members are extracted under it."""
+    reads_unknown: str = ""
+    """Set (to what) when the option makes the program read files named only at run time (zip -@:
+    names on its input): a read the jail refuses unless the rule accepts unknown paths."""
+    value_list: StrictBool = False
+    """infozip grammar: the value is a list, every following word up to the next option, a lone
+    `@` or the end (zip -x PATTERN...); attached (`-xPAT`), one value."""
+    rest_operands: Kind | None = None
+    """With this option the operands after the first are of this kind (zip -d: entry patterns
+    inside the archive, not files)."""
     remote_colon: StrictBool = False
     """A value holding `:` before any `/` names a file on another host, which the program reaches
     by running rsh or ssh (tar -f HOST:FILE): code the gateway cannot check."""
@@ -98,7 +117,7 @@ class Option(_Model):
     @classmethod
     def _spellings(cls, names: list[str]) -> list[str]:
         for n in names:
-            if not re.fullmatch(r"-[A-Za-z0-9]|--[A-Za-z0-9][A-Za-z0-9-]*|-[A-Za-z][A-Za-z0-9_-]+", n):
+            if not re.fullmatch(r"-[A-Za-z0-9@?]|--[A-Za-z0-9][A-Za-z0-9-]*|-[A-Za-z][A-Za-z0-9_-]+", n):
                 raise ValueError(f"{n!r} is not an option spelling (-x, --long, or -long for find-style)")
         return names
 
@@ -176,11 +195,18 @@ class ProgramModel(_Model):
     sources: list[str] = Field(min_length=1)
     """Where the facts come from (the man page, `--help` of the version tested, a Fig spec);
     the authority is the real program, under tests/programs/test_strace.py."""
-    grammar: Literal["getopt", "find", "words"] = "getopt"
+    grammar: Literal["getopt", "find", "words", "infozip", "unzip"] = "getopt"
     """How argv is read. `getopt`: GNU getopt_long with permutation (options anywhere before
     `--`, short clusters, long options by unique prefix). `find`: leading options, starting
     points, then an expression of `primaries`. `words`: every word is a value (a pid, a signal, a
-    column name): the program opens no file its words name and runs nothing (ps, kill)."""
+    column name): the program opens no file its words name and runs nothing (ps, kill).
+    `infozip`: Info-ZIP zip 3.0's own parser (fileio.c get_option): options anywhere before `--`,
+    short options of one or two characters (a two-character one wins: `-TT` is not `-T -T`), a
+    trailing `-` negates, value lists (`-x A B`). `unzip`: UnZip 6.0's: options only before the
+    archive, a `-` in a cluster negates; after the archive, only `-d DIR` (the first) and `-x`
+    (starting the exclude list) are options, every other word a member pattern."""
+    extracts: StrictBool = False
+    """The program extracts an archive's members unless an option says it only lists (unzip)."""
     bundled_first: StrictBool = False
     """getopt: a first word without a dash is a bundle of short options (tar xzf F), which the
     model does not read: refused (write the options with a dash)."""
@@ -234,8 +260,10 @@ class ProgramModel(_Model):
                 if n in seen:
                     raise ValueError(f"option {n!r} is listed twice")
                 seen.add(n)
-                if self.grammar == "getopt" and not re.fullmatch(r"-[A-Za-z0-9]|--[A-Za-z0-9-]+", n):
-                    raise ValueError(f"option {n!r}: a getopt program has -x or --long options only")
+                if self.grammar in ("getopt", "unzip") and not re.fullmatch(r"-[A-Za-z0-9]|--[A-Za-z0-9-]+", n):
+                    raise ValueError(f"option {n!r}: a {self.grammar} program has -x or --long options only")
+                if self.grammar == "infozip" and not re.fullmatch(r"-[A-Za-z0-9@?]{1,2}|--[A-Za-z0-9-]+", n):
+                    raise ValueError(f"option {n!r}: an infozip program has -x, -xy or --long options only")
         kinds = {k for o in (*self.options, *self.primaries) for k in o.kinds}
         kinds |= {self.operands.rest} | ({self.operands.first} if self.operands.first else set())
         if Kind.SCRIPT in kinds and self.language is None:

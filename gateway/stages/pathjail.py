@@ -472,6 +472,8 @@ def _attached(argv: tuple[Word, ...], start: int, skip: set[int]) -> list[tuple[
 def _resolve(
     policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool, budget: globs.Budget | None = None
 ) -> list[str]:
+    if producers.pipe(word):
+        return []  # `<(sort a)`: a pipe from a command decided on its own, no file
     value, kinds = _tilde(policy, word)
     starts = producers.starting_points(word)
     if starts is not None:  # `$(find lib -name '*.rb')`: what it lists lies under lib (producers.py)

@@ -205,7 +205,7 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
                 # a glob or ~ in a path argument is expanded and checked by the path jail
                 listing = producers.starting_points(w) is not None
                 named = producers.named_entry(w) is not None  # `build/stamp-$(date +%s)`
-                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or listing or named
+                jail_checks = set(w.expansions) <= _JAIL_EXPANDS or listing or named or producers.pipe(w)
                 if listing and reading is None and not any(x.literal and x.value == "--" for x in argv[i:k]):
                     # split at blanks, a listed name can be an option (a directory named
                     # 'x --target-directory=y'); with no model to say which options are harmless,

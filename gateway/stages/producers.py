@@ -477,3 +477,11 @@ _NAME_PRODUCERS = {
     "uname": _uname,
     "arch": _arch,
 }
+
+
+def pipe(word: Word) -> bool:
+    """Is `word` exactly one process substitution (`<(sort a)`, `>(gzip > f)`)? bash passes
+    /dev/fd/N, a pipe from or to a command the analysis reports and the policy decides on its
+    own: no file, so nothing for the jail to check (docs/analysis.md)."""
+    raw = word.raw
+    return set(word.expansions) == {Expansion.PROCESS_SUBSTITUTION} and raw[:2] in ("<(", ">(") and raw.endswith(")")

@@ -246,15 +246,18 @@ MODEL_ROWS = [
     ("tar -tzf out.tgz", ALLOW, ""),
     ("tar -cf /tmp/x.tar src", DENY, "outside_write_roots"),
     ("tar -czf out.tgz /etc", DENY, "outside_read_roots"),
-    ("tar -xzf out.tgz", DENY, "unknown_path"),  # the members' names are known only at run time
+    ("tar -xzf out.tgz", ALLOW, ""),  # the members go under the cwd (tar keeps /x and ../x there: tests/sandbox)
+    ("tar -xPf out.tgz", DENY, "unknown_path"),  # -P: members named /x or ../x land there
     ("tar -xf x.tar --to-command=sh", DENY, "no_rule"),
     ("tar -I 'sh -c id' -cf a.tar src", DENY, "no_rule"),
     ("tar --use-compress-prog=sh -cf a.tar src", DENY, "no_rule"),  # a unique prefix
     ("tar --checkpoint=1 --checkpoint-action=exec=id -cf a.tar src", DENY, "no_rule"),
     ("tar -cf evil:a.tar src", DENY, "no_rule"),  # a remote archive: tar runs rsh
-    ("tar xzf out.tgz", DENY, "no_rule"),  # the old form: its options are not read
+    ("tar xzf out.tgz", ALLOW, ""),  # the old form, read as tar reads it
+    ("tar xzfI out.tgz sh", DENY, "no_rule"),  # ... -I sh among its options
     ("tar -cf a.tar -T /etc/list", DENY, "outside_read_roots"),
-    ("tar -czf out.tgz -C /etc .", DENY, "no_rule"),
+    ("tar -czf out.tgz -C /etc .", DENY, "outside_read_roots"),  # -C: what follows is read in /etc
+    ("tar -xzf out.tgz -C /tmp", DENY, "outside_read_roots"),
     ("ps aux", ALLOW, ""),
     ("ps -eo pid,comm --sort=-%mem", ALLOW, ""),
     ("kill -9 1234", ALLOW, ""),

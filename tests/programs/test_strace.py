@@ -21,6 +21,7 @@ import shlex
 import shutil
 import subprocess
 import tarfile
+import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -78,6 +79,17 @@ OTHER = {
             "--xform": "s/a/b/", "--no-quote-chars": "x", "--quote-chars": "x", "--quoting-style": "literal",
             "--warning": "all", "--occurrence": "1", "--atime-preserve": "system", "--backup": "simple",
             "--checkpoint": "1", "--totals": "SIGUSR1"},
+    "printf": {"-v": "x"},
+    "base64": {"-w": "76", "--wrap": "76"},
+    "comm": {"--output-delimiter": ","},
+    "man": {"--warnings": "w", "-R": "UTF-8", "--recode": "UTF-8", "-L": "C", "--locale": "C", "-m": "x",
+            "--systems": "x", "-S": "1", "-s": "1", "--sections": "1", "-e": "x", "--extension": "x", "-r": "x",
+            "--prompt": "x", "-E": "ascii", "--encoding": "ascii", "-p": "t", "--preprocessor": "t", "-T": "utf8",
+            "--troff-device": "utf8"},
+    "zip": {"-ds": "10m", "--dot-size": "10m", "-n": ".gz", "--suffixes": ".gz", "-t": "2020-01-01",
+            "--from-date": "2020-01-01", "-tt": "2030-01-01", "--before-date": "2030-01-01", "-Z": "deflate",
+            "--compression-method": "deflate", "-UN": "warn", "--unicode": "warn", "-P": "pw", "--password": "pw"},
+    "unzip": {"-P": "pw"},
 }  # fmt: skip
 # what each program is given besides the option (its pattern or script first, where it has one)
 OPERANDS = {
@@ -89,6 +101,11 @@ OPERANDS = {
     "jq": [".", "in.txt"],
     "rg": ["pat", "in.txt"],
     "tar": ["-f", "a.tar", "in.txt"],
+    "printf": ["%s\\n", "in.txt"],
+    "comm": ["in.txt", "in2.txt"],
+    "man": ["ls"],
+    "zip": ["a.zip", "in.txt"],
+    "unzip": ["a.zip"],
 }
 # programs that do nothing without a mode: each option is run in each of these (and a mode
 # option on its own)
@@ -99,10 +116,17 @@ WORDS = {
     "ps": [["ps", "aux"], ["ps", "-ef"], ["ps", "-eo", "pid,comm", "--sort=-pid"], ["ps", "-p", "1", "-o", "comm="],
            ["ps", "--forest", "-e"], ["ps", "axjf"], ["ps", "-u", "root", "u"]],
     "kill": [["kill", "-l"], ["kill", "-0", "1"], ["kill", "-s", "0", "1"], ["kill", "-l", "9"], ["kill", "-L"]],
+    "echo": [["echo", "in.txt"], ["echo", "-n", "in.txt", "--help"], ["echo", "-e", "in.txt\\n"], ["echo", "--", "-E"]],
 }  # fmt: skip
 # programs a model's options make the program run that are not the agent's choice: the fixed
 # compressors tar runs for -z, -j, -J...
-EXECS = {"tar": ("gzip", "bzip2", "xz", "lzip", "lzma", "lzop", "zstd", "compress", "gunzip", "uncompress")}
+EXECS = {
+    "tar": ("gzip", "bzip2", "xz", "lzip", "lzma", "lzop", "zstd", "compress", "gunzip", "uncompress"),
+    # man formats with groff and its helpers, and pages through PAGER (cat: executors/shell.py)
+    "man": ("man", "groff", "nroff", "troff", "grotty", "preconv", "tbl", "eqn", "neqn", "pic", "refer", "vgrind",
+            "grap", "col", "cat", "zsoelim", "manconv", "gtbl", "geqn", "gpic", "grefer", "iconv", "gzip", "mandb",
+            "locale"),
+}  # fmt: skip
 # files a program reads by its own lookup, never named by a word: rg's ignore files, in the
 # directories it searches and their parents, and git's global ignore file in HOME
 LOOKUPS = {"rg": (".gitignore", ".ignore", ".rgignore", "exclude", "ignore")}
@@ -196,6 +220,11 @@ def _prepare(ws: Path, argv: list[str]) -> None:
     if argv[0] == "tar" and not (ws / "a.tar").exists():
         with tarfile.open(ws / "a.tar", "w") as t:
             t.add(ws / "in.txt", "in.txt")
+    if argv[0] in ("zip", "unzip"):  # a fresh archive each time: zip -m, -d change it
+        with zipfile.ZipFile(ws / "a.zip", "w") as z:
+            z.write(ws / "in.txt", "in.txt")
+    if argv[0] == "comm":
+        (ws / "in2.txt").write_text("b,2\npat\n")
     for w in argv[1:]:
         plain = w and "/" not in w and w not in (".", "..") and w[0] != "-"
         if plain and not re.fullmatch(r"w\d+\.out", w) and not (ws / w).exists():
@@ -228,7 +257,30 @@ def _explained(path: str, allowed: list[str]) -> bool:
     return any(path == a or path.startswith(a.rstrip("/") + "/") for a in allowed)
 
 
-MODELLED = ["grep", "sort", "sed", "head", "tail", "cat", "wc", "find", "awk", "uniq", "jq", "rg", "tar", "ps", "kill"]
+MODELLED = [
+    "grep",
+    "sort",
+    "sed",
+    "head",
+    "tail",
+    "cat",
+    "wc",
+    "find",
+    "awk",
+    "uniq",
+    "jq",
+    "rg",
+    "tar",
+    "ps",
+    "kill",
+    "echo",
+    "printf",
+    "base64",
+    "comm",
+    "man",
+    "zip",
+    "unzip",
+]
 
 
 @pytest.mark.parametrize("program", MODELLED)
