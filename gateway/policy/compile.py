@@ -15,7 +15,6 @@ misloaded (pycasbin's `enforce` returns True when disabled), and serialises acce
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import threading
@@ -166,10 +165,9 @@ def load_policy(path: Path, workspace: Path | None = None) -> CompiledPolicy:
     `selftest.check_examples`, which `load_checked` runs)."""
     layered = load_layers(path, workspace)
     ws = workspace or layered.workspace or Path.cwd() / "workspace"
-    digest = hashlib.sha256()
-    for f in layered.files:
-        digest.update(f.read_bytes())
-    return compile_policy(layered.policy, path, ws, digest.hexdigest(), layered.tests, layered.files)
+    # the digest of the bytes that were parsed, never of the files read again: a save between
+    # the two reads made decisions name a policy that never decided anything
+    return compile_policy(layered.policy, path, ws, layered.sha256, layered.tests, layered.files)
 
 
 def compile_policy(

@@ -35,6 +35,7 @@ role's roots out from under the lower layers' ones.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -60,6 +61,9 @@ class Layered:
     files: tuple[Path, ...]
     workspace: Path | None
     tests: Path | None
+    sha256: str = ""
+    """SHA-256 of the bytes of `files`, in order, exactly as they were parsed (each file is read
+    once): the digest names what decides, even if a file changes while it loads."""
 
 
 @dataclass(frozen=True)
@@ -83,8 +87,10 @@ def load_layers(path: Path, workspace: Path | None = None) -> Layered:
     """Read `path` and its includes and merge them. `workspace` is the one the gateway runs with
     (`--workspace`), if any: roots are compared against it."""
     files: list[Path] = []
-    top = _load(path.resolve(), files, (), workspace)
-    return Layered(top.policy, top.rule_sources, tuple(files), top.workspace, top.tests)
+    read: list[bytes] = []
+    top = _load(path.resolve(), files, (), workspace, read)
+    sha256 = hashlib.sha256(b"".join(read)).hexdigest()
+    return Layered(top.policy, top.rule_sources, tuple(files), top.workspace, top.tests, sha256)
 
 
 def layer_files(path: Path) -> tuple[Path, ...]:
@@ -110,18 +116,21 @@ def resolve_roots(entries: Iterable[str], workspace: Path) -> tuple[Path, ...]:
     return tuple(Path(os.path.realpath(workspace / e)) for e in entries)
 
 
-def _load(path: Path, files: list[Path], stack: tuple[Path, ...], workspace: Path | None) -> _Layer:
+def _load(
+    path: Path, files: list[Path], stack: tuple[Path, ...], workspace: Path | None, read: list[bytes]
+) -> _Layer:
     if path in stack:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise PolicyError(f"{path}: include cycle: {chain}")
     if len(stack) >= MAX_INCLUDE_DEPTH:
         raise PolicyError(f"{path}: includes nested more than {MAX_INCLUDE_DEPTH} deep")
     files.append(path)
-    top, positions = parse_policy_at(path)
+    top, positions, raw = parse_policy_at(path)
+    read.append(raw)  # the bytes parsed, in the order of `files`
     own = _own(path, top, positions)
     below: _Layer | None = None
     for inc in top.include:
-        lower = _load((path.parent / inc).resolve(), files, (*stack, path), workspace)
+        lower = _load((path.parent / inc).resolve(), files, (*stack, path), workspace, read)
         below = lower if below is None else _overlay(below, lower, workspace)
     return own if below is None else _overlay(below, own, workspace)
 

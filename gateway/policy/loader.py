@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from pydantic import ValidationError
@@ -110,13 +110,28 @@ def _expected(err: dict[str, Any]) -> str:
     return str(err["msg"])
 
 
+def read_source(path: Path) -> bytes:
+    """The file's bytes, read once: what is parsed is what is hashed (`Parsed.raw`)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise PolicyError(f"{path}: cannot read the policy: {exc.strerror}") from None
+
+
 def read_yaml(path: Path, fast: bool = False) -> tuple[Any, dict[tuple[Any, ...], tuple[int, int]]]:
     """The document at `path` and the (line, column) of every value in it (`fast`: parsed by
     libyaml, whose error messages are worded differently)."""
+    return parse_yaml(path, read_source(path), fast)
+
+
+def parse_yaml(path: Path, raw: bytes, fast: bool = False) -> tuple[Any, dict[tuple[Any, ...], tuple[int, int]]]:
+    """The document in `raw` (the bytes of `path`, which names it in errors) and the (line,
+    column) of every value in it."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise PolicyError(f"{path}: cannot read the policy: {exc.strerror}") from None
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        raise PolicyError(f"{path}:{line}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})") from None
     loader = _FastStrictLoader(text) if fast else _StrictLoader(text)
     try:
         node = loader.get_single_node()
@@ -139,16 +154,27 @@ def read_yaml(path: Path, fast: bool = False) -> tuple[Any, dict[tuple[Any, ...]
 Positions = dict[tuple[Any, ...], tuple[int, int]]
 
 
+class Parsed(NamedTuple):
+    """One policy file as it was parsed: the policy, where each value is, and the exact bytes
+    read (once: the policy's digest is of these bytes, never of a second read that an edit in
+    between could have changed)."""
+
+    policy: Policy
+    positions: Positions
+    raw: bytes
+
+
 def parse_policy(path: Path) -> Policy:
     """One policy file, validated (its includes are not followed: see layers.load_layers)."""
     return parse_policy_at(path)[0]
 
 
-def parse_policy_at(path: Path) -> tuple[Policy, Positions]:
-    """One policy file, validated, and the (line, column) of every value in it."""
-    data, positions = read_yaml(path)
+def parse_policy_at(path: Path) -> Parsed:
+    """One policy file, validated, the (line, column) of every value in it, and its bytes."""
+    raw = read_source(path)
+    data, positions = parse_yaml(path, raw)
     try:
-        return Policy.model_validate(data), positions
+        return Parsed(Policy.model_validate(data), positions, raw)
     except ValidationError as exc:
         raise PolicyError(describe_errors(path, exc, positions)) from None
 

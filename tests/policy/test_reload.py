@@ -169,3 +169,78 @@ def test_an_edit_saved_while_the_first_load_runs_is_seen_by_the_next_check(
     holder = PolicyHolder(path, tmp_path, interval=0)
     assert holder.reload_if_changed() is True
     assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY
+
+
+FLIP = """version: 1
+principals: {{agent: {{roles: [r]}}}}
+roles: {{r: {{level: 1, read_roots: ["."]}}}}
+tools: {{run: {{allow_from: 1}}}}
+rules:
+  - id: version-{name}
+    decision: deny
+    justification: "which version decided"
+    programs: [ls]
+    examples: {{match: ["ls"]}}
+{padding}"""
+
+
+def flip_versions() -> dict[str, bytes]:
+    """Two versions of one policy, each deciding `ls` by a rule that names it. The padding (rules
+    for other programs) makes each load take a while, as a real policy's does."""
+    padding = "".join(
+        f'  - id: pad-{i}\n    decision: allow\n    justification: "padding"\n    programs: [prog{i}]\n'
+        f'    examples: {{match: ["prog{i}"]}}\n'
+        for i in range(80)
+    )
+    return {name: FLIP.format(name=name, padding=padding).encode() for name in ("a", "b")}
+
+
+def test_a_decision_names_the_bytes_that_decided_it_while_the_file_flips(tmp_path: Path) -> None:
+    """Before: the loader parsed the file, then read it again to hash it. A save in between made
+    a policy decide under the digest of another version: in a red team's reload race 32% of
+    1,198 decisions carried a digest that never loaded. Here a writer saves the two versions
+    in turn (an editor's save by rename) while calls are decided through the gateway's reload
+    path; every decision's `policy_sha256` must be the version whose rule decided it, and one
+    that a `policy_loaded` record names."""
+    import hashlib
+    import threading
+
+    from gateway.audit import AuditLog, records
+    from gateway.calls import RunCall
+    from gateway.pipeline import Gateway
+
+    versions = flip_versions()
+    digests = {hashlib.sha256(text).hexdigest(): f"version-{name}" for name, text in versions.items()}
+    path = tmp_path / "p.yaml"
+    path.write_bytes(versions["a"])
+    audit = AuditLog(tmp_path / "audit")
+    holder = PolicyHolder(path, tmp_path, on_event=lambda kind, data: audit.append(kind, data=data), interval=0)
+    gw = Gateway(holder.current, audit)
+    stop = threading.Event()
+    saves = [0]
+
+    def editor() -> None:
+        while not stop.is_set():
+            name = "ab"[saves[0] % 2]
+            fresh = tmp_path / f".p.yaml.{saves[0]}"
+            fresh.write_bytes(versions[name])
+            os.rename(fresh, path)
+            saves[0] += 1
+
+    writer = threading.Thread(target=editor, daemon=True)
+    writer.start()
+    try:
+        for _ in range(60):
+            out = gw.handle(RunCall(principal="agent", command="ls"))
+            assert out["status"] == "denied", out
+    finally:
+        stop.set()
+        writer.join(timeout=60)
+        gw.close()
+    every = [r for _, _, r, _ in records(tmp_path / "audit") if r]
+    loaded = {r["data"]["sha256"] for r in every if r["event"] == "policy_loaded"}
+    decided = [r for r in every if r["event"] == "decision"]
+    assert len(decided) == 60 and saves[0] > 10 and len(loaded) == 2
+    wrong = [(r["rule"], digests.get(r["policy_sha256"], "bytes that never loaded")) for r in decided
+             if digests.get(r["policy_sha256"]) != r["rule"] or r["policy_sha256"] not in loaded]  # fmt: skip
+    assert not wrong, f"{len(wrong)} of {len(decided)} decisions name a policy that did not decide them: {wrong[:5]}"
