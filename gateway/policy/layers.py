@@ -116,9 +116,7 @@ def resolve_roots(entries: Iterable[str], workspace: Path) -> tuple[Path, ...]:
     return tuple(Path(os.path.realpath(workspace / e)) for e in entries)
 
 
-def _load(
-    path: Path, files: list[Path], stack: tuple[Path, ...], workspace: Path | None, read: list[bytes]
-) -> _Layer:
+def _load(path: Path, files: list[Path], stack: tuple[Path, ...], workspace: Path | None, read: list[bytes]) -> _Layer:
     if path in stack:
         chain = " -> ".join(str(p) for p in (*stack, path))
         raise PolicyError(f"{path}: include cycle: {chain}")

@@ -131,7 +131,8 @@ def parse_yaml(path: Path, raw: bytes, fast: bool = False) -> tuple[Any, dict[tu
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         line = raw.count(b"\n", 0, exc.start) + 1
-        raise PolicyError(f"{path}:{line}: not UTF-8 text (byte {exc.start}: {raw[exc.start : exc.start + 1]!r})") from None
+        bad = raw[exc.start : exc.start + 1]
+        raise PolicyError(f"{path}:{line}: not UTF-8 text (byte {exc.start}: {bad!r})") from None
     loader = _FastStrictLoader(text) if fast else _StrictLoader(text)
     try:
         node = loader.get_single_node()
