@@ -567,7 +567,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument(
         "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the signing key and checkpoints (default: %(default)s)"
     )
-    au.add_argument("--key", help="verify: the public key to check with (default: the one in --audit-keys)")
+    au.add_argument("--key", action="append", help="verify: the public key to check with (default: the one in "
+                    "--audit-keys, with a warning); again for each key the log has had")  # fmt: skip
+    au.add_argument("--no-key", action="store_true", help="verify: check only consistency when there is no key")
+    au.add_argument("--new-key", action="store_true", help="adopt: the log's key is gone: go on under a new one")
     au.add_argument("--checkpoint", action="append", help="verify: a checkpoint file (default: the gateway's own)")
     au.add_argument("--no-checkpoint", action="store_true", help="verify: check without one (truncation will not show)")
     au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")

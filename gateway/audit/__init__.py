@@ -4,8 +4,9 @@
 - writer.py      `AuditLog`: group-committed, fdatasynced appends that never leave a torn record
 - keys.py        the Ed25519 signing key, kept apart from the log and out of every sandbox
 - checkpoint.py  the log's signed head, kept apart, so a truncated log cannot pass for a short one
+- journal.py     each writer's calls allowed and not ended: `interrupted` records after a crash
 - verify.py      `verify` (names the first problem: torn, edited, chain, forged, truncated,
-                 rewritten) and `repair` (moves a torn last record aside)
+                 rewritten); `AuditLog.repair` moves a torn end aside and records it
 
 Files are `audit-NNNNNN.jsonl` in the audit directory, rotated by size; the chain runs on across
 files. docs/audit.md has the record format and the trust model.
@@ -24,8 +25,8 @@ from gateway.audit.records import (
     records,
     redact,
 )
-from gateway.audit.verify import Repair, Verification, repair, verify
-from gateway.audit.writer import AuditLog, open_signed
+from gateway.audit.verify import Verification, verify
+from gateway.audit.writer import AuditLog, Repair, open_signed
 
 __all__ = [
     "MAX_FILE_BYTES",
@@ -46,6 +47,5 @@ __all__ = [
     "open_signed",
     "records",
     "redact",
-    "repair",
     "verify",
 ]

@@ -10,6 +10,7 @@ has it open.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -68,6 +69,9 @@ class AuditDir:
     def open_write(self, name: str) -> int:
         return self._open(name, os.O_WRONLY)
 
+    def open_journal(self, name: str) -> int:
+        return self._open(name, os.O_RDWR)
+
     def create_new(self, name: str) -> int:
         return self._open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
 
@@ -86,3 +90,14 @@ class AuditDir:
             return b"".join(chunks)
         finally:
             os.close(fd)
+
+
+def write_all(fd: int, data: bytes, offset: int | None = None) -> None:
+    """Write all of `data` (at `offset`, or the file's position); a short write is retried, so
+    the next one says why (ENOSPC)."""
+    view, done = memoryview(data), 0
+    while done < len(data):
+        n = os.write(fd, view[done:]) if offset is None else os.pwrite(fd, view[done:], offset + done)
+        if n <= 0:
+            raise OSError(errno.EIO, f"write returned {n} after {done} of {len(data)} bytes")
+        done += n

@@ -5,17 +5,25 @@ The gateway signs each record's hash with a private key it keeps in a directory 
 public key (`signing.pub`, one line `ed25519 BASE64`) can check every signature, and cannot make
 one: a reviewer copies the public key (or its fingerprint) off the machine once, and from then on
 a log rewritten by someone without the private key fails `gateway audit verify`.
+
+A key is made only for a log that has no records yet. A log with records and no key, or a
+`signing.pub` whose `signing.key` is gone, stops the gateway: the key the log was signed with
+was lost, and a new key would sign over whatever the log now holds. Going on under a new key
+takes `gateway audit adopt --new-key` (`replace` here), which the log records.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import fcntl
 import hashlib
 import os
 import secrets
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 from cryptography.exceptions import InvalidSignature
@@ -59,23 +67,29 @@ class VerifyKey:
         if path.is_dir():
             path = path / PUB_FILE
         try:
-            text = path.read_text(encoding="ascii").strip()
+            text = path.read_text(encoding="ascii")
         except (OSError, UnicodeDecodeError) as exc:
             raise AuditKeyError(f"cannot read the public key {path}: {getattr(exc, 'strerror', None) or exc}") from None
+        return cls.from_line(text, str(path))
+
+    @classmethod
+    def from_line(cls, text: str, where: str) -> VerifyKey:
+        """The key in one `ed25519 BASE64` line (a `signing.pub`, or a pin in the log)."""
+        text = text.strip()
         if not text.startswith(_PUB_PREFIX):
-            raise AuditKeyError(f"{path}: not an audit public key (expected one line `ed25519 BASE64`)")
+            raise AuditKeyError(f"{where}: not an audit public key (expected one line `ed25519 BASE64`)")
         try:
             raw = base64.b64decode(text[len(_PUB_PREFIX) :], validate=True)
         except ValueError:
-            raise AuditKeyError(f"{path}: the key is not valid base64") from None
+            raise AuditKeyError(f"{where}: the key is not valid base64") from None
         if len(raw) != 32:
-            raise AuditKeyError(f"{path}: an Ed25519 public key is 32 bytes, this one is {len(raw)}")
+            raise AuditKeyError(f"{where}: an Ed25519 public key is 32 bytes, this one is {len(raw)}")
         return cls(raw)
 
 
 class SigningKey:
-    """The private key. `load_or_create(directory)` makes a key pair on first use; `created` says
-    this process made it (a log from before signing may then be adopted: writer.py)."""
+    """The private key. `load_or_create(directory)` makes a key pair on first use (only for an
+    empty log: writer.open_signed); `created` says this process made it."""
 
     def __init__(self, private: Ed25519PrivateKey, directory: Path, created: bool = False) -> None:
         self._private = private
@@ -96,28 +110,66 @@ class SigningKey:
         return cls._load(directory / KEY_FILE, directory)
 
     @classmethod
-    def load_or_create(cls, directory: Path) -> SigningKey:
+    def load_or_create(cls, directory: Path, *, may_create: bool = True) -> SigningKey:
+        """The key in `directory`, made now if there is none and `may_create` (the log it is for
+        is empty). A public key without its private key is always an error, never a new key:
+        the key a log was signed with was lost, and a new one would sign on top of it silently."""
+        directory = Path(directory)
+        if not may_create and not os.path.lexists(directory):
+            raise AuditKeyError(f"no audit key directory {directory}")
+        try:
+            directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        except OSError as exc:
+            raise AuditKeyError(f"cannot make the audit key directory {directory}: {exc.strerror}") from None
+        _check_private_dir(directory)
+        with _key_lock(directory):  # two gateways starting at once make one key, not two
+            path = directory / KEY_FILE
+            if os.path.lexists(path):
+                return cls._load(path, directory)
+            orphan = _orphan_public(directory)
+            if orphan:
+                raise AuditKeyError(
+                    f"the audit signing key {path} is gone, but its public key {directory / PUB_FILE} ({orphan}) "
+                    "is still there: the key the log was signed with was deleted or moved, and a new one would "
+                    "sign on top of that log. Restore signing.key from a backup, or go on under a new key with "
+                    "`gateway audit adopt --new-key` (it checks the log with the old public key and records the "
+                    "change in the log)"
+                )
+            if not may_create:
+                raise AuditKeyError(f"no audit signing key in {directory}")
+            cls._create(directory)
+            key = cls._load(path, directory)
+            key.created = True
+            return key
+
+    @classmethod
+    def replace(cls, directory: Path) -> tuple[SigningKey, str]:
+        """A new key for a log whose key is gone (`gateway audit adopt --new-key`): never over a
+        private key that is there. The old public key, if any, is kept beside it as
+        `signing.pub.replaced-TIME`; returns the new key and that name ("" if there was none)."""
         directory = Path(directory)
         try:
             directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         except OSError as exc:
             raise AuditKeyError(f"cannot make the audit key directory {directory}: {exc.strerror}") from None
         _check_private_dir(directory)
-        try:
-            lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
-        except OSError as exc:
-            raise AuditKeyError(f"cannot use the audit key directory {directory}: {exc.strerror}") from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # two gateways starting at once make one key, not two
-            path = directory / KEY_FILE
-            if os.path.lexists(path):
-                return cls._load(path, directory)
+        with _key_lock(directory):
+            if os.path.lexists(directory / KEY_FILE):
+                raise AuditKeyError(
+                    f"there is a signing key in {directory}: a new key replaces only one that is gone "
+                    "(`gateway audit adopt` without --new-key goes on with this one)"
+                )
+            kept = ""
+            if os.path.lexists(directory / PUB_FILE):
+                kept = f"{PUB_FILE}.replaced-{datetime.now(UTC).strftime('%Y%m%dT%H%M%S%fZ')}"
+                try:
+                    os.rename(directory / PUB_FILE, directory / kept)
+                except OSError as exc:
+                    raise AuditKeyError(f"cannot move the old public key aside: {exc.strerror}") from None
             cls._create(directory)
-            key = cls._load(path, directory)
+            key = cls._load(directory / KEY_FILE, directory)
             key.created = True
-            return key
-        finally:
-            os.close(lock)
+            return key, kept
 
     @classmethod
     def _create(cls, directory: Path) -> None:
@@ -166,6 +218,31 @@ class SigningKey:
         if not isinstance(private, Ed25519PrivateKey):
             raise AuditKeyError(f"{path}: not an Ed25519 key")
         return cls(private, directory)
+
+
+@contextlib.contextmanager
+def _key_lock(directory: Path) -> Iterator[None]:
+    try:
+        lock = os.open(directory / ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as exc:
+        raise AuditKeyError(f"cannot use the audit key directory {directory}: {exc.strerror}") from None
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(lock)
+
+
+def _orphan_public(directory: Path) -> str:
+    """The fingerprint of a `signing.pub` left without its private key ("" when there is none;
+    the file's name when it cannot be read as a key)."""
+    pub = directory / PUB_FILE
+    if not os.path.lexists(pub):
+        return ""
+    try:
+        return f"key {VerifyKey.load(pub).fingerprint}"
+    except AuditKeyError:
+        return "a public key file that does not parse"
 
 
 def _check_private_dir(directory: Path) -> None:

@@ -20,19 +20,16 @@ checkpoint, truncation at the end cannot be seen. docs/audit.md has the whole tr
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from gateway.audit.checkpoint import Checkpoint
 from gateway.audit.files import AuditDir
-from gateway.audit.keys import VerifyKey
-from gateway.audit.records import AuditUnavailable, canonical, digest, last_record, parse, records
+from gateway.audit.keys import AuditKeyError, VerifyKey
+from gateway.audit.records import canonical, digest, last_record, parse, records
 
 
 @dataclass(frozen=True)
@@ -48,7 +45,8 @@ class Verification:
     heads: int = 0  # checkpoints matched
     notes: tuple[str, ...] = field(default=())
     torn: bool = False  # the problem is one `repair` may fix: a torn last line, or an unsigned end
-    tail_line: int = 0  # for an unsigned end: the line (in `file`) where the unsigned records start
+    tail_line: int = 0  # the line (in `file`) where the unsigned records before a torn line or at the end start
+    adopted: int = 0  # signatures made before an adoption under a key the reviewer holds (not checked)
 
     def describe(self) -> str:
         if not self.ok:
@@ -77,106 +75,223 @@ class Verification:
         }
 
 
-def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkpoint] | None = None) -> Verification:
-    notes: list[str] = []
-    fingerprint = key.fingerprint if key else ""
-    wanted = {cp.seq for cp in heads or ()}
-    hashes: dict[int, str] = {}
-    prev = ""
-    expected_seq = 1
-    count = signed = unsigned = 0
-    last_path, last_line = "", 0
-    unsigned_from: tuple[str, int] = ("", 0)
-    lines = list(records(directory))
-    for i, (path, n, record, raw) in enumerate(lines):
-        last_path, last_line = path.name, n
+PINS = ("audit_key", "audit_adopted")
+"""Records that name the key the log is signed with from there on (`data.public`, one line
+`ed25519 BASE64`; not `key`, a name every record's redaction hides): `audit_key` opens a signed
+log, `audit_adopted` records an adoption (and with --new-key, a change of key)."""
 
-        def broken(
-            problem: str, seq: Any = None, torn: bool = False, at: tuple[Any, ...] = (path, n, count, signed)
-        ) -> Verification:
-            return Verification(False, at[2], at[0].name, at[1], seq, problem, at[3], fingerprint, 0, (), torn)
 
+def pinned(record: dict[str, Any]) -> VerifyKey | None:
+    """The key a pin record names, or None (not a pin, or a key that does not parse)."""
+    data = record.get("data")
+    if record.get("event") not in PINS or not isinstance(data, dict) or not isinstance(data.get("public"), str):
+        return None
+    try:
+        return VerifyKey.from_line(data["public"], f"record seq {record.get('seq')}")
+    except AuditKeyError:
+        return None
+
+
+class Walk:
+    """Checks a log's lines in order, one at a time: `verify` walks the whole log, the writer
+    the file it continues from (from `prev` and `seq`, the previous file's last record).
+
+    Each signature must verify with a key of the current epoch: at first any of `keys`, after a
+    pin that names one of them (and is signed by it), that key alone. A signature that does not
+    verify is held (`pending`), not reported at once: an `audit_adopted` record signed by a key
+    the reviewer holds vouches for everything before it (a log adopted under a new key after its
+    old one was lost, `gateway audit adopt --new-key`). Whatever is still held at the end, or
+    when another problem is found, is a forgery."""
+
+    def __init__(
+        self, keys: Sequence[VerifyKey] = (), prev: str = "", seq: int = 1, wanted: frozenset[int] = frozenset()
+    ) -> None:
+        self.keys = tuple(keys)
+        self.epoch = self.keys
+        self.prev, self.seq = prev, seq
+        self.wanted = wanted
+        self.hashes: dict[int, str] = {}
+        self.count = self.signed = self.unsigned = self.adopted = 0
+        self.unsigned_from: tuple[str, int] = ("", 0)
+        self.pending: list[tuple[str, int, Any]] = []  # signatures that did not verify: file, line, seq
+        self.named: tuple[str, int] | None = None  # the key the log last named (fingerprint) and where (seq)
+        self.adoptions: list[tuple[int, str]] = []  # (seq, fingerprint) of each adoption that vouched
+        self.last: dict[str, Any] | None = None
+        self.at: tuple[str, int] = ("", 0)  # the last line walked
+
+    @property
+    def fingerprint(self) -> str:
+        return ", ".join(k.fingerprint for k in self.keys)
+
+    def _result(self, name: str, line: int, seq: Any, problem: str, torn: bool = False, tail: int = 0) -> Verification:
+        if self.pending and not problem.startswith("forged"):
+            return self.forged()  # the first problem: a signature before this one did not verify
+        return Verification(
+            False, self.count, name, line, seq, problem, self.signed, self.fingerprint, 0, (), torn, tail
+        )
+
+    def forged(self) -> Verification:
+        name, line, seq = self.pending[0]
+        self.pending = []
+        problem = (
+            f"forged: the signature does not verify with key {self.fingerprint}: the log was rewritten by someone "
+            "without the signing key (or signed by another key)"
+        )
+        if self.named is not None and self.named[0] not in self.fingerprint:
+            problem += (
+                f"; the log names key {self.named[0]} (seq {self.named[1]}) as the one it is signed with: if that "
+                "key is yours, pass its public key with --key"
+            )
+        return self._result(name, line, seq, problem)
+
+    def step(self, path: Path, n: int, record: dict[str, Any] | None, raw: bytes, final: bool) -> Verification | None:
+        """Check one line (`final`: the last line of the log). A problem comes back as a failed
+        Verification naming the line; None when the line is sound."""
+        name = path.name
+        self.at = (name, n)
         if n == 0:
-            return broken(f"the file cannot be read as a log: {raw.decode(errors='replace')}")
+            return self._result(name, n, None, f"the file cannot be read as a log: {raw.decode(errors='replace')}")
         if not raw.endswith(b"\n"):
-            if i == len(lines) - 1:
-                return broken(
-                    "torn: the last record is truncated (a crash or a full disk while it was written; it was "
-                    "never acknowledged, so nothing ran on it): `gateway audit repair` moves it aside",
-                    torn=True,
-                )
-            return broken("truncated: a record has no newline")
+            if final:
+                # a crash cut this commit short: its complete records before the torn line (after
+                # the last signature) were never acknowledged either
+                tail = self.unsigned_from[1] if self.keys and self.unsigned and self.unsigned_from[0] == name else 0
+                return self._result(
+                    name, n, None,
+                    "torn: the last record is truncated (a crash or a full disk while it was written; it was never "
+                    "acknowledged, so nothing ran on it): `gateway audit repair` moves it aside",
+                    torn=True, tail=tail,
+                )  # fmt: skip
+            return self._result(name, n, None, "truncated: a record has no newline")
         if record is None:
-            return broken("not a JSON record")
+            return self._result(name, n, None, "not a JSON record")
         seq = record.get("seq")
         try:
             exact = raw == (canonical(record) + "\n").encode("utf-8")
         except (TypeError, ValueError):
             exact = False
         if not exact:
-            return broken(
+            return self._result(
+                name, n, seq,
                 "not canonical: the line is not exactly what the writer writes (duplicate or reordered keys, "
                 "spacing, escapes): what a reader sees may not be what the hash covers",
-                seq,
-            )
+            )  # fmt: skip
         if record.get("hash") != digest(record):
-            return broken("edited: the record does not match its hash", seq)
-        if record.get("prev") != prev:
-            return broken("the chain breaks here: a record before it was deleted, reordered or edited", seq)
-        if seq != expected_seq:
-            return broken(f"expected seq {expected_seq}", seq)
-        sig = record.get("sig")
+            return self._result(name, n, seq, "edited: the record does not match its hash")
+        if record.get("prev") != self.prev:
+            return self._result(
+                name, n, seq, "the chain breaks here: a record before it was deleted, reordered or edited"
+            )
+        if seq != self.seq:
+            return self._result(name, n, seq, f"expected seq {self.seq}")
+        self._signature(name, n, record)
+        if seq in self.wanted:
+            self.hashes[seq] = record["hash"]
+        self.prev = record["hash"]
+        self.seq += 1
+        self.count += 1
+        self.last = record
+        return None
+
+    def _signature(self, name: str, n: int, record: dict[str, Any]) -> None:
+        seq, sig = record["seq"], record.get("sig")
+        pin = pinned(record)
+        if pin is not None:
+            self.named = (pin.fingerprint, seq)
         if sig is None:
-            if not unsigned:
-                unsigned_from = (path.name, n)
-            unsigned += 1  # covered by the next signature, through the chain
+            if not self.unsigned:
+                self.unsigned_from = (name, n)
+            self.unsigned += 1  # covered by the next signature, through the chain
+            return
+        self.unsigned = 0
+        if not self.keys:  # nothing to check it with: counted, not checked
+            self.signed += 1
+            return
+        if pin is not None and pin in self.keys and isinstance(sig, str) and pin.verify(record["hash"], sig):
+            if record.get("event") == "audit_adopted" and self.pending:
+                # the holder of a key the reviewer trusts took the log on as it was
+                self.adopted += len(self.pending)
+                self.adoptions.append((seq, pin.fingerprint))
+                self.pending = []
+            self.epoch = (pin,)
+            self.signed += 1
+            return
+        if pin is not None:
+            self.epoch = ()  # from here on the log says it is signed by a key the reviewer does not hold
+        if isinstance(sig, str) and any(k.verify(record["hash"], sig) for k in self.epoch):
+            self.signed += 1
         else:
-            if key is not None and (not isinstance(sig, str) or not key.verify(record["hash"], sig)):
-                return broken(
-                    f"forged: the signature does not verify with key {key.fingerprint}: the log was rewritten "
-                    "by someone without the signing key (or signed by another key)",
-                    seq,
-                )
-            signed += 1
-            unsigned = 0
-        if seq in wanted:
-            hashes[seq] = record["hash"]
-        prev = record["hash"]
-        expected_seq += 1
-        count += 1
-    end = expected_seq - 1
+            self.pending.append((name, n, seq))
 
-    def failed(
-        problem: str, seq: int, torn: bool = False, at: tuple[str, int] = (last_path, last_line)
-    ) -> Verification:
-        return Verification(False, count, at[0], at[1], seq, problem, signed, fingerprint, 0, (), torn)
+    def finish(self) -> Verification | None:
+        """What the end of the walk shows: a signature still held, a log no key of the reviewer's
+        signed, or an end no signature covers."""
+        name, line = self.at
+        end = self.seq - 1
+        if self.pending:
+            return self.forged()
+        if self.keys and self.count and not self.signed:
+            return self._result(
+                name, line, end,
+                f"not signed by key {self.fingerprint}: no record of this log carries a signature (a log written by "
+                "a gateway with this key always ends in signed records): it was rewritten or replaced",
+            )  # fmt: skip
+        if self.keys and self.unsigned:
+            return self._result(
+                self.unsigned_from[0], self.unsigned_from[1], end,
+                f"unsigned end: the last {self.unsigned} record(s) carry no signature and none follows (every commit "
+                "ends in a signed record): they were added without the key, or a crash cut a commit short "
+                "(`gateway audit repair` moves them aside if so)",
+                torn=True, tail=self.unsigned_from[1],
+            )  # fmt: skip
+        return None
 
-    if key is not None and count and not signed:
-        return failed(
-            f"not signed by key {fingerprint}: no record of this log carries a signature (a log written by a "
-            "gateway with this key always ends in signed records): it was rewritten or replaced",
-            end,
+
+def verify(
+    directory: Path,
+    key: VerifyKey | None = None,
+    heads: Sequence[Checkpoint] | None = None,
+    *,
+    also: Sequence[VerifyKey] = (),
+) -> Verification:
+    """Walk every record of the log (see the module's docstring). `key` and `also`: the keys the
+    reviewer trusts (more than one for a log adopted under a new key); `heads`: checkpoints."""
+    notes: list[str] = []
+    keys = ([key] if key is not None else []) + list(also)
+    walk = Walk(keys, wanted=frozenset(cp.seq for cp in heads or ()))
+    lines = records(directory)
+    ahead = next(lines, None)
+    while ahead is not None:
+        path, n, record, raw = ahead
+        ahead = next(lines, None)
+        problem = walk.step(path, n, record, raw, final=ahead is None)
+        if problem is not None:
+            return problem
+    problem = walk.finish()
+    if problem is not None:
+        return problem
+    count, signed, end, fingerprint = walk.count, walk.signed, walk.seq - 1, walk.fingerprint
+    last_path, last_line = walk.at
+
+    def failed(problem: str, seq: int) -> Verification:
+        return Verification(False, count, last_path, last_line, seq, problem, signed, fingerprint)
+
+    for seq, adopter in walk.adoptions:
+        notes.append(
+            f"records before seq {seq} were adopted under key {adopter} (`gateway audit adopt --new-key`): "
+            f"{walk.adopted} signature(s) before it were made with another key and are not checked here; "
+            "pass that key too (--key OLD --key NEW) to check them"
         )
-    if key is not None and unsigned:
-        result = failed(
-            f"unsigned end: the last {unsigned} record(s) carry no signature and none follows (every commit "
-            "ends in a signed record): they were added without the key, or a crash cut a commit short "
-            "(`gateway audit repair` moves them aside if so)",
-            end,
-            torn=True,
-            at=unsigned_from,
-        )
-        return Verification(**{**result.__dict__, "tail_line": unsigned_from[1]})
-    if key is None and signed:
+    if not keys and signed:
         notes.append("signatures not checked: give the public key (--key) to tell a rewritten log")
         signed = 0
-    elif key is None:
+    elif not keys:
         notes.append("the log is not signed: only its consistency is checked")
     here = os.path.realpath(directory)
     matched = 0
     for cp in heads or ():
         elsewhere = f" (the checkpoint names the log {cp.log}, this is {here})" if cp.log != here else ""
-        if key is not None and not key.verify(cp.hash, cp.sig):
+        if keys and not any(k.verify(cp.hash, cp.sig) for k in keys):
             return failed(
                 f"the checkpoint of {cp.ts} (seq {cp.seq}) is not signed by key {fingerprint}: it is not trustworthy",
                 cp.seq,
@@ -187,7 +302,7 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
                 f"records {end + 1}..{cp.seq} were removed{elsewhere}",
                 end,
             )
-        if hashes.get(cp.seq) != cp.hash:
+        if walk.hashes.get(cp.seq) != cp.hash:
             return failed(
                 f"rewritten: record seq {cp.seq} is not the one a checkpoint of {cp.ts} names{elsewhere}", cp.seq
             )
@@ -196,7 +311,9 @@ def verify(directory: Path, key: VerifyKey | None = None, heads: Sequence[Checkp
         matched += 1
     if heads is not None and not heads:
         notes.append("no checkpoint: records removed from the end would not show")
-    return Verification(True, count, signed=signed, key=fingerprint, heads=matched, notes=tuple(notes))
+    return Verification(
+        True, count, signed=signed, key=fingerprint, heads=matched, notes=tuple(notes), adopted=walk.adopted
+    )
 
 
 def record_at(directory: Path, seq: int) -> dict[str, Any] | None:
@@ -214,55 +331,6 @@ def record_at(directory: Path, seq: int) -> dict[str, Any] | None:
                     return record
             return None
     return None
-
-
-@dataclass(frozen=True)
-class Repair:
-    file: str
-    offset: int
-    bytes: int
-    sha256: str
-    kept_as: str
-    records: int  # complete but unsigned records moved aside (a commit a crash cut short)
-
-
-def repair(directory: Path, key: VerifyKey | None) -> Repair | None:
-    """Move what a crash left at the end aside (kept whole in `audit-NNNNNN.jsonl.torn-TIME`
-    beside the log): a torn last line, and with a key, complete records after the last signature
-    (a commit the crash cut short: never acknowledged, so nothing ran on them). None when there
-    is nothing to repair; raises AuditUnavailable when the log has any other problem (repair never
-    hides tampering). The caller records the repair (`audit_repaired`)."""
-    with AuditDir(directory) as d:
-        lock_fd = d.lock()
-        try:
-            fcntl.flock(lock_fd, fcntl.LOCK_EX)
-            result = verify(directory, key)
-            if result.ok:
-                return None
-            if not result.torn or result.file != (d.names() or [""])[-1]:
-                raise AuditUnavailable(f"not repairable: {result.describe()}")
-            name = result.file
-            lines = d.read_all(name).splitlines(keepends=True)
-            cut = (result.tail_line or result.line) - 1
-            keep, torn = b"".join(lines[:cut]), b"".join(lines[cut:])
-            stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S%fZ")
-            aside = f"{name}.torn-{stamp}"
-            fd = d.create_new(aside)
-            try:
-                os.write(fd, torn)
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            fd = d.open_write(name)
-            try:
-                os.ftruncate(fd, len(keep))
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-            whole = sum(1 for line in lines[cut:] if line.endswith(b"\n"))
-            return Repair(name, len(keep), len(torn), hashlib.sha256(torn).hexdigest(), aside, whole)
-        finally:
-            os.close(lock_fd)
 
 
 def head(directory: Path) -> dict[str, Any] | None:

@@ -162,7 +162,7 @@ def test_a_line_with_duplicate_keys_is_not_canonical(live: tuple[AuditLog, Path,
     path = audit / "audit-000001.jsonl"
     lines = path.read_bytes().splitlines(keepends=True)
     # a first-wins reader (grep, a person) sees "allow": the hash covers the last "deny"
-    lines[0] = lines[0].replace(b'{"arguments"', b'{"decision":"allow","arguments"', 1)
+    lines[1] = lines[1].replace(b'{"arguments"', b'{"decision":"allow","arguments"', 1)  # after the key's pin
     path.write_bytes(b"".join(lines))
     done = cli(audit, keys, "verify")
     assert done.returncode == 1 and "not canonical" in done.stdout
@@ -268,5 +268,5 @@ def test_group_commit_under_two_processes_loses_nothing_it_acknowledged(tmp_path
     for p in procs:
         assert p.wait(120) == 0
     done = cli(audit, keys, "verify")
-    assert done.returncode == 0 and "ok: 721 records" in done.stdout, done.stdout
+    assert done.returncode == 0 and "ok: 722 records" in done.stdout, done.stdout  # the pin, 1 + 2 x 360
     _ = threading

@@ -69,7 +69,7 @@ def test_an_append_on_a_full_disk_leaves_the_file_as_it_was_and_resumes(small_di
     for i in range(3):
         log.append("decision", call_id=f"early{i}")
     filler = fill_up(small_disk)
-    written = 3 + append_until_full(log)  # the last page of the file fills up, then ENOSPC
+    written = 4 + append_until_full(log)  # (the key's pin first) the last page of the file fills up, then ENOSPC
     path = audit / "audit-000001.jsonl"
     before = path.read_bytes()
     assert before.endswith(b"\n")
@@ -132,7 +132,7 @@ def test_a_torn_tail_from_a_crash_is_repaired_and_the_repair_recorded(tmp_path: 
     (aside,) = audit.glob("audit-000001.jsonl.torn-*")
     assert aside.read_bytes() == torn  # kept, not destroyed
     last = json.loads(path.read_bytes().splitlines()[-1])
-    assert last["event"] == "audit_repaired" and last["seq"] == 5
+    assert last["event"] == "audit_repaired" and last["seq"] == 6  # the pin, 4 decisions, the repair
     assert last["data"]["sha256"] == hashlib.sha256(torn).hexdigest() and last["data"]["bytes"] == len(torn)
     assert cli(audit, keys, "verify").returncode == 0
     open_signed(audit, keys).append("server_started")  # the gateway starts again

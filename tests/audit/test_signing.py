@@ -61,7 +61,8 @@ def test_an_intact_signed_log_verifies_with_key_and_checkpoint(signed: tuple[Pat
     done = cli(audit, keys, "verify")
     assert done.returncode == 0, done.stdout + done.stderr
     fingerprint = VerifyKey.load(keys / "signing.pub").fingerprint
-    assert f"covered by 12 signatures valid for key {fingerprint}" in done.stdout
+    # the log's first record pins its key (`audit_key`), then the 12 decisions
+    assert f"covered by 13 signatures valid for key {fingerprint}" in done.stdout
     assert "1 checkpoint(s) matched" in done.stdout
     assert all("sig" in r for _, _, r, _ in records(audit) if r)  # one writer, one at a time: each signed
 
@@ -72,7 +73,7 @@ def test_dropping_the_last_records_is_truncation(signed: tuple[Path, Path]) -> N
     assert verify(audit).ok  # the chain alone cannot tell: this is what passed before
     done = cli(audit, keys, "verify")
     assert done.returncode == 1
-    assert "truncated: the log ends at seq 9 but a checkpoint" in done.stdout and "records 10..12" in done.stdout
+    assert "truncated: the log ends at seq 10 but a checkpoint" in done.stdout and "records 11..13" in done.stdout
 
 
 def test_a_log_rewritten_with_recomputed_hashes_is_forged(signed: tuple[Path, Path]) -> None:
@@ -170,14 +171,21 @@ def test_a_signed_log_without_a_checkpoint_is_not_called_verified(signed: tuple[
     assert cli(audit, keys, "verify", "--no-checkpoint").returncode == 0
 
 
-def test_an_unsigned_log_gains_signatures_that_cover_the_old_part(tmp_path: Path) -> None:
+def test_an_unsigned_log_gains_signatures_that_cover_the_old_part_once_adopted(tmp_path: Path) -> None:
+    """A log from before signing is taken on only by an admin's `adopt --new-key`, on the record:
+    a key made on the fly for it (as before) is what let an unsigned rewrite pass."""
     audit, keys = tmp_path / "audit", tmp_path / "keys"
     old = AuditLog(audit)  # a log from before signing
     for i in range(3):
         old.append("decision", call_id=f"old{i}")
+    with pytest.raises(AuditUnavailable, match="adopt --new-key"):
+        open_signed(audit, keys)
+    adopted = cli(audit, keys, "adopt", "--new-key")
+    assert adopted.returncode == 0, adopted.stdout + adopted.stderr
+    assert "consistency only" in adopted.stdout
     log = open_signed(audit, keys)
     log.append("decision", call_id="new")
-    done = cli(audit, keys, "verify")
+    done = cli(audit, keys, "verify", "--key", str(keys / "signing.pub"))
     assert done.returncode == 0, done.stdout  # the first signature covers the old records, through the chain
     (audit / "audit-000001.jsonl").write_bytes(b"".join(lines(audit)[:3]))
     cut = cli(audit, keys, "verify", "--no-checkpoint")  # cut back to the unsigned part
@@ -222,7 +230,7 @@ def test_threads_committing_together_share_one_signature_that_covers_them(tmp_pa
     for t in threads:
         t.join()
     every = [r for _, _, r, _ in records(audit) if r]
-    assert len(every) == 320 and "sig" in every[-1]
+    assert len(every) == 321 and "sig" in every[-1]  # the pin, then 320
     done = cli(audit, keys, "verify")
     assert done.returncode == 0, done.stdout
     # a record inside a commit edited, its hash and every later one recomputed: the next signature breaks

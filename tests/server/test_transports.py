@@ -62,7 +62,9 @@ def test_stdio_lists_allows_and_denies(tmp_path: Path, policy_file: Path, ws: Pa
     assert envelope(ok)["stdout"] == "hi\n" and not ok.is_error
     assert denied.is_error and envelope(denied)["rule"] == "no-curl"
     events = [r["event"] for r in audit_records(tmp_path / "audit")]
-    assert events[0] == "policy_loaded" and "server_started" in events and events[-1] == "server_stopped"
+    # a new signed log opens with its key's pin (`audit_key`), then the policy that decides
+    assert events[:2] == ["audit_key", "policy_loaded"] and "server_started" in events
+    assert events[-1] == "server_stopped"
     assert verify(tmp_path / "audit").ok
 
 
