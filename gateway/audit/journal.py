@@ -7,7 +7,8 @@ written before the record that lets the call go (so a crash right after that rec
 call journaled). The writer holds an exclusive `flock` on its journal for its life; the kernel
 drops it when the process dies, however it dies. A writer that starts takes every journal it can
 lock (`dead`): its writer is gone, and the log (not the journal) says which of its calls were
-allowed and never ended; those get an `interrupted` record (writer.py), then the journal goes.
+allowed and never ended (no `result`, `error`, ... after: ENDS); those get an `interrupted`
+record (writer.py), then the journal goes.
 
 Ended calls leave the journal only in memory; past MAX_BYTES the file is written again with the
 calls still open (a crash in between leaves ended ones after them: harmless, the log says they
@@ -34,6 +35,9 @@ NAME = re.compile(r"\.calls-[0-9a-f]{16}\Z", re.ASCII)
 MAX_BYTES = 64 * 1024
 """Past this the journal is written again with only the calls still open."""
 MAX_READ = 16 * 1024 * 1024
+ENDS = frozenset({"result", "error", "approval_void", "approval_withdrawn", "rejected", "interrupted"})
+"""The records that end a call. Others may name a running call (its network's connections,
+`egress_*`) without ending it."""
 CALL_ID = re.compile(r"[A-Za-z0-9_.:-]{1,128}\Z", re.ASCII)
 """The ids a journal keeps (the gateway's are 16 hex digits): one per line, nothing to escape."""
 

@@ -28,10 +28,10 @@ starts with an `audit_key` record naming its key (the pin). The one way past any
 explicit and recorded: `gateway audit adopt` (`audit_adopted`).
 
 Calls interrupted by a crash are marked at the next start. While a call that is being handled
-(`written_call_ids`) is allowed (a `decision` or an `approval` with `decision: allow`) and has no
-later record, its id is in this writer's journal (journal.py). A writer that starts takes the
-journals of writers that are gone, and writes an `interrupted` record for each call in them
-that the log shows allowed and never ended.
+(`written_call_ids`) is allowed (a `decision` or an `approval` with `decision: allow`) and has not
+ended (a `result`, an `error`, ...: journal.ENDS), its id is in this writer's journal
+(journal.py). A writer that starts takes the journals of writers that are gone, and writes an
+`interrupted` record for each call in them that the log shows allowed and never ended.
 
 Files are used by descriptor, never through a link (files.py).
 """
@@ -83,7 +83,7 @@ _WRITTEN: ContextVar[set[str] | None] = ContextVar("audit_written_call_ids", def
 def written_call_ids() -> Iterator[set[str]]:
     """The call ids every record appended in this context names, as they are written: the gateway
     checks that a call it answers left a record (no record, no call). A call allowed in this
-    context is a call being handled: until a later record of it is written, it is in the
+    context is a call being handled: until its result (or error...) is written, it is in the
     writer's journal (an `interrupted` record marks it if the gateway dies first)."""
     seen: set[str] = set()
     token = _WRITTEN.set(seen)
@@ -273,8 +273,8 @@ class AuditLog:
                     if self._queue and self._queue[0].wake is not None:
                         self._queue[0].wake.notify()
         self._health(pending.error)
-        if call_id is not None and (pending.error is not None or not opens):
-            self._journal.ended(call_id)  # a later record of the call ends it (or its allowing one failed)
+        if call_id is not None and (pending.error is not None if opens else event in journal.ENDS):
+            self._journal.ended(call_id)  # its result, error, ... (or its allowing record failed)
         if pending.error is not None:
             raise pending.error
         assert pending.record is not None
@@ -691,7 +691,7 @@ class AuditLog:
             if _opens(record.get("event"), record.get("decision")):
                 allowed[call_id] = record
                 ended.discard(call_id)
-            elif call_id in allowed:
+            elif call_id in allowed and record.get("event") in journal.ENDS:
                 ended.add(call_id)
         pid = header.get("pid")
         why = (

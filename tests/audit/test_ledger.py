@@ -313,3 +313,42 @@ def test_the_part_a_writer_remembers_as_sound_is_checked_again_at_every_start(
     path.write_bytes(data.replace(b"rm -rf /data3", b"rm -rf /dat3a"))
     with pytest.raises(AuditUnavailable, match=r"audit-000001.jsonl:5 \(seq 5\): edited"):
         open_signed(audit, keys)
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from pathlib import Path
+from gateway.audit import AuditLog
+from gateway.audit.writer import written_call_ids
+
+log = AuditLog(Path(sys.argv[1]))
+who = {"principal": "agent", "tool": "run"}
+with written_call_ids():  # calls being handled
+    log.append("decision", call_id="c000000000000001", decision="allow", **who)
+    log.append("result", call_id="c000000000000001", data={"exit_code": 0}, **who)
+    log.append("decision", call_id="c000000000000002", decision="allow", **who)
+    log.append("egress_allowed", call_id="c000000000000002", principal="agent", tool="network", data={"host": "h"})
+    log.append("decision", call_id="c000000000000003", decision="ask", **who)
+    log.append("approval", call_id="c000000000000003", decision="allow", **who)
+    log.append("decision", call_id="c000000000000004", decision="deny", **who)
+log.append("decision", call_id="c000000000000005", decision="allow", **who)  # an agent hook's: it runs nothing
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_what_a_killed_writer_leaves_running_is_marked_and_nothing_else(tmp_path: Path) -> None:
+    """Marked: a call allowed and never ended, even one whose network was recorded under it
+    (its connections do not end it), and one an approval let go. Not marked: a call with its
+    result, a denied one, a decision no call was handled for (an agent hook's)."""
+    from gateway.audit import AuditLog
+
+    audit = tmp_path / "audit"
+    done = subprocess.run([sys.executable, "-c", KILLED_WRITER, str(audit)], cwd=ROOT, timeout=PATIENCE_S)
+    assert done.returncode == -signal.SIGKILL
+    AuditLog(audit)  # the next start
+    marked = [r for _, _, r, _ in records(audit) if r and r["event"] == "interrupted"]
+    assert [r["call_id"] for r in marked] == ["c000000000000002", "c000000000000003"], marked
+    assert all(r["principal"] == "agent" and r["tool"] == "run" for r in marked)
+    assert not list(audit.glob(".calls-*"))  # taken, and gone
+    AuditLog(audit)
+    assert len([r for _, _, r, _ in records(audit) if r and r["event"] == "interrupted"]) == 2
