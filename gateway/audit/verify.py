@@ -116,6 +116,7 @@ class Walk:
         self.pending: list[tuple[str, int, Any]] = []  # signatures that did not verify: file, line, seq
         self.named: tuple[str, int] | None = None  # the key the log last named (fingerprint) and where (seq)
         self.adoptions: list[tuple[int, str]] = []  # (seq, fingerprint) of each adoption that vouched
+        self.adopted_at: list[tuple[int, Any, Any]] = []  # every audit_adopted: seq, what was checked, by whom
         self.last: dict[str, Any] | None = None
         self.at: tuple[str, int] = ("", 0)  # the last line walked
 
@@ -185,6 +186,10 @@ class Walk:
         if seq != self.seq:
             return self._result(name, n, seq, f"expected seq {self.seq}")
         self._signature(name, n, record)
+        if record.get("event") == "audit_adopted":
+            data = record.get("data")
+            said = data if isinstance(data, dict) else {}
+            self.adopted_at.append((seq, said.get("checked"), said.get("by")))
         if seq in self.wanted:
             self.hashes[seq] = record["hash"]
         self.prev = record["hash"]
@@ -276,6 +281,10 @@ def verify(
     def failed(problem: str, seq: int) -> Verification:
         return Verification(False, count, last_path, last_line, seq, problem, signed, fingerprint)
 
+    for seq, checked, by in walk.adopted_at:
+        notes.append(
+            f"seq {seq}: the log was adopted (`gateway audit adopt`) by {by or 'someone'}; checked then: {checked}"
+        )
     for seq, adopter in walk.adoptions:
         notes.append(
             f"records before seq {seq} were adopted under key {adopter} (`gateway audit adopt --new-key`): "

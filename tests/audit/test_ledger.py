@@ -172,7 +172,8 @@ def test_a_new_key_is_taken_only_by_an_admin_and_the_log_says_so(site: Site, tmp
     assert last["data"]["checked"].startswith(f"signatures with key {VerifyKey.load(old).fingerprint}")
     ran(site.run("echo two"))  # the gateway goes on, under the new key
     both = site.audit_cmd("verify", "--key", str(old), "--key", str(site.keys / "signing.pub"))
-    assert both.returncode == 0 and "adopted" not in both.stdout, both.stdout  # every signature checked
+    assert both.returncode == 0 and "were adopted under key" not in both.stdout, both.stdout  # all checked
+    assert "the log was adopted (`gateway audit adopt`)" in both.stdout  # and the adoption is shown
     new_only = site.audit_cmd("verify", "--key", str(site.keys / "signing.pub"))
     assert new_only.returncode == 0 and "were adopted under key" in new_only.stdout, new_only.stdout
     old_only = site.audit_cmd("verify", "--key", str(old))
