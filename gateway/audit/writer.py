@@ -506,8 +506,17 @@ class AuditLog:
                 f"the audit log's last record (seq {seq}) does not match its hash: it was edited. "
                 "See `gateway audit verify`"
             )
-        vouched = last is None or last["hash"] == self._trusted or (cp is not None and cp.seq == seq)
         adopting = self._adopt and cp is None  # `gateway audit adopt` checked the log before
+        if deep and last is not None and "sig" in last and not adopting and not self._signed_here(last):
+            # the key this log was last signed with is not the one here: a checkpoint (copied
+            # into a replaced key directory, say) does not make up for it
+            raise AuditUnavailable(
+                f"the audit log's last record (seq {seq}) is not signed by this gateway's key "
+                f"{self.key.public.fingerprint}: the log was signed with another key, or rewritten. Restore the "
+                "key the log was signed with; if it is lost, `gateway audit adopt --new-key` goes on under a new "
+                "one, on the record. See `gateway audit verify`"
+            )
+        vouched = last is None or last["hash"] == self._trusted or (cp is not None and cp.seq == seq)
         if not vouched and not adopting and not self._signed_here(last):
             # an end neither this writer nor the checkpoint vouches for, and no signature of ours
             raise AuditUnavailable(

@@ -353,3 +353,26 @@ def test_what_a_killed_writer_leaves_running_is_marked_and_nothing_else(tmp_path
     assert not list(audit.glob(".calls-*"))  # taken, and gone
     AuditLog(audit)
     assert len([r for _, _, r, _ in records(audit) if r and r["event"] == "interrupted"]) == 2
+
+
+def test_a_key_directory_swapped_for_another_key_is_refused_even_past_the_pin(tmp_path: Path) -> None:
+    """Someone puts another key directory in place (a key of theirs, the checkpoint copied over
+    and made to name that key) on a log whose last file has no pin (rotated): the log's last
+    signature is not by that key, and the gateway does not start."""
+    from gateway.audit import AuditLog, AuditUnavailable, open_signed
+    from gateway.audit.checkpoint import default_path
+    from gateway.audit.keys import SigningKey
+
+    audit, keys, theirs = tmp_path / "audit", tmp_path / "keys", tmp_path / "theirs"
+    log = AuditLog(audit, 2000, key=SigningKey.load_or_create(keys), checkpoint=default_path(audit, keys))
+    for i in range(20):
+        log.append("decision", call_id=f"c{i}", arguments={"command": "echo " + "x" * 100})
+    assert len(list(audit.glob("audit-*.jsonl"))) > 1
+    other = SigningKey.load_or_create(theirs)
+    heads = default_path(audit, keys).read_text().splitlines()
+    forged = json.loads(heads[-1]) | {"key": other.public.fingerprint}
+    default_path(audit, theirs).parent.mkdir(parents=True, exist_ok=True)
+    default_path(audit, theirs).write_text(json.dumps(forged) + "\n")
+    with pytest.raises(AuditUnavailable, match="not signed by this gateway's key"):
+        open_signed(audit, theirs)
+    open_signed(audit, keys).append("server_started")  # with its own key it goes on
