@@ -329,42 +329,142 @@ HEAD_LINES = 40
 """Lines of each file `approvals show` prints."""
 
 
+AUDIT_READ_EXIT = {"ok": 0, "none": 1, "usage": 2, "unreadable": 3}
+"""`gateway audit tail|show|query|calls`: 0 something matched and was printed, 1 nothing matched,
+2 usage (a time or filter it cannot take), 3 the log has lines that are not records (printed
+what could be read; see `gateway audit verify`)."""
+RECORD_COLUMNS = ("ts", "seq", "event", "principal", "tool", "decision", "rule", "call_id", "parent", "what", "hash")
+CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "rule", "final", "approved_by",
+                "approval_how", "outcome", "error", "exit_code", "duration_ms", "bytes", "parent", "ended")  # fmt: skip
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from gateway.audit import commands as audit_verbs
     from gateway.audit import records as audit_records
+    from gateway.audit.calls import Folder
+    from gateway.audit.export import redactor
+    from gateway.audit.timespec import TimeSpecError
 
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action in ("verify", "repair", "head", "adopt", "replay"):
+    if args.action in ("verify", "repair", "head", "adopt", "replay", "export"):
         return audit_verbs.main(args, directory)
-    rows = [r for _, _, r, _ in audit_records(directory) if isinstance(r, dict)]
-    if args.action == "show":
-        if not args.call_id:
-            return _fatal("audit show needs a CALL_ID")
-        rows = [r for r in rows if r.get("call_id") == args.call_id]
-        if not rows:
-            return _fatal(f"no records for call {args.call_id}")
-    elif args.action == "query":
-        rows = [
-            r
-            for r in rows
-            if (not args.principal or r.get("principal") == args.principal)
-            and (not args.tool or r.get("tool") == args.tool)
-            and (not args.decision or r.get("decision") == args.decision)
-            and (not args.rule or r.get("rule") == args.rule)
-            and (not args.since or str(r.get("ts", "")) >= args.since)
-        ]
-    else:  # tail
-        if args.n < 0:
-            return _fatal(f"audit tail -n {args.n}: expected a count of records, 0 or more")
-        last = int(rows[-1].get("seq", 0)) if rows else 0
-        rows = rows[len(rows) - args.n :] if args.n else []  # -n 0: none (rows[-0:] would be all)
-        if args.follow:
-            return _follow(directory, rows, last, args.json)
-    for r in rows:
-        _print_record(r, args.json)
-    return EXIT_OK
+    fmt = "jsonl" if args.json and args.format == "text" else args.format
+    if fmt == "otlp":
+        return _fatal(f"audit {args.action} --format otlp: spans go to a collector: use `gateway audit export`")
+    if args.action == "show" and not args.call_id:
+        return _fatal("audit show needs a CALL_ID")
+    if args.action == "tail" and args.n < 0:
+        return _fatal(f"audit tail -n {args.n}: expected a count of records, 0 or more")
+    try:
+        selection = audit_verbs.selection(args, [args.call_id] if args.action == "show" else [])
+    except TimeSpecError as exc:
+        return _fatal(str(exc))
+    clean = redactor(args.redact or ())
+    out = _AuditOut(fmt)
+    unreadable = 0
+    if args.action == "calls":
+        folder = Folder(selection, keep_records=args.records or fmt in ("ecs", "ocsf"))
+        for _, _, r, raw in audit_records(directory):
+            if r is None:
+                unreadable += int(bool(raw.strip()))
+            else:
+                folder.add(clean(r), raw)
+        calls = list(folder.matching())
+        for call in calls:
+            out.call(call, args.records)
+        matched = bool(calls)
+    elif args.action == "tail" and args.follow:
+        return _follow(directory, selection, clean, out, args.n)
+    else:
+        rows = []
+        for _, _, r, raw in audit_records(directory):
+            if r is None:
+                unreadable += int(bool(raw.strip()))
+            elif selection.matches(r, raw):
+                rows.append(r)
+        matched = bool(rows)
+        if args.action == "tail":
+            rows = rows[len(rows) - args.n :] if args.n else []  # -n 0: none (rows[-0:] would be all)
+        for r in rows:
+            out.record(clean(r))
+        if args.action == "show" and not rows:
+            print(f"gateway: no records for call {args.call_id}", file=sys.stderr)
+    if unreadable:
+        print(f"gateway: {unreadable} line(s) of the log are not records: skipped (see `gateway audit verify`)",
+              file=sys.stderr)  # fmt: skip
+        return AUDIT_READ_EXIT["unreadable"]
+    return AUDIT_READ_EXIT["ok" if matched else "none"]
+
+
+class _AuditOut:
+    """Prints records and calls in one of the reading formats."""
+
+    def __init__(self, fmt: str) -> None:
+        import csv
+
+        from gateway.audit.export import MAPPINGS
+
+        self.fmt = fmt
+        self.mapping = MAPPINGS.get(fmt)
+        self.host = os.uname().nodename
+        self.csv = csv.writer(sys.stdout, lineterminator="\n") if fmt == "csv" else None
+        self.header = False
+
+    def _row(self, columns: tuple[str, ...], values: list[Any]) -> None:
+        assert self.csv is not None
+        if not self.header:
+            self.csv.writerow(columns)
+            self.header = True
+        self.csv.writerow(["" if v is None else v for v in values])
+        sys.stdout.flush()
+
+    def record(self, r: dict[str, Any]) -> None:
+        if self.fmt == "text":
+            _print_record(r, False)
+        elif self.csv is not None:
+            self._row(RECORD_COLUMNS, [_what(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
+        else:
+            assert self.mapping is not None
+            print(json.dumps(self.mapping(r, self.host), ensure_ascii=False), flush=True)
+
+    def call(self, call: Any, expand: bool) -> None:
+        from gateway.approval import escaped
+
+        if self.fmt in ("ecs", "ocsf"):
+            for r in call.records:
+                self.record(r)
+            return
+        if self.fmt == "jsonl":
+            print(json.dumps(call.to_json(), ensure_ascii=False), flush=True)
+            return
+        if self.csv is not None:
+            data = call.to_json()
+            self._row(CALL_COLUMNS, [data.get(c) for c in CALL_COLUMNS])
+            return
+
+        def col(value: Any, width: int) -> str:
+            return f"{escaped(str(value)) if value not in (None, '') else '-':{width}}"
+
+        decided = f"{call.decision or '-'}({call.rule})" if call.rule else (call.decision or "-")
+        if call.final and call.final != call.decision:
+            decided += f"->{call.final}"
+        who = f"by {escaped(call.approved_by)}" if call.approved_by else (call.approval_how or "")
+        ran = call.outcome + (f" exit {call.exit_code}" if call.exit_code is not None else "")
+        ran += f" {call.error}" if call.error and call.outcome != "ok" else ""
+        took = f"{call.duration_ms} ms" if call.duration_ms is not None else "-"
+        size = f"{call.bytes} B" if call.bytes is not None else "-"
+        print(
+            f"{call.when[:23]:23}  {col(call.principal, 10)}  {col(call.tool, 7)}  {col(decided, 22)}  "
+            f"{col(who, 14)}  {col(ran, 24)}  {took:>9}  {size:>9}  {col(call.call_id, 16)}  "
+            f"{escaped(call.command) or '-'}" + (f"   (part of {escaped(call.parent)})" if call.parent else ""),
+            flush=True,
+        )
+        if expand:
+            for r in call.records:
+                print("    ", end="")
+                _print_record(r, False)
 
 
 def _print_record(r: dict[str, Any], as_json: bool) -> None:
@@ -435,19 +535,27 @@ describe_record = _what
 """What a record is about, on one escaped line (the console's timeline shows it too)."""
 
 
-def _follow(directory: Path, shown: list[dict[str, Any]], last: int, as_json: bool) -> int:
-    """`audit tail -f`: print the last records, then new ones as they are written (Ctrl-C ends)."""
-    from gateway.audit import records as audit_records
+def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int) -> int:
+    """`audit tail -f`: the last `n` matching records, then new ones as they are written (read
+    from where the log ended, never the whole log again; Ctrl-C ends)."""
+    import collections
 
-    for r in shown:
-        _print_record(r, as_json)
+    from gateway.audit.follow import LogReader
+
+    reader = LogReader(directory, signed=False)  # every complete line, as soon as it is there
+    last: collections.deque[dict[str, Any]] = collections.deque(maxlen=n)
     try:
+        while lines := reader.read(64 << 20):
+            last.extend(ln.record for ln in lines if ln.record is not None and selection.matches(ln.record, ln.raw))
+        for r in last:
+            out.record(clean(r))
         while True:
-            for _, _, record, _ in audit_records(directory):
-                if isinstance(record, dict) and record.get("seq", 0) > last:
-                    _print_record(record, as_json)
-                    last = record["seq"]
-            time.sleep(0.5)
+            lines = reader.read()
+            for line in lines:
+                if line.record is not None and selection.matches(line.record, line.raw):
+                    out.record(clean(line.record))
+            if not lines:
+                time.sleep(0.25)
     except KeyboardInterrupt:
         return EXIT_OK
 
@@ -560,8 +668,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--reason", help="why (recorded with the answer)")
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.set_defaults(func=_cmd_approvals)
-    au = sub.add_parser("audit", help="verify and read the audit log")
-    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query", "replay"])
+    au = sub.add_parser(
+        "audit", help="verify, read and export the audit log",
+        description="Exit codes of tail|show|query|calls: 0 printed, 1 nothing matched, 2 usage, 3 the log has "
+        "lines that are not records. export: 0 done, 1 the sink did not take a batch, 2 usage or cursor, 3 unreadable "
+        "lines (skipped). verify, replay: see docs/audit.md",
+    )  # fmt: skip
+    au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query", "calls", "export",
+                                       "replay"])  # fmt: skip
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
     au.add_argument(
@@ -574,18 +688,30 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--checkpoint", action="append", help="verify: a checkpoint file (default: the gateway's own)")
     au.add_argument("--no-checkpoint", action="store_true", help="verify: check without one (truncation will not show)")
     au.add_argument("-n", type=int, default=20, help="tail: how many records (default: %(default)s)")
-    au.add_argument("-f", "--follow", action="store_true", help="tail: keep printing new records")
-    au.add_argument("--principal", help="query: only this principal's records")
-    au.add_argument("--tool", help="query: only this tool's records (run, files, session, ...)")
+    au.add_argument("-f", "--follow", action="store_true", help="tail, export: keep going with new records")
+    au.add_argument("--since", help="from this time on: 2026-11-25T10:00, 2026-11-25, 2h, 30m, 7d, today, yesterday")
+    au.add_argument("--until", help="before this time (same forms as --since)")
+    au.add_argument("--event", action="append", help="only these events (repeat or comma-separate: decision,result)")
+    au.add_argument("--call", action="append", help="only these calls (and the parts they carried)")
+    au.add_argument("--principal", help="only this principal's records")
+    au.add_argument("--tool", help="only this tool's records (run, files, session, ...)")
     au.add_argument("--decision", choices=["allow", "ask", "deny"])
-    au.add_argument("--rule")
-    au.add_argument("--since", help="ISO 8601 time, e.g. 2026-11-22T10:00")
-    au.add_argument("--until", help="replay: ISO 8601 time, records before it")
+    au.add_argument("--rule", help="only records decided by this rule")
+    au.add_argument("--host", help="only records naming this host (a fleet record's host, a network host)")
+    au.add_argument("--text", help="only records holding this text (any field, case-insensitive)")
+    au.add_argument("--format", choices=["text", "jsonl", "csv", "ecs", "ocsf", "otlp"], default="text",
+                    help="how to print (default: %(default)s); export: jsonl (default), ecs, ocsf, otlp")  # fmt: skip
+    au.add_argument("--json", action="store_true", help="the same as --format jsonl")
+    au.add_argument("--records", action="store_true", help="calls: each call's records under its row")
+    au.add_argument("--redact", action="append", metavar="PATTERN",
+                    help="also redact values under names matching this regular expression (repeatable)")  # fmt: skip
+    au.add_argument("--cursor", metavar="FILE", help="export: resume from, and keep, this position file")
+    au.add_argument("--endpoint", help="export --format otlp: the OTLP/HTTP traces URL (default: OTEL_EXPORTER_OTLP_*)")
+    au.add_argument("--arguments", action="store_true", help="export --format otlp: add gen_ai.tool.call.arguments")
     au.add_argument("--policy", help="replay: the draft policy to decide the recorded calls under")
     au.add_argument("--workspace", help="replay: the workspace the draft's roots resolve against (default: recorded)")
     au.add_argument("--max-rows", type=int, default=200, help="replay: changed calls shown (default: %(default)s)")
     au.add_argument("--max-calls", type=int, default=100_000, help="replay: calls replayed at most (%(default)s)")
-    au.add_argument("--json", action="store_true", help="one JSON record per line")
     au.set_defaults(func=_cmd_audit)
     sv = sub.add_parser("serve", parents=[common], help="serve the gateway to MCP clients (stdio or HTTP)")
     how = sv.add_mutually_exclusive_group(required=True)

@@ -16,6 +16,11 @@ replay  decides every recorded command call of a time range again under a draft 
         Exit 0 when nothing would change, 1 when something would, 2 on errors.
 head    prints the current head as a checkpoint line, to copy off the machine (cron, a remote
         sink); `verify --checkpoint FILE` checks the log against every line of such a file.
+export  streams the records a selection keeps as JSON lines (`jsonl`, `ecs`, `ocsf`) on stdout,
+        or the calls as OpenTelemetry spans to an OTLP/HTTP endpoint (`otlp`), once or following
+        the log (`--follow`), resumable from `--cursor FILE` (export.py, follow.py). Exit 0 done,
+        1 the sink did not take a batch (the cursor stays at the last one it took), 2 usage or a
+        cursor that no longer fits the log, 3 lines that are not records were skipped.
 """
 
 from __future__ import annotations
@@ -29,12 +34,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from gateway.audit import checkpoint as checkpoints
+from gateway.audit import export as exporting
+from gateway.audit.follow import Cursor, CursorError
 from gateway.audit.keys import KEY_FILE, PUB_FILE, AuditKeyError, SigningKey, VerifyKey
 from gateway.audit.records import AuditUnavailable, records
+from gateway.audit.selection import Selection
+from gateway.audit.timespec import TimeSpecError
 from gateway.audit.verify import head, verify
 from gateway.audit.writer import AuditLog, has_records, open_signed
 
-OK, BROKEN, USAGE = 0, 1, 2
+OK, BROKEN, USAGE, UNREADABLE = 0, 1, 2, 3
 
 
 def _fail(message: str) -> int:
@@ -51,6 +60,8 @@ def main(args: argparse.Namespace, directory: Path) -> int:
         return _adopt(args, directory)
     if args.action == "replay":
         return _replay(args, directory)
+    if args.action == "export":
+        return _export(args, directory)
     return _verify(args, directory)
 
 
@@ -281,3 +292,58 @@ def _replay(args: argparse.Namespace, directory: Path) -> int:
     else:
         print(describe(report))
     return BROKEN if report.changed else OK
+
+
+def selection(args: argparse.Namespace, calls: list[str] | None = None) -> Selection:
+    """The reading verbs' filters from the command line. Raises TimeSpecError."""
+    return Selection.of(
+        since=args.since, until=args.until, events=args.event or (), call_ids=[*(args.call or ()), *(calls or ())],
+        principal=args.principal, tool=args.tool, decision=args.decision, rule=args.rule, host=args.host,
+        text=args.text,
+    )  # fmt: skip
+
+
+def _export(args: argparse.Namespace, directory: Path) -> int:
+    fmt = "jsonl" if args.format == "text" else args.format
+    if fmt == "csv":
+        return _fail("audit export --format csv: export writes jsonl, ecs, ocsf or otlp (csv is `query --format csv`)")
+    try:
+        chosen = selection(args)
+    except TimeSpecError as exc:
+        return _fail(str(exc))
+    sink: exporting.Sink | exporting.CallSink
+    if fmt == "otlp":
+        endpoint = args.endpoint or os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+        endpoint = endpoint or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+        if not endpoint:
+            return _fail("audit export --format otlp needs --endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT): "
+                         "nothing is sent anywhere unless you say where")  # fmt: skip
+        try:
+            from gateway.audit import otlp  # the optional `otel` extra
+        except ImportError as exc:
+            return _fail(f"audit export --format otlp needs the OpenTelemetry SDK: pip install 'agent-gateway[otel]' "
+                         f"({exc})")  # fmt: skip
+        sink = otlp.SpanSink(otlp.otlp_exporter(args.endpoint), host=os.uname().nodename, arguments=args.arguments)
+    else:
+        sink = exporting.LineSink(sys.stdout)
+    try:
+        cursor = Cursor.load(Path(args.cursor), fmt) if args.cursor else None
+        report = exporting.export(
+            directory, fmt, sink, chosen, cursor=cursor, follow=args.follow, redact_patterns=args.redact or ()
+        )
+    except CursorError as exc:
+        return _fail(str(exc))
+    except exporting.ExportFailed as exc:
+        print(f"gateway audit export: {exc}", file=sys.stderr)
+        return BROKEN
+    except KeyboardInterrupt:
+        return OK  # the cursor holds what the sink took
+    except AuditUnavailable as exc:
+        return _fail(str(exc))
+    finally:
+        if fmt == "otlp":
+            sink.close()  # type: ignore[union-attr]
+    exporting.warn_unreadable(report)
+    if fmt == "otlp":
+        print(f"gateway audit export: {report.sent} span(s) sent from {report.records} record(s)", file=sys.stderr)
+    return UNREADABLE if report.unreadable_count else OK

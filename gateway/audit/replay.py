@@ -28,6 +28,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from gateway.audit import timespec
 from gateway.audit.records import REDACTED, records
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.loader import PolicyError
@@ -167,15 +168,14 @@ class ReplayReport:
 
 
 def parse_time(text: str | None, what: str) -> datetime | None:
-    """An ISO 8601 bound (`2026-11-22`, `2026-11-22T10:00`, with or without a zone; UTC when
-    none is given)."""
+    """A bound as `gateway audit` reads every time (timespec.py: `2026-11-22T10:00`, a date,
+    `2h`, `yesterday`, ...; UTC when no zone is given)."""
     if text is None or text == "":
         return None
     try:
-        when = datetime.fromisoformat(text.replace("Z", "+00:00"))
-    except ValueError:
-        raise ReplayError(f"{what} {text!r}: expected an ISO 8601 time, e.g. 2026-11-22T10:00") from None
-    return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
+        return timespec.parse(text, what)
+    except timespec.TimeSpecError as exc:
+        raise ReplayError(str(exc)) from None
 
 
 class _Drafts:

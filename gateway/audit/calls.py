@@ -1,0 +1,258 @@
+"""Calls, not records: each call folded from its records into one row a reviewer reads.
+
+A call leaves two to four records (`decision`, then `approval`, then `result`; or one
+`rejected`), in order, each naming its `call_id`. `Folder` reads records in log order and keeps
+one `Call` per id:
+
+    when          the first record's time; `ended` the last one's
+    principal, tool, command (what it was about: the command, or `read .env`, `set NAME`)
+    decision      the policy's (`allow`, `ask`, `deny`; a `rejected` call's is its own)
+    rule          the deciding rule
+    final         the decision that held: an approval's answer, or the policy's
+    approved_by   who answered an ask (`how`: queue, tty, session, timeout ...), and their reason
+    outcome       ok | error | denied | timeout | withdrawn | void | rejected | waiting | running
+                  (waiting: asked, not answered yet; running: allowed, no result yet)
+    error         the error code when the call failed or was refused (POLICY_DENIED, ...)
+    exit_code, duration_ms, bytes (stdout, stderr and output bytes the result counted)
+    parent        the call that carried this one (a line of a session write, a startup command)
+
+A call is `closed` once a record ends it (a result, a refusal, a denial, a withdrawal, a
+voided approval); an exporter that follows the log sends it then (export.py).
+
+The folder is a reader of the ledger: it trusts nothing in a record beyond its JSON types, and
+a record it cannot place (no `call_id`) is left to the record views.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from gateway.audit import timespec
+from gateway.audit.selection import Selection, hosts_of
+
+ENDING = frozenset({"result", "rejected", "error", "approval_withdrawn", "approval_void"})
+"""Events that end a call whatever they say (a denying decision or answer ends one too)."""
+_APPROVALS = frozenset({"approval", "approval_withdrawn", "supervisor_answer", "supervisor_answer_refused"})
+_BYTES = ("stdout_bytes", "stderr_bytes", "output_bytes")
+MAX_SUBJECT = 500
+"""Characters of a non-command call's arguments kept as its `command` (a command is kept whole)."""
+
+
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _map(value: Any) -> dict[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def subject(arguments: Any) -> str:
+    """What a call was about, on one line: its command (prefixed with its action when that is
+    not the usual one), or its action and the path, name or id it names."""
+    args = _map(arguments)
+    action = _text(args.get("action"))
+    command = args.get("command")
+    if isinstance(command, str):
+        return f"{action}: {command}" if action not in (None, "run", "start", "send", "exec") else command
+    if isinstance(command, dict) and "sha256" in command:  # kept as its size and digest
+        return f"(a command of {command.get('chars', '?')} characters, sha256 {str(command['sha256'])[:16]})"
+    keys = ("path", "name", "session_id", "process_id", "pattern", "prompt", "input")
+    named = next((args[k] for k in keys if _text(args.get(k))), None)
+    if action and named:
+        return f"{action} {named}"
+    if action:
+        return action
+    if named:
+        return str(named)
+    shown = json.dumps({k: v for k, v in args.items() if v is not None}, ensure_ascii=False, sort_keys=True)
+    return shown if len(shown) <= MAX_SUBJECT else shown[:MAX_SUBJECT] + "..."
+
+
+@dataclass
+class Call:
+    call_id: str
+    when: str = ""
+    ended: str = ""
+    principal: str | None = None
+    tool: str | None = None
+    command: str = ""
+    decision: str | None = None
+    rule: str | None = None
+    final: str | None = None
+    approved_by: str | None = None
+    approval_how: str | None = None
+    approval_reason: str | None = None
+    outcome: str = "running"
+    error: str | None = None
+    exit_code: int | None = None
+    duration_ms: int | None = None
+    bytes: int | None = None
+    parent: str | None = None
+    policy_sha256: str | None = None
+    reason: str | None = None
+    """The first reason the policy gave (its message), for a call it did not simply allow."""
+    reason_code: str | None = None
+    origin: dict[str, Any] = field(default_factory=dict)
+    """How the call came (`data.origin` of its first record: MCP transport, session, request
+    id, the client's trace context), when the gateway recorded it."""
+    closed: bool = False
+    first_seq: int | None = None
+    last_seq: int | None = None
+    first_hash: str = ""
+    last_hash: str = ""
+    events: list[str] = field(default_factory=list)
+    records: list[dict[str, Any]] = field(default_factory=list)
+    """The call's records, in order (only when the folder keeps them)."""
+    hosts: set[str] = field(default_factory=set)
+    text_seen: bool = False
+
+    def add(self, r: dict[str, Any], keep: bool) -> None:
+        event = str(r.get("event", ""))
+        ts = r.get("ts") if isinstance(r.get("ts"), str) else ""
+        self.when = self.when or str(ts)
+        self.ended = str(ts) or self.ended
+        self.events.append(event)
+        seq = r.get("seq") if isinstance(r.get("seq"), int) else None
+        self.first_seq = self.first_seq if self.first_seq is not None else seq
+        self.last_seq = seq if seq is not None else self.last_seq
+        digest = r.get("hash") if isinstance(r.get("hash"), str) else ""
+        self.first_hash = self.first_hash or str(digest)
+        self.last_hash = str(digest) or self.last_hash
+        self.principal = self.principal or _text(r.get("principal"))
+        self.tool = self.tool or _text(r.get("tool"))
+        self.parent = self.parent or _text(r.get("parent"))
+        self.policy_sha256 = self.policy_sha256 or _text(r.get("policy_sha256"))
+        self.hosts |= hosts_of(r)
+        if keep:
+            self.records.append(r)
+        data = _map(r.get("data"))
+        if not self.origin and isinstance(data.get("origin"), dict):
+            self.origin = data["origin"]
+        if not self.command and r.get("arguments") is not None:
+            self.command = subject(r.get("arguments"))
+        if event == "decision" and self.decision is None:
+            self.decision = _text(r.get("decision"))
+            self.final = self.decision
+            self.rule = _text(r.get("rule"))
+            reasons = r.get("reasons") if isinstance(r.get("reasons"), list) else []
+            first = _map(reasons[0]) if reasons else {}
+            if self.decision != "allow" and first:
+                self.reason, self.reason_code = _text(first.get("message")), _text(first.get("code"))
+            self.outcome = {"allow": "running", "ask": "waiting"}.get(str(self.decision), "denied")
+            if self.decision == "deny":
+                self.error = "POLICY_DENIED"
+                self.closed = True
+        elif event == "approval":
+            self.final = _text(r.get("decision"))
+            self.approval_how = _text(data.get("how"))
+            self.approved_by = _text(data.get("by")) if data.get("answered") else None
+            self.approval_reason = _text(data.get("reason"))
+            if self.final != "allow":
+                self.outcome = "timeout" if self.approval_how == "timeout" else "denied"
+                self.error = "APPROVAL_TIMEOUT" if self.outcome == "timeout" else "APPROVAL_DENIED"
+                self.closed = True
+            else:
+                self.outcome = "running"
+        elif event == "approval_withdrawn":
+            self.final, self.outcome, self.error = "deny", "withdrawn", "APPROVAL_WITHDRAWN"
+            self.approval_reason = _text(data.get("why"))
+        elif event == "approval_void":
+            self.final, self.outcome, self.error = "deny", "void", "APPROVAL_VOID"
+        elif event == "rejected":
+            self.decision = self.decision or _text(r.get("decision")) or "rejected"
+            self.final = self.final or self.decision
+            self.outcome, self.error = "rejected", _text(data.get("code"))
+            self.reason = self.reason or _text(data.get("message"))
+        elif event == "error":
+            self.outcome, self.error = "error", _text(data.get("code"))
+            self.reason = self.reason or _text(data.get("message"))
+        elif event == "result":
+            status = _text(data.get("status")) or "ok"
+            self.outcome = status
+            err = _map(data.get("error"))
+            self.error = _text(err.get("code")) or (self.error if status != "ok" else None)
+            if isinstance(data.get("exit_code"), int) and not isinstance(data.get("exit_code"), bool):
+                self.exit_code = data["exit_code"]
+            if isinstance(data.get("duration_ms"), int | float) and not isinstance(data.get("duration_ms"), bool):
+                self.duration_ms = int(data["duration_ms"])
+            counted = [data[k] for k in _BYTES if isinstance(data.get(k), int) and not isinstance(data.get(k), bool)]
+            if counted:
+                self.bytes = sum(counted)
+        if event in ENDING:
+            self.closed = True
+
+    def matches(self, s: Selection) -> bool:
+        """The selection holds for this call (selection.py says how a call matches)."""
+        return (
+            timespec.within(self.when, s.since, s.until)
+            and (not s.call_ids or self.call_id in s.call_ids or self.parent in s.call_ids)
+            and (s.principal is None or self.principal == s.principal)
+            and (s.tool is None or self.tool == s.tool)
+            and (s.decision is None or s.decision in (self.decision, self.final))
+            and (s.rule is None or self.rule == s.rule)
+            and (s.host is None or s.host in self.hosts)
+            and (not s.events or bool(s.events.intersection(self.events)))
+            and (s.text is None or self.text_seen)
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "call_id": self.call_id, "when": self.when, "ended": self.ended, "principal": self.principal,
+            "tool": self.tool, "command": self.command, "decision": self.decision, "rule": self.rule,
+            "final": self.final, "approved_by": self.approved_by, "approval_how": self.approval_how,
+            "approval_reason": self.approval_reason, "outcome": self.outcome, "error": self.error,
+            "exit_code": self.exit_code, "duration_ms": self.duration_ms, "bytes": self.bytes,
+            "parent": self.parent, "reason": self.reason, "policy_sha256": self.policy_sha256,
+            "events": self.events, "first_seq": self.first_seq, "last_seq": self.last_seq, "closed": self.closed,
+        }  # fmt: skip
+        if self.origin:
+            out["origin"] = self.origin
+        if self.records:
+            out["records"] = self.records
+        return out
+
+
+class Folder:
+    """Folds records, in log order, into calls. `keep_records`: each call keeps its records
+    (to expand a row); `selection`: its text filter is looked for in every record as it passes."""
+
+    def __init__(self, selection: Selection | None = None, keep_records: bool = False) -> None:
+        self.selection = selection or Selection()
+        self.keep_records = keep_records
+        self.calls: dict[str, Call] = {}
+
+    def add(self, record: dict[str, Any], raw: bytes | None = None) -> Call | None:
+        """Take one record; returns its call (None for a record about no call)."""
+        call_id = record.get("call_id")
+        if not isinstance(call_id, str) or not call_id:
+            return None
+        call = self.calls.get(call_id)
+        if call is None:
+            call = self.calls[call_id] = Call(call_id)
+        call.add(record, self.keep_records)
+        if self.selection.text is not None and not call.text_seen:
+            call.text_seen = self.selection.has_text(record, raw)
+        return call
+
+    def pop(self, call_id: str) -> Call | None:
+        """Forget a call (a follower, once it has sent it): its later records start a new row."""
+        return self.calls.pop(call_id, None)
+
+    def matching(self) -> Iterator[Call]:
+        """The calls the selection keeps, in the order they began."""
+        return (c for c in self.calls.values() if c.matches(self.selection))
+
+
+def fold(
+    records: Iterable[tuple[dict[str, Any], bytes | None]],
+    selection: Selection | None = None,
+    keep_records: bool = False,
+) -> list[Call]:
+    """Every call of `records` ((record, raw line) pairs, in log order) that `selection` keeps."""
+    folder = Folder(selection, keep_records)
+    for record, raw in records:
+        folder.add(record, raw)
+    return list(folder.matching())
