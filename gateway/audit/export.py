@@ -185,9 +185,9 @@ def _ecs_kind(record: dict[str, Any], is_command: bool) -> tuple[list[str], list
         if event == "supervisor_answer":
             verdict = "allowed" if data.get("approved") else "denied"
             outcome = "success"
-        return ["api"], [verdict], outcome
+        return (["api", "process"], [verdict, "info"], outcome) if is_command else (["api"], [verdict], outcome)
     if event in ("approval_withdrawn", "approval_void", "rejected", "error", "supervisor_answer_refused"):
-        return ["api"], ["denied"], "failure"
+        return (["api", "process"], ["denied", "info"], "failure") if is_command else (["api"], ["denied"], "failure")
     if event == "result":
         ok = data.get("status") == "ok" and _int(data.get("exit_code")) in (None, 0)
         return (["process"] if is_command else ["api"]), ["end"], "success" if ok else "failure"
@@ -207,7 +207,7 @@ def to_ecs(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     event_name = str(record.get("event", "record"))
     tool = _str(record.get("tool"))
     command = command_of(record)
-    is_command = tool in COMMAND_TOOLS and (command is not None or event_name == "result")
+    is_command = tool in COMMAND_TOOLS and _str(record.get("call_id")) is not None
     category, types, outcome = _ecs_kind(record, is_command)
     data = _map(record.get("data"))
     digest = _str(record.get("hash"))
@@ -323,7 +323,7 @@ def to_ocsf(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     data = _map(record.get("data"))
     command = command_of(record)
     call_id = _str(record.get("call_id"))
-    is_process = tool in COMMAND_TOOLS and call_id is not None and (command is not None or event_name == "result")
+    is_process = tool in COMMAND_TOOLS and call_id is not None
     time_ms = _ms(record.get("ts")) or 0
     digest = _str(record.get("hash"))
     metadata: dict[str, Any] = {

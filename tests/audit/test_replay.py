@@ -131,8 +131,10 @@ def test_the_range_and_the_row_cap(recorded: tuple[Path, Path, dict[str, str]]) 
     report = replay(draft_text(), audit, max_rows=1)
     assert report.changed == 3 and report.shown == 1
     assert report.to_json()["groups"][0]["shown"] == 1
-    with pytest.raises(ReplayError, match="--since 'yesterday'"):
-        replay(SHIPPED, audit, since="yesterday")
+    with pytest.raises(ReplayError, match="--since 'soon'"):
+        replay(SHIPPED, audit, since="soon")
+    assert replay(draft_text(), audit, since="yesterday").changed == 3  # the reading verbs' relative times too
+    assert replay(draft_text(), audit, until="1h").changed == 0
 
 
 def test_a_draft_that_does_not_load_is_an_error_with_file_and_line(
