@@ -19,7 +19,7 @@ from typing import Any
 from gateway import cancellation, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
-from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit import AuditLog, AuditUnavailable, origin
 from gateway.audit.writer import written_call_ids
 
 # the decision stages live in gateway/decide.py (what `gateway check` imports, without the sandbox,
@@ -251,7 +251,7 @@ class Gateway:
             self.audit.append(
                 "rejected", call_id=call_id, principal=principal, tool=tool, arguments=arguments,
                 decision="deny" if envelope.get("status") == "denied" else None,
-                data=envelope.get("error") or {"status": envelope.get("status")},
+                data={**(envelope.get("error") or {"status": envelope.get("status")}), **origin.current()},
                 **({"parent": parent} if parent else {}),
             )  # fmt: skip
             _mark_recorded(call_id)
@@ -384,7 +384,7 @@ class Gateway:
                 decision=decision.verdict.label,
                 rule=decision.rule,
                 reasons=[r.to_json() for r in decision.reasons],
-                data=data or {},
+                data={**(data or {}), **origin.current()},  # how the call came (MCP): for exporters
             )
         except AuditUnavailable as exc:
             return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")

@@ -79,16 +79,15 @@ class LogReader:
                     continue
                 start = self.position.offset if name == self.position.file else 0
                 later = name != names[-1]
-                lines = self._read_file(d, name, start, max_bytes, later)
+                lines, at_end = self._read_file(d, name, start, max_bytes, later)
                 if lines:
-                    released = self._released(lines, later)
-                    if released or not later:
-                        return released
+                    return self._released(lines, at_end and not later)
                 if later:  # this file is done: go on in the next one
                     self.position = Position(names[names.index(name) + 1], 0)
         return []
 
-    def _read_file(self, d: AuditDir, name: str, start: int, max_bytes: int, later: bool) -> list[Line]:
+    def _read_file(self, d: AuditDir, name: str, start: int, max_bytes: int, later: bool) -> tuple[list[Line], bool]:
+        """The whole lines from `start` (about `max_bytes`), and whether they reach the file's end."""
         try:
             fd = d.open_read(name)
         except OSError as exc:
@@ -96,7 +95,7 @@ class LogReader:
         try:
             size = os.fstat(fd).st_size
             if size <= start:
-                return []
+                return [], True
             data = os.pread(fd, min(size - start, max(max_bytes, MAX_LINE)), start)
         finally:
             os.close(fd)
@@ -109,15 +108,16 @@ class LogReader:
         if whole < len(data) and later and start + len(data) == size:
             # a partial last line in a file the log has moved on from: not a record, reported as such
             out.append(Line(None, data[whole:], Position(name, at), Position(name, size)))
-        return out
+        return out, start + len(data) == size
 
-    def _released(self, lines: list[Line], later: bool) -> list[Line]:
-        """In the last file of a signed log, the lines up to its last signed record (the rest is
-        read again next time); else all of them (a file the log has moved on from is whole: a
-        commit that began in it ends, signed, in the next)."""
-        if self.signed and not later:
-            last = max((i for i, ln in enumerate(lines) if ln.record is not None and "sig" in ln.record), default=-1)
-            lines = lines[: last + 1]
+    def _released(self, lines: list[Line], at_end: bool) -> list[Line]:
+        """The lines to hand out: in a signed log, when they reach the end of the log, those up
+        to the last signed record (the rest is read again next time); else all of them (what a
+        later record follows is whole: a commit that began there ends, signed, further on)."""
+        signed_at = [i for i, ln in enumerate(lines) if ln.record is not None and "sig" in ln.record]
+        self.signed = self.signed or bool(signed_at)
+        if self.signed and at_end:
+            lines = lines[: signed_at[-1] + 1] if signed_at else []
         if lines:
             self.position = lines[-1].end
         return lines

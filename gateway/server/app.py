@@ -37,7 +37,7 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 
 from gateway import tools
 from gateway.approval import Answer, ApprovalRequest, visible
-from gateway.audit import AuditUnavailable
+from gateway.audit import AuditUnavailable, origin
 from gateway.calls import AskUserCall, ProcessCall, RunCall
 from gateway.log import log
 from gateway.pipeline import Gateway, error, evaluate, new_call_id, raw_arguments, tool_decision
@@ -364,13 +364,15 @@ class GatewayServer:
             closing = error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down")
             return _result(await asyncio.to_thread(self._refused, principal, spec.name, _arguments(ctx), closing))
         raw = _arguments(ctx)
+        came = _origin(ctx, spec.name)
         smuggled = _smuggled(raw)
         try:
             if smuggled:
                 raise ValueError(f"{', '.join(smuggled)}: set by the gateway, not by the caller")
             call = spec.call(raw, principal)
         except (ValidationError, ValueError) as exc:
-            return _result(self._reject(principal, spec.name, exc, raw), spec.replier(principal), spec.render)
+            rejected = self._reject(principal, spec.name, exc, raw, came)
+            return _result(rejected, spec.replier(principal), spec.render)
         ticket = Ticket(principal)
         policy = self.gw.policy
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
@@ -386,24 +388,28 @@ class GatewayServer:
             )  # fmt: skip
         if user is not None:
             ticket.user_answer = _user_answer(user, principal)
-        out = await self._run(principal, spec.name, call, ticket)
+        out = await self._run(principal, spec.name, call, ticket, came)
         if spec.render is None:
             return _result(out, spec.replier(principal))
         # a rendered reply (seed 001's YAML, pure-Python emitter: about 1 s a megabyte) is made off
         # the event loop, which every other connection shares
         return await asyncio.to_thread(_result, out, spec.replier(principal), spec.render)
 
-    def _reject(self, principal: str, tool: str, exc: Exception, raw: dict[str, Any] | None = None) -> dict[str, Any]:
+    def _reject(
+        self, principal: str, tool: str, exc: Exception, raw: dict[str, Any] | None = None,
+        came: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         if isinstance(exc, ValidationError):
             problems = [f"{'.'.join(str(p) for p in e['loc']) or '(call)'}: {e['msg']}" for e in exc.errors()]
         else:
             problems = [str(exc)]
         invalid = error(new_call_id(), "error", "INVALID_INPUT", "; ".join(problems))
-        return self._refused(principal, tool, raw or {}, invalid)
+        return self._refused(principal, tool, raw or {}, invalid, came=came)
 
     def _refused(
-        self, principal: str, tool: str, raw: dict[str, Any], envelope: dict[str, Any], *, as_sent: bool = True
-    ) -> dict[str, Any]:
+        self, principal: str, tool: str, raw: dict[str, Any], envelope: dict[str, Any], *, as_sent: bool = True,
+        came: dict[str, Any] | None = None,
+    ) -> dict[str, Any]:  # fmt: skip
         """Record a call refused before it reached the gateway (invalid arguments, too many
         calls in flight, shutting down): `rejected`, with the tool and the arguments as sent
         (text that may be a secret as its size and digest). Every call_id a client is given
@@ -411,13 +417,16 @@ class GatewayServer:
         try:
             self.gw.audit.append(
                 "rejected", call_id=envelope["call_id"], principal=principal, tool=tool,
-                arguments=raw_arguments(raw) if as_sent else raw, data=envelope["error"],
+                arguments=raw_arguments(raw) if as_sent else raw,
+                data={**envelope["error"], **({"origin": came} if came else {})},
             )  # fmt: skip
         except AuditUnavailable as audit_exc:
             envelope["error"]["message"] += f" (and it could not be recorded: {audit_exc})"
         return envelope
 
-    async def _run(self, principal: str, tool: str, call: Any, ticket: Ticket) -> dict[str, Any]:
+    async def _run(
+        self, principal: str, tool: str, call: Any, ticket: Ticket, came: dict[str, Any] | None = None
+    ) -> dict[str, Any]:
         with self._lock:
             mine = self._per_principal.get(principal, 0)
             if mine >= min(MAX_IN_FLIGHT_PER_PRINCIPAL, self.max_in_flight):
@@ -431,7 +440,9 @@ class GatewayServer:
                 self._per_principal[principal] = mine + 1
         if busy is not None:  # recorded off the event loop, as the call it refuses would have been
             refused, given = busy, tools.arguments(call)
-            return await asyncio.to_thread(lambda: self._refused(principal, call.tool, given, refused, as_sent=False))
+            return await asyncio.to_thread(
+                lambda: self._refused(principal, call.tool, given, refused, as_sent=False, came=came)
+            )
         flight = _Flight(principal, tool, ticket, asyncio.get_running_loop(), asyncio.Event())
 
         def on_pending(request: ApprovalRequest, timeout: float) -> None:
@@ -444,7 +455,7 @@ class GatewayServer:
 
         def work() -> None:
             try:
-                with serving(ticket):
+                with serving(ticket), origin.coming_from(came):
                     flight.result = self.gw.handle(call, cancel=ticket.cancel)
             except BaseException as exc:  # handle() already fails closed; this is the last net
                 flight.result = error(new_call_id(), "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
@@ -622,6 +633,16 @@ def _arguments(ctx: Context) -> dict[str, Any]:
     params = ctx.request_context.params
     args = params.get("arguments") if isinstance(params, dict) else None
     return dict(args) if isinstance(args, dict) else {}
+
+
+def _origin(ctx: Context, tool: str) -> dict[str, Any]:
+    """How this call came (recorded with its decision: audit/origin.py)."""
+    rc = ctx.request_context
+    headers = ctx.headers
+    meta = rc.meta if isinstance(rc.meta, dict) else None
+    session = headers.get("mcp-session-id") if headers is not None else None
+    return origin.described("http" if headers is not None else "stdio", tool, rc.request_id, session,
+                            rc.protocol_version, meta)  # fmt: skip
 
 
 def _can_elicit(ctx: Context) -> bool:
