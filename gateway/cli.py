@@ -574,12 +574,19 @@ def _cmd_token(args: argparse.Namespace) -> int:
     path = Path(args.tokens)
     try:
         if args.action == "create" and args.supervisor:
-            if args.principal:
+            if args.principal or args.metrics:
                 return _fatal("token create takes --principal NAME (an agent's token) or --supervisor NAME, not both")
             token, entry = tokens.create(path, args.supervisor, args.label or "", kind=tokens.SUPERVISOR)
             print(f"created supervisor secret {entry.id} for {entry.principal} in {path} (shown once; only its "
                   "hash is kept). It signs in to the console (/console/) and is the bearer token of its API; "
                   "it never authenticates an MCP client:", file=sys.stderr)  # fmt: skip
+            print(token)
+        elif args.action == "create" and args.metrics:
+            if args.principal:
+                return _fatal("token create takes --principal NAME (an agent's token) or --metrics NAME, not both")
+            token, entry = tokens.create(path, args.metrics, args.label or "", kind=tokens.METRICS)
+            print(f"created metrics token {entry.id} for {entry.principal} in {path} (shown once; only its hash is "
+                  "kept). It reads GET /metrics of the HTTP server and nothing else:", file=sys.stderr)  # fmt: skip
             print(token)
         elif args.action == "create":
             if not args.principal:
@@ -784,6 +791,7 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--principal", help="create: the principal the token acts as")
     tk.add_argument("--supervisor", metavar="NAME",
                     help="create: a supervisor's secret for the web console and its API")  # fmt: skip
+    tk.add_argument("--metrics", metavar="NAME", help="create: a scraper's token for GET /metrics, and nothing else")
     tk.add_argument("--label", help="create: a note kept with the token")
     tk.add_argument("--tokens", default=DEFAULT_TOKENS, help="the tokens file (default: %(default)s)")
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
@@ -802,6 +810,10 @@ def build_parser() -> argparse.ArgumentParser:
     dm.add_argument("--deadline", type=float, help="seconds to decide a call before denying it (default: 10)")
     dm.add_argument("--no-sandbox", action="store_true",
                     help="no rewrite of shell calls into sandboxed runs: the agent runs every call itself")  # fmt: skip
+    dm.add_argument("--metrics-file", metavar="PATH",
+                    help="write the metrics (Prometheus text format) to PATH, e.g. for node_exporter's textfile "
+                         "collector")  # fmt: skip
+    dm.add_argument("--metrics-interval", type=float, default=15.0, help="seconds between writes (%(default)s)")
     dm.set_defaults(func=_cmd_daemon)
     sub.add_parser("hook", help="an agent's pre-tool-use hook: gateway hook claude-code|codex|gemini (docs/hooks.md); "
                    "gateway hook codex --check|--trust: will Codex run it")  # fmt: skip

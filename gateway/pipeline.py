@@ -9,14 +9,15 @@ import hashlib
 import json
 import os
 import threading
+import time
 import uuid
 from collections.abc import Callable, Mapping
 from contextvars import ContextVar
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway import cancellation, runfiles, sandbox
+from gateway import cancellation, metrics, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable, origin
@@ -59,6 +60,9 @@ class _Call:
 
     call_id: str
     recorded: bool = False
+    started: float = field(default_factory=time.perf_counter)
+    decided: float | None = None
+    """When its decision was on disk (perf_counter): the run's latency counts from there."""
 
 
 _CURRENT: ContextVar[_Call | None] = ContextVar("gateway_call", default=None)
@@ -75,6 +79,20 @@ def _mark_recorded(call_id: str) -> None:
     current = _CURRENT.get()
     if current is not None and current.call_id == call_id:
         current.recorded = True
+
+
+def _timed(call_id: str, tool: str, status: str | None = None) -> None:
+    """The call's decision (status None) or result is on disk: its latency, for /metrics (an
+    addition under a lock: nothing here waits on a scrape)."""
+    current = _CURRENT.get()
+    if current is None or current.call_id != call_id:
+        return  # a part of a call (its own id) or no call being handled: the outer call counts
+    now = time.perf_counter()
+    if status is None:
+        current.decided = now
+        metrics.DECISION_SECONDS.labels(tool).observe(now - current.started)
+    elif current.decided is not None:
+        metrics.RUN_SECONDS.labels(tool, status).observe(now - current.decided)
 
 
 _DIGESTED = frozenset({"input", "content", "old", "new", "edits", "value", "default", "answer"})
@@ -389,6 +407,7 @@ class Gateway:
         except AuditUnavailable as exc:
             return error(call_id, "denied", "AUDIT_UNAVAILABLE", f"the decision could not be recorded: {exc}")
         _mark_recorded(call_id)
+        _timed(call_id, tool)
         if decision.verdict is Verdict.DENY:
             jail = any(r.stage == "pathjail" for r in decision.reasons)
             return _denied(call_id, "PATH_OUTSIDE_JAIL" if jail else "POLICY_DENIED", decision)
@@ -404,7 +423,10 @@ class Gateway:
             elif unattended:
                 answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
             else:
+                asked = time.perf_counter()
                 answer = self.approver.decide(request, self.approval_timeout_s)
+                answered = "timeout" if answer is None else "allow" if answer.approved else "deny"
+                metrics.APPROVAL_WAIT.labels(answered).observe(time.perf_counter() - asked)
             bound = answer is not None and answer.digest == request.digest
             unchanged = self.policy.sha256 == policy.sha256  # approved under another policy: void
             # the stored variables the command will inherit are the ones the supervisor saw
@@ -504,6 +526,8 @@ class Gateway:
             self.audit.append(event, **base, data=recorded)
         except AuditUnavailable as exc:
             envelope["warning"] = {"code": "AUDIT_UNAVAILABLE", "message": f"the result could not be recorded: {exc}"}
+        else:
+            _timed(base["call_id"], base["tool"], str(outcome.get("status")))
         return envelope
 
     def profile(self, policy: CompiledPolicy, principal: str) -> sandbox.Profile:

@@ -234,6 +234,7 @@ def main(args: argparse.Namespace) -> int:
     from gateway import sandbox
     from gateway.audit import AuditUnavailable, open_signed
     from gateway.executors import shell
+    from gateway.audit.metered import meter
     from gateway.pipeline import unsafe_setup
     from gateway.policy.loader import PolicyError
     from gateway.policy.reload import PolicyHolder
@@ -249,7 +250,7 @@ def main(args: argparse.Namespace) -> int:
         policy_file = Path(args.policy)
         workspace = Path(args.workspace) if args.workspace else None
         first = load_checked(policy_file, workspace)
-        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
+        audit = meter(open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
 
         def record(kind: str, data: dict[str, Any]) -> None:
             audit.append(kind, data=data)
@@ -297,8 +298,32 @@ def main(args: argparse.Namespace) -> int:
         signal.signal(sig, lambda *_: daemon.stop())
     print(f"gateway daemon: serving {sock_path} (policy {policy_file}, principal {principal})", file=sys.stderr)
     sys.stderr.flush()
+    done = threading.Event()
+    metrics_file = getattr(args, "metrics_file", None)
+    if metrics_file:
+        threading.Thread(target=write_metrics, args=(Path(metrics_file), args.metrics_interval, done),
+                         name="daemon-metrics", daemon=True).start()  # fmt: skip
     try:
         daemon.serve()
     finally:
+        done.set()
         daemon.close()
     return 0
+
+
+def write_metrics(path: Path, interval_s: float, done: threading.Event) -> None:
+    """The daemon's metrics (gateway/metrics.py) in Prometheus' text format, written to `path`
+    every `interval_s` and once more at the end (written aside and renamed: a reader, such as
+    node_exporter's textfile collector, never sees half a file)."""
+    from prometheus_client import write_to_textfile
+
+    from gateway import metrics
+
+    while True:
+        stopping = done.wait(max(interval_s, 1.0))
+        try:
+            write_to_textfile(str(path), metrics.REGISTRY)
+        except OSError as exc:
+            log.warning("daemon_metrics_unwritable", path=str(path), error=str(exc))
+        if stopping:
+            return

@@ -38,6 +38,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from gateway import metrics
 from gateway.sandbox import descriptors, helper, landlock, quotas
 from gateway.sandbox.descriptors import Opened, PlantedLink
 from gateway.sandbox.egress import netns
@@ -176,6 +177,10 @@ class Launch:
         if self.cgroup is None:
             return {}
         out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
+        if out["oom_killed"]:
+            metrics.QUOTA_KILLS.labels("memory").inc()
+        if out["pids_refused"]:
+            metrics.PIDS_REFUSED.inc()
         group, self.cgroup = self.cgroup, None
         _CLEANER.touch()
         _CLEANER.put(group)  # emptied and removed off the caller's path (gateway.sandbox.quotas.sweep
@@ -290,6 +295,7 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         launch._info = info_r
         launch._plan = plan
         launch._auto_go = auto_go
+        metrics.SANDBOX_STARTS.inc()
         return launch
     except BaseException:
         for fd in (*fds, *held):

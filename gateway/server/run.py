@@ -46,6 +46,8 @@ from gateway.server.front import (
     refusal_recorder,
 )
 from gateway.server.limits import FrontLimits
+from gateway.server.metrics import PATH as METRICS_PATH
+from gateway.server.metrics import MetricsEndpoint
 from gateway.server.specs import SPECS, Spec
 from gateway.server.tokens import TokenStore
 
@@ -143,10 +145,11 @@ def http_app(
     refusals: RefusalLog,
     limits: FrontLimits | None = None,
     console: Console | None = None,
+    metrics: MetricsEndpoint | None = None,
 ) -> ASGIApp:
-    """The streamable HTTP app (`/mcp`) and the web console (`/console/`): sizes checked first
-    (`BodyCap`), then the SDK's app or the console, whose refused requests are reported to
-    `refusals` (see `front.py`)."""
+    """The streamable HTTP app (`/mcp`), the web console (`/console/`) and `/metrics`: sizes
+    checked first (`BodyCap`), then the SDK's app, the console or the metrics, whose refused
+    requests are reported to `refusals` (see `front.py`)."""
     limits = limits or FrontLimits()
     hosts = allowed_hosts(host, port)
     security = TransportSecuritySettings(
@@ -158,13 +161,15 @@ def http_app(
         transport_security=security, host=host, max_request_body_size=limits.max_body_bytes
     )
     mcp_app = cancel_on_leave(inner)
-    if console is None:
+    if console is None and metrics is None:
         return BodyCap(refusal_recorder(mcp_app, refusals), limits.max_body_bytes)
 
     async def routed(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         path = str(scope.get("path", ""))
-        if scope.get("type") == "http" and (path == "/console" or path.startswith("/console/")):
+        if console is not None and scope.get("type") == "http" and (path == "/console" or path.startswith("/console/")):
             await console(scope, receive, send)
+        elif metrics is not None and scope.get("type") == "http" and path == METRICS_PATH:
+            await metrics(scope, receive, send)
         else:
             await mcp_app(scope, receive, send)
 
@@ -305,8 +310,11 @@ def serve_http(
     quiet = ThrottledFilter()
     logging.getLogger("uvicorn.error").addFilter(quiet)  # a bad request or an app error: once per interval
     console = make_console(gateway, store, host, port, limits)
+    scrape = MetricsEndpoint(
+        store, tuple(allowed_hosts(host, port)), getattr(gateway.approver, "state_dir", None), server.in_flight
+    )
     config = uvicorn.Config(
-        http_app(server, host, port, refusals, limits, console),
+        http_app(server, host, port, refusals, limits, console, scrape),
         host=host,
         port=port,
         http=GuardedH11.bind(ConnectionGuard(limits, throttle)),

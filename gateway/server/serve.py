@@ -27,6 +27,7 @@ import yaml
 from gateway import approval_queue
 from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
 from gateway.audit import AuditLog, AuditUnavailable, open_signed
+from gateway.audit.metered import meter
 from gateway.cli import DEFAULT_STATE_DIR, DEFAULT_TOKENS
 from gateway.pipeline import Gateway
 from gateway.policy.loader import PolicyError
@@ -168,7 +169,8 @@ def main(args: argparse.Namespace) -> int:
                 return _fail(f"cannot give {ws} to the sandbox's account: {exc}")
     try:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
-        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
+        # its appends measured for /metrics (gateway/audit/metered.py: counters, nothing waits)
+        audit = meter(open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
         audit.on_health = _audit_health
         started: list[bool] = []  # set once serving: edits from then on are reported
         holder = PolicyHolder(policy_file, workspace, on_event=_policy_event(audit, started))

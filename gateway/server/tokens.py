@@ -15,6 +15,9 @@ live in their own list, apart from agent tokens: an agent-token lookup (`lookup`
 them, so a supervisor secret never authenticates MCP, whatever its name; a console lookup
 (`lookup_supervisor`) never sees agent tokens. A gateway from before supervisors ignores the
 list (fail closed). Their secrets begin `agws_`, agents' `agw_`, so a person can tell them apart.
+
+Metrics tokens (`gateway token create --metrics NAME`, a scraper's: `agwm_...`, in `"metrics"`)
+read `/metrics` and nothing else: no lookup but `lookup_metrics` sees them.
 """
 
 from __future__ import annotations
@@ -33,8 +36,10 @@ from typing import Any
 
 PREFIX = "agw_"
 SUPERVISOR_PREFIX = "agws_"
-AGENT, SUPERVISOR = "agent", "supervisor"
-_LISTS = {AGENT: "tokens", SUPERVISOR: "supervisors"}
+METRICS_PREFIX = "agwm_"
+AGENT, SUPERVISOR, METRICS = "agent", "supervisor", "metrics"
+_LISTS = {AGENT: "tokens", SUPERVISOR: "supervisors", METRICS: "metrics"}
+_PREFIXES = {AGENT: (PREFIX, "t-"), SUPERVISOR: (SUPERVISOR_PREFIX, "s-"), METRICS: (METRICS_PREFIX, "m-")}
 
 
 class TokenError(Exception):
@@ -49,8 +54,8 @@ class TokenEntry:
     created: str
     label: str
     kind: str = AGENT
-    """`agent` (an MCP client acting as `principal`) or `supervisor` (a person named `principal`
-    answering asks and reading the log in the console)."""
+    """`agent` (an MCP client acting as `principal`), `supervisor` (a person named `principal`
+    answering asks and reading the log in the console) or `metrics` (a scraper of /metrics)."""
 
 
 def digest(token: str) -> str:
@@ -70,8 +75,9 @@ def load(path: Path) -> list[TokenEntry]:
         data = json.loads(raw)
         if not isinstance(data, dict) or data.get("version") != 1 or not isinstance(data.get("tokens"), list):
             raise ValueError('expected {"version": 1, "tokens": [...]}')
-        if not isinstance(data.get("supervisors", []), list):
-            raise ValueError('supervisors: expected a list, like "tokens"')
+        for extra in ("supervisors", "metrics"):
+            if not isinstance(data.get(extra, []), list):
+                raise ValueError(f'{extra}: expected a list, like "tokens"')
         out = []
         for kind, key in _LISTS.items():
             for n, item in enumerate(data.get(key, [])):
@@ -127,9 +133,9 @@ def create(
     entries = load(path)
     if replace_label:
         entries = [e for e in entries if not (e.kind == kind and e.principal == principal and e.label == label)]
-    token = (SUPERVISOR_PREFIX if kind == SUPERVISOR else PREFIX) + secrets.token_urlsafe(32)
+    token = _PREFIXES[kind][0] + secrets.token_urlsafe(32)
     entry = TokenEntry(
-        ("s-" if kind == SUPERVISOR else "t-") + secrets.token_hex(4), principal, digest(token),
+        _PREFIXES[kind][1] + secrets.token_hex(4), principal, digest(token),
         datetime.now(UTC).isoformat(timespec="seconds"), label, kind,
     )  # fmt: skip
     _save(path, [*entries, entry])
@@ -191,6 +197,10 @@ class TokenStore:
     def lookup_supervisor(self, token: str) -> TokenEntry | None:
         """The supervisor whose secret `token` is (never an agent token)."""
         return self._find(token, SUPERVISOR)
+
+    def lookup_metrics(self, token: str) -> TokenEntry | None:
+        """The scraper whose metrics token `token` is (never an agent's or a supervisor's)."""
+        return self._find(token, METRICS)
 
     def kind_of(self, token: str) -> str | None:
         """Which kind of credential `token` is, if any (to answer an agent token 403, not 401)."""
