@@ -370,7 +370,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             if r is None:
                 unreadable += int(bool(raw.strip()))
             else:
-                folder.add(clean(r), raw)
+                folder.add(clean(r, raw), raw)
         calls = list(folder.matching())
         for call in calls:
             out.call(call, args.records)
@@ -388,7 +388,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         if args.action == "tail":
             rows = rows[len(rows) - args.n :] if args.n else []  # -n 0: none (rows[-0:] would be all)
         for r in rows:
-            out.record(clean(r))
+            out.record(clean(r, None))
         if args.action == "show" and not rows:
             print(f"gateway: no records for call {args.call_id}", file=sys.stderr)
     if unreadable:
@@ -548,12 +548,12 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
         while lines := reader.read(64 << 20):
             last.extend(ln.record for ln in lines if ln.record is not None and selection.matches(ln.record, ln.raw))
         for r in last:
-            out.record(clean(r))
+            out.record(clean(r, None))
         while True:
             lines = reader.read()
             for line in lines:
                 if line.record is not None and selection.matches(line.record, line.raw):
-                    out.record(clean(line.record))
+                    out.record(clean(line.record, line.raw))
             if not lines:
                 time.sleep(0.25)
     except KeyboardInterrupt:

@@ -29,7 +29,9 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -43,7 +45,7 @@ from gateway.audit.timespec import TimeSpecError
 from gateway.audit.verify import head, verify
 from gateway.audit.writer import AuditLog, has_records, open_signed
 
-OK, BROKEN, USAGE, UNREADABLE = 0, 1, 2, 3
+OK, BROKEN, USAGE, UNREADABLE, INTERRUPTED = 0, 1, 2, 3, 130
 
 
 def _fail(message: str) -> int:
@@ -326,24 +328,29 @@ def _export(args: argparse.Namespace, directory: Path) -> int:
         sink = otlp.SpanSink(otlp.otlp_exporter(args.endpoint), host=os.uname().nodename, arguments=args.arguments)
     else:
         sink = exporting.LineSink(sys.stdout)
+    stopping = threading.Event()  # SIGINT, SIGTERM: end after the batch in hand, its cursor saved
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stopping.set())
     try:
         cursor = Cursor.load(Path(args.cursor), fmt) if args.cursor else None
         report = exporting.export(
-            directory, fmt, sink, chosen, cursor=cursor, follow=args.follow, redact_patterns=args.redact or ()
-        )
+            directory, fmt, sink, chosen, cursor=cursor, follow=args.follow, redact_patterns=args.redact or (),
+            stop=stopping.is_set,
+        )  # fmt: skip
     except CursorError as exc:
         return _fail(str(exc))
     except exporting.ExportFailed as exc:
         print(f"gateway audit export: {exc}", file=sys.stderr)
         return BROKEN
-    except KeyboardInterrupt:
-        return OK  # the cursor holds what the sink took
     except AuditUnavailable as exc:
         return _fail(str(exc))
     finally:
         if fmt == "otlp":
             sink.close()  # type: ignore[union-attr]
     exporting.warn_unreadable(report)
+    if stopping.is_set() and not args.follow:
+        print("gateway audit export: interrupted (the cursor, if any, holds what was sent)", file=sys.stderr)
+        return INTERRUPTED
     if fmt == "otlp":
         print(f"gateway audit export: {report.sent} span(s) sent from {report.records} record(s)", file=sys.stderr)
     return UNREADABLE if report.unreadable_count else OK

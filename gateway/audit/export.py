@@ -31,6 +31,7 @@ is the record's `hash`, `metadata.correlation_uid` the call id, `metadata.sequen
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import re
@@ -63,12 +64,32 @@ class ExportFailed(Exception):
     """The sink did not take a batch: nothing past the cursor was acknowledged."""
 
 
-def redactor(patterns: Iterable[str] = ()) -> Callable[[dict[str, Any]], dict[str, Any]]:
-    """Redact a record again before it leaves: the default secret names plus `patterns`."""
+SECRET_WORDS = (b"token", b"key", b"secret", b"passw", b"credential", b"auth", b"bearer", b"basic")
+"""Words a secret-looking name (records.SECRET_NAME) or a secret in free text (records.redact's
+patterns) contains, lower case: a record whose line has none of them has nothing to redact."""
+Redactor = Callable[[dict[str, Any], bytes | None], dict[str, Any]]
+
+
+def redactor(patterns: Iterable[str] = ()) -> Redactor:
+    """Redact a record again before it leaves: the default secret names plus `patterns`.
+
+    Given the record's line as written, a record whose text names nothing secret-looking (no
+    name the patterns match, none of the words a secret in free text needs, no JSON escape that
+    could hide one) is passed as it is: redaction could change nothing in it, and walking every
+    value of every record is most of an export's time."""
     extra = [p for p in patterns if p]
     names = re.compile("|".join([SECRET_NAME.pattern, *extra]), re.IGNORECASE) if extra else SECRET_NAME
+    more = re.compile("|".join(extra), re.IGNORECASE) if extra else None
 
-    def apply(record: dict[str, Any]) -> dict[str, Any]:
+    def apply(record: dict[str, Any], raw: bytes | None = None) -> dict[str, Any]:
+        if raw is not None and b"\\" not in raw:
+            lower = raw.lower()
+            for word in SECRET_WORDS:
+                if word in lower:
+                    break
+            else:
+                if more is None or not more.search(raw.decode("utf-8", "replace")):
+                    return record
         out: dict[str, Any] = redact(record, names)
         return out
 
@@ -156,6 +177,18 @@ def traceparent(value: Any) -> tuple[str, str, int] | None:
     if m is None or set(m.group(1)) == {"0"} or set(m.group(2)) == {"0"}:
         return None
     return m.group(1), m.group(2), int(m.group(3), 16)
+
+
+_MAPPED_DATA = frozenset({"commands", "context", "origin"})
+"""A decision's analysis, context and origin: what the process fields, the trace and the span
+already say (`gateway audit query --json` has them whole)."""
+
+
+def _rest(data: dict[str, Any]) -> dict[str, Any]:
+    """A record's `data` without what the mapped fields already carry."""
+    if _MAPPED_DATA.isdisjoint(data):
+        return data
+    return {k: v for k, v in data.items() if k not in _MAPPED_DATA}
 
 
 def summary(record: dict[str, Any]) -> str:
@@ -280,7 +313,7 @@ def to_ecs(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     if event_name == "approval":
         ours["approval"] = {k: data[k] for k in ("answered", "by", "how", "reason", "bound") if k in data}
     if data:
-        ours["data"] = data
+        ours["data"] = _rest(data)
     if record.get("arguments") is not None:
         ours["arguments"] = record["arguments"]
     if "sig" in record:
@@ -397,7 +430,7 @@ def to_ocsf(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     out["type_name"] = f"{out['class_name']}: {activity_name}"
     unmapped: dict[str, Any] = {k: record[k] for k in ("event", "tool", "decision", "prev") if record.get(k)}
     if data:
-        unmapped["data"] = data
+        unmapped["data"] = _rest(data)
     if record.get("arguments") is not None:
         unmapped["arguments"] = record["arguments"]
     out["unmapped"] = unmapped
@@ -479,6 +512,19 @@ def export(
     CursorError (follow.py)."""
     selection = selection or Selection()
     clean = redactor(redact_patterns)
+    collecting = gc.isenabled()
+    gc.disable()  # records hold no cycles: the cyclic collector would only walk every batch again and again
+    try:
+        return _export(directory, fmt, sink, selection, clean, cursor, follow, interval_s, stop, max_open_calls)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _export(
+    directory: Path, fmt: str, sink: Sink | CallSink, selection: Selection, clean: Redactor, cursor: Cursor | None,
+    follow: bool, interval_s: float, stop: Callable[[], bool], max_open_calls: int,
+) -> Report:  # fmt: skip
     host = socket.gethostname()
     if cursor is not None:
         cursor.check(directory)
@@ -488,13 +534,14 @@ def export(
     folder = Folder(selection, keep_records=True) if fmt == "otlp" else None
     open_at: dict[str, Position] = {}  # otlp: where each open call's first record starts
     sent_through = cursor.sent_through if cursor else 0
-    while True:
+    while not stop():  # a stop is taken between batches: the cursor holds the last one
         lines = reader.read()
         if cursor is not None:
             cursor.signed = reader.signed
         if not lines:
             if not follow or stop():
                 break
+            gc.collect()  # idle: what cycles there are (an exception's traceback) go now
             time.sleep(interval_s)
             continue
         report.records += len(lines)
@@ -504,7 +551,7 @@ def export(
                 if line.record is None:
                     _unreadable(report, line)
                 elif selection.matches(line.record, line.raw):
-                    batch.append(MAPPINGS[fmt](clean(line.record), host))
+                    batch.append(MAPPINGS[fmt](clean(line.record, line.raw), host))
             _deliver(send, batch, follow, stop, interval_s)
             report.sent += len(batch)
             if cursor is not None:
@@ -517,7 +564,7 @@ def export(
                 if line.record is None:
                     _unreadable(report, line)
                     continue
-                record = clean(line.record)
+                record = clean(line.record, line.raw)
                 seq = _int(record.get("seq")) or 0
                 last_seq = max(last_seq, seq)
                 call = folder.add(record, line.raw)

@@ -23,7 +23,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from gateway.audit.files import AuditDir
 from gateway.audit.records import AuditUnavailable, last_record, parse
@@ -38,8 +38,9 @@ class CursorError(Exception):
     """The cursor cannot be used: unreadable, for another format, or the log moved under it."""
 
 
-@dataclass(frozen=True, order=True)
-class Position:
+class Position(NamedTuple):
+    """A place in the log (a tuple: positions compare in log order)."""
+
     file: str = ""
     """The log file's name (`audit-000001.jsonl`); "" before the first file."""
     offset: int = 0
@@ -49,7 +50,7 @@ class Position:
         return {"file": self.file, "offset": self.offset}
 
 
-@dataclass
+@dataclass(slots=True)
 class Line:
     record: dict[str, Any] | None
     """The line as a record; None when it is not one (the reader reports it, and goes on)."""

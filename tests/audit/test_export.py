@@ -466,7 +466,7 @@ def test_follow_resumes_from_its_cursor_and_never_skips(policy: CompiledPolicy, 
         log.append("note", data={"n": n})
     proc = follower()
     assert eventually(lambda: 15 in sent())
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGTERM)  # a clean stop: the batch in hand is finished and its cursor saved
     assert proc.wait(60) == 0
     seqs = sent()
     assert sorted(set(seqs)) == list(range(1, 16))  # every record, at least once
@@ -520,3 +520,14 @@ def test_mappings_take_any_record_without_failing() -> None:
             "data": {"commands": "nope"}}]  # fmt: skip
     for r in odd:
         assert to_ecs(r)["ecs"]["version"] and to_ocsf(r)["metadata"]["version"]
+
+
+def test_the_quick_look_for_secrets_covers_every_name_and_text_pattern() -> None:
+    """A record skips the redaction walk only when its line holds none of these words: each
+    alternative of the secret-name pattern and of the free-text hint must contain one."""
+    from gateway.audit.export import SECRET_WORDS
+    from gateway.audit.records import _IN_TEXT_HINT, SECRET_NAME
+
+    for pattern in (SECRET_NAME.pattern, _IN_TEXT_HINT.pattern.removeprefix("(?i)")):
+        for alternative in pattern.split("|"):
+            assert any(w.decode() in alternative.lower() for w in SECRET_WORDS), alternative
