@@ -55,6 +55,8 @@ OCSF_VERSION = "1.8.0"
 PRODUCT = "agent-gateway"
 COMMAND_TOOLS = frozenset({"run", "session", "process"})
 """Tools whose calls run a command: their records are process events."""
+STARTING = frozenset({"decision", "rejected", "error"})
+"""The records a call's span starts from (OTLP); a call's later records follow one of them."""
 MAX_OPEN_CALLS = 10_000
 """Calls an OTLP export keeps open while it waits for their end; past this the oldest is sent
 as it stands (marked incomplete)."""
@@ -567,6 +569,8 @@ def _export(
                 record = clean(line.record, line.raw)
                 seq = _int(record.get("seq")) or 0
                 last_seq = max(last_seq, seq)
+                if record.get("call_id") not in folder.calls and record.get("event") not in STARTING:
+                    continue  # a late record of a call sent already, or begun before where this export began
                 call = folder.add(record, line.raw)
                 if call is None:
                     continue

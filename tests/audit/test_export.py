@@ -31,9 +31,10 @@ from opentelemetry.trace import SpanKind, StatusCode
 
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, canonical, digest, open_signed, records
-from gateway.audit.export import export, span_id_of, to_ecs, to_ocsf
+from gateway.audit.export import SECRET_WORDS, export, span_id_of, to_ecs, to_ocsf
 from gateway.audit.follow import Cursor
 from gateway.audit.otlp import SpanSink
+from gateway.audit.records import _IN_TEXT_HINT, SECRET_NAME
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
@@ -525,9 +526,34 @@ def test_mappings_take_any_record_without_failing() -> None:
 def test_the_quick_look_for_secrets_covers_every_name_and_text_pattern() -> None:
     """A record skips the redaction walk only when its line holds none of these words: each
     alternative of the secret-name pattern and of the free-text hint must contain one."""
-    from gateway.audit.export import SECRET_WORDS
-    from gateway.audit.records import _IN_TEXT_HINT, SECRET_NAME
-
     for pattern in (SECRET_NAME.pattern, _IN_TEXT_HINT.pattern.removeprefix("(?i)")):
         for alternative in pattern.split("|"):
             assert any(w.decode() in alternative.lower() for w in SECRET_WORDS), alternative
+
+
+def test_an_open_call_waits_for_its_end_and_each_call_is_sent_once(tmp_path: Path) -> None:
+    """OTLP with a cursor: a call still asked is not sent half; once it ends, the next export
+    sends it whole (both guardrail events), and nothing sent before is sent again."""
+    audit, cursor_file = tmp_path / "audit", tmp_path / "otlp.cursor"
+    log = AuditLog(audit)
+    call = {"principal": "agent", "tool": "run", "policy_sha256": "p1"}
+    log.append("decision", call_id="a", decision="allow", rule="r", arguments={"command": "true"}, **call)
+    log.append("result", call_id="a", data={"status": "ok", "exit_code": 0}, **call)
+    log.append("decision", call_id="b", decision="ask", rule="rm", arguments={"command": "rm x"}, **call)
+    log.append("decision", call_id="c", decision="deny", rule="net", arguments={"command": "curl x"}, **call)
+
+    def run() -> list[Any]:
+        memory = InMemorySpanExporter()
+        export(audit, "otlp", SpanSink(memory), cursor=Cursor.load(cursor_file, "otlp"))
+        return list(memory.get_finished_spans())
+
+    first = run()
+    assert sorted(str(s.attributes["gen_ai.tool.call.id"]) for s in first) == ["a", "c"]  # type: ignore[index]
+    assert run() == []  # nothing new
+    log.append("approval", call_id="b", decision="allow", rule="rm", data={"answered": True, "by": "alice"}, **call)
+    log.append("result", call_id="b", data={"status": "ok", "exit_code": 0}, **call)
+    log.append("supervisor_answer_refused", call_id="a", data={"why": "late"}, **call)  # a call sent already
+    (b,) = run()
+    assert b.attributes["gen_ai.tool.call.id"] == "b" and b.attributes["agent_gateway.approved_by"] == "alice"  # type: ignore[index]
+    assert [(e.attributes or {})["gen_ai.guardrail.result.type"] for e in b.events] == ["decision", "approval"]
+    assert run() == []
