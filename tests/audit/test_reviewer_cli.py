@@ -25,6 +25,7 @@ from gateway.audit.timespec import TimeSpecError, key, parse
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
+from tests.conftest import eventually
 
 NOW = datetime.now(UTC)
 TODAY = NOW.replace(hour=0, minute=0, second=0, microsecond=0)
@@ -312,3 +313,25 @@ def test_calls_fold_a_real_gateways_records(policy: CompiledPolicy, tmp_path: Pa
     assert hello["events"] == ["decision", "result"] and rm["events"] == ["decision", "approval", "result"]
     assert (rm["approved_by"], rm["approval_how"], rm["command"]) == ("alice", "callback", "rm -f victim")
     assert not (ws / "victim").exists()
+
+
+def test_tail_follow_prints_new_matching_records_as_they_are_written(tmp_path: Path) -> None:
+    audit, out = tmp_path / "audit", tmp_path / "out.jsonl"
+    log = AuditLog(audit)
+    for n in range(3):
+        log.append("result", call_id=f"old{n}", data={"status": "ok"})
+    log.append("decision", call_id="d0", decision="allow")
+    with out.open("w") as sink:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "gateway", "audit", "tail", "-f", "-n", "2", "--event", "result", "--json",
+             "--audit-dir", str(audit)], stdout=sink, env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "s")},
+        )  # fmt: skip
+    try:
+        assert eventually(lambda: len(out.read_text().splitlines()) == 2)
+        log.append("decision", call_id="new", decision="allow")
+        log.append("result", call_id="new", data={"status": "ok"})
+        assert eventually(lambda: len(out.read_text().splitlines()) == 3)
+        assert [json.loads(x)["call_id"] for x in out.read_text().splitlines()] == ["old1", "old2", "new"]
+    finally:
+        proc.terminate()
+        proc.wait(60)
