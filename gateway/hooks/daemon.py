@@ -233,8 +233,8 @@ def _watch_hangup(conn: socket.socket, cancel: threading.Event, ended: threading
 def main(args: argparse.Namespace) -> int:
     from gateway import sandbox
     from gateway.audit import AuditUnavailable, open_signed
-    from gateway.executors import shell
     from gateway.audit.metered import meter
+    from gateway.executors import shell
     from gateway.pipeline import unsafe_setup
     from gateway.policy.loader import PolicyError
     from gateway.policy.reload import PolicyHolder
