@@ -226,6 +226,10 @@ def _ecs_kind(record: dict[str, Any], is_command: bool) -> tuple[list[str], list
     if event == "result":
         ok = data.get("status") == "ok" and _int(data.get("exit_code")) in (None, 0)
         return (["process"] if is_command else ["api"]), ["end"], "success" if ok else "failure"
+    if event.startswith("egress"):  # a sandboxed command's network connection (the policy's network)
+        if decision in ("allow", "deny"):
+            return ["network"], [verdict, "connection"] if decision == "allow" else [verdict], outcome
+        return ["network"], ["info"], None
     if event.startswith(("policy_", "audit_")):
         return ["configuration"], ["change"], "failure" if event == "policy_rejected" else "success"
     if event in ("auth_refused", "console_login"):
@@ -293,6 +297,10 @@ def to_ecs(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
             event["duration"] = int(data["duration_ms"] * 1_000_000)
         if _str(data.get("cwd")):
             process["working_directory"] = data["cwd"]
+    if _str(data.get("host")) and event_name.startswith("egress"):
+        out["destination"] = {"domain": data["host"], "address": data["host"]}
+        if _int(data.get("port")) is not None:
+            out["destination"]["port"] = data["port"]
     if call_id and (process or is_command):
         process["entity_id"] = call_id
         if _str(record.get("parent")):

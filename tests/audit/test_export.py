@@ -86,7 +86,8 @@ def by_command(calls: list[Any]) -> dict[str, Any]:
 # ECS 8.11.0 (elastic/ecs generated/ecs/ecs_flat.yml): every field of the field sets the export
 # uses, name -> type ("[]": an array). Fields under agent_gateway.* are ours (a custom namespace).
 ECS_FIELDS = {
-    "@timestamp": "date", "ecs.version": "keyword", "error.code": "keyword", "error.id": "keyword",
+    "@timestamp": "date", "destination.address": "keyword", "destination.domain": "keyword",
+    "destination.port": "long", "ecs.version": "keyword", "error.code": "keyword", "error.id": "keyword",
     "error.message": "match_only_text", "error.stack_trace": "wildcard", "error.type": "keyword",
     "event.action": "keyword", "event.agent_id_status": "keyword", "event.category": "keyword[]",
     "event.code": "keyword", "event.created": "date", "event.dataset": "keyword", "event.duration": "long",
@@ -123,6 +124,7 @@ ECS_CATEGORY_TYPES = {
     "authentication": {"start", "end", "info"},
     "configuration": {"access", "change", "creation", "deletion", "info"},
     "process": {"access", "change", "end", "info", "start"},
+    "network": {"access", "allowed", "connection", "denied", "end", "info", "protocol", "start"},
 }  # fmt: skip
 
 
@@ -512,6 +514,19 @@ def test_a_log_changed_under_the_cursor_stops_the_export(tmp_path: Path) -> None
     assert Cursor.load(cursor, "jsonl").seq == 4  # left as it was
     other = cli(audit, "export", "--format", "ecs", "--cursor", str(cursor))
     assert other.returncode == 2 and "is for --format jsonl" in other.stderr
+
+
+def test_a_network_connection_is_a_network_event() -> None:
+    allowed = {"ts": "2026-11-25T10:00:00.000000Z", "event": "egress_allowed", "call_id": "c", "principal": "agent", "tool": "run", "decision": "allow",
+               "rule": "pypi", "data": {"host": "pypi.org", "port": 443, "via": "connect"}}  # fmt: skip
+    e = to_ecs(allowed)
+    assert (e["event"]["category"], e["event"]["type"]) == (["network"], ["allowed", "connection"])
+    assert e["destination"] == {"domain": "pypi.org", "address": "pypi.org", "port": 443}
+    for name, value in flat({k: v for k, v in e.items() if k != "agent_gateway"}):
+        assert name in ECS_FIELDS, name
+        check_ecs_type(name, value)
+    denied = to_ecs({**allowed, "event": "egress_denied", "decision": "deny"})
+    assert (denied["event"]["type"], denied["event"]["outcome"]) == (["denied"], "failure")
 
 
 def test_mappings_take_any_record_without_failing() -> None:
