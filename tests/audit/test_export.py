@@ -517,7 +517,8 @@ def test_a_log_changed_under_the_cursor_stops_the_export(tmp_path: Path) -> None
 
 
 def test_a_network_connection_is_a_network_event() -> None:
-    allowed = {"ts": "2026-11-25T10:00:00.000000Z", "event": "egress_allowed", "call_id": "c", "principal": "agent", "tool": "run", "decision": "allow",
+    allowed = {"ts": "2026-11-25T10:00:00.000000Z", "event": "egress_allowed", "call_id": "c", "principal": "agent",
+               "tool": "run", "decision": "allow",
                "rule": "pypi", "data": {"host": "pypi.org", "port": 443, "via": "connect"}}  # fmt: skip
     e = to_ecs(allowed)
     assert (e["event"]["category"], e["event"]["type"]) == (["network"], ["allowed", "connection"])
