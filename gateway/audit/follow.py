@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import orjson
+
 from gateway.audit.files import AuditDir
 from gateway.audit.records import AuditUnavailable, last_record, parse
 
@@ -104,7 +106,7 @@ class LogReader:
         out: list[Line] = []
         at = start
         for raw in data[:whole].splitlines(keepends=True):
-            out.append(Line(parse(raw), raw, Position(name, at), Position(name, at + len(raw))))
+            out.append(Line(_parse(raw), raw, Position(name, at), Position(name, at + len(raw))))
             at += len(raw)
         if whole < len(data) and later and start + len(data) == size:
             # a partial last line in a file the log has moved on from: not a record, reported as such
@@ -122,6 +124,17 @@ class LogReader:
         if lines:
             self.position = lines[-1].end
         return lines
+
+
+def _parse(raw: bytes) -> dict[str, Any] | None:
+    """One line as a record: by orjson (three times the standard library's speed), and by the
+    standard library when orjson refuses it (an integer past 64 bits, a lone surrogate), so
+    both read every line alike."""
+    try:
+        value = orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        return parse(raw)
+    return value if isinstance(value, dict) else None
 
 
 def _ends_signed(d: AuditDir, names: list[str]) -> bool:
