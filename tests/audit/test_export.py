@@ -573,3 +573,22 @@ def test_an_open_call_waits_for_its_end_and_each_call_is_sent_once(tmp_path: Pat
     assert b.attributes["gen_ai.tool.call.id"] == "b" and b.attributes["agent_gateway.approved_by"] == "alice"  # type: ignore[index]
     assert [(e.attributes or {})["gen_ai.guardrail.result.type"] for e in b.events] == ["decision", "approval"]
     assert run() == []
+
+
+def test_what_the_fast_json_refuses_is_still_read_and_written(tmp_path: Path) -> None:
+    """orjson reads and writes the lines; an integer past 64 bits (valid JSON it refuses) goes
+    through the standard library, so no record is lost or changed."""
+    audit = tmp_path / "audit"
+    audit.mkdir()
+    fields = {"ts": "2026-11-25T10:00:00.000000Z", "event": "note", "data": {"big": 2**70, "small": -(2**70)}}
+    r = {**fields, "seq": 1, "prev": ""}
+    r["hash"] = digest(r)
+    (audit / "audit-000001.jsonl").write_text(canonical(r) + "\n", encoding="utf-8")
+    out = subprocess.run(
+        [sys.executable, "-m", "gateway", "audit", "export", "--audit-dir", str(audit)],
+        capture_output=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    (got,) = lines(out.stdout)
+    assert got["data"] == {"big": 2**70, "small": -(2**70)} and got["hash"] == r["hash"]
