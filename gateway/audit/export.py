@@ -591,6 +591,7 @@ def _export(
         cursor.check(directory)
     reader = LogReader(directory, cursor.position if cursor else Position(), cursor.signed if cursor else None)
     report = Report()
+    everything = selection.everything
     send: Callable[[list[Any]], None] = sink.send_calls if fmt == "otlp" else sink.send  # type: ignore[union-attr]
     folder = Folder(selection, keep_records=True) if fmt == "otlp" else None
     open_at: dict[str, Position] = {}  # otlp: where each open call's first record starts
@@ -611,7 +612,7 @@ def _export(
             for line in lines:
                 if line.record is None:
                     _unreadable(report, line)
-                elif selection.matches(line.record, line.raw):
+                elif everything or selection.matches(line.record, line.raw):
                     batch.append(MAPPINGS[fmt](clean(line.record, line.raw), host))
             _deliver(send, batch, follow, stop, interval_s)
             report.sent += len(batch)

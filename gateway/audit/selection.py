@@ -75,6 +75,11 @@ class Selection:
         )
 
     @property
+    def everything(self) -> bool:
+        """No filter at all: every record is kept (a reader can skip asking)."""
+        return self == _ALL
+
+    @property
     def timed(self) -> bool:
         return self.since is not None or self.until is not None
 
@@ -115,6 +120,9 @@ class Selection:
             and self.fields_match(record)
             and self.has_text(record, raw)
         )
+
+
+_ALL = Selection()
 
 
 def _names(values: Iterable[str]) -> frozenset[str]:
