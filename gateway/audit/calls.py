@@ -10,8 +10,9 @@ one `Call` per id:
     rule          the deciding rule
     final         the decision that held: an approval's answer, or the policy's
     approved_by   who answered an ask (`how`: queue, tty, session, timeout ...), and their reason
-    outcome       ok | error | denied | timeout | withdrawn | void | rejected | waiting | running
-                  (waiting: asked, not answered yet; running: allowed, no result yet)
+    outcome       ok | error | denied | timeout | withdrawn | void | rejected | interrupted |
+                  waiting | running (waiting: asked, not answered yet; running: allowed, no
+                  result yet; interrupted: the gateway that ran it died first)
     error         the error code when the call failed or was refused (POLICY_DENIED, ...)
     exit_code, duration_ms, bytes (stdout, stderr and output bytes the result counted)
     parent        the call that carried this one (a line of a session write, a startup command)
@@ -30,11 +31,13 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from gateway.audit import timespec
+from gateway.audit import journal, timespec
 from gateway.audit.selection import Selection, hosts_of
 
-ENDING = frozenset({"result", "rejected", "error", "approval_withdrawn", "approval_void"})
-"""Events that end a call whatever they say (a denying decision or answer ends one too)."""
+ENDING = journal.ENDS
+"""Events that end a call whatever they say (a denying decision or answer ends one too): the
+ones the writer's journal counts as an end (a result, an error, a refusal, a withdrawal, a void
+approval, an `interrupted` written for a call a crash cut short)."""
 _APPROVALS = frozenset({"approval", "approval_withdrawn", "supervisor_answer", "supervisor_answer_refused"})
 _BYTES = ("stdout_bytes", "stderr_bytes", "output_bytes")
 MAX_SUBJECT = 500
@@ -166,6 +169,9 @@ class Call:
             self.final = self.final or self.decision
             self.outcome, self.error = "rejected", _text(data.get("code"))
             self.reason = self.reason or _text(data.get("message"))
+        elif event == "interrupted":
+            self.outcome, self.error = "interrupted", "INTERRUPTED"
+            self.reason = self.reason or _text(data.get("why"))
         elif event == "error":
             self.outcome, self.error = "error", _text(data.get("code"))
             self.reason = self.reason or _text(data.get("message"))

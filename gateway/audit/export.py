@@ -235,6 +235,8 @@ def _ecs_kind(record: dict[str, Any], is_command: bool) -> tuple[list[str], list
     if event == "result":
         ok = data.get("status") == "ok" and _int(data.get("exit_code")) in (None, 0)
         return (["process"] if is_command else ["api"]), ["end"], "success" if ok else "failure"
+    if event == "interrupted":  # its gateway died first: how it ended is unknown
+        return (["process"] if is_command else ["api"]), ["end"], "unknown"
     if event.startswith("egress"):  # a sandboxed command's network connection (the policy's network)
         if decision in ("allow", "deny"):
             return ["network"], [verdict, "connection"] if decision == "allow" else [verdict], outcome
@@ -437,7 +439,7 @@ def to_ocsf(record: dict[str, Any], host: str | None = None) -> dict[str, Any]:
     if detail:
         out["status_detail"] = detail
     if is_process:
-        terminate = event_name == "result"
+        terminate = event_name in ("result", "interrupted")
         activity, activity_name = (2, "Terminate") if terminate else (1, "Launch")
         out.update(class_uid=1007, class_name="Process Activity", category_uid=1, category_name="System Activity")
         process: dict[str, Any] = {"uid": call_id}

@@ -335,3 +335,20 @@ def test_tail_follow_prints_new_matching_records_as_they_are_written(tmp_path: P
     finally:
         proc.terminate()
         proc.wait(60)
+
+
+def test_a_call_its_gateway_never_finished_is_interrupted(tmp_path: Path) -> None:
+    audit = tmp_path / "audit"
+    t = NOW - timedelta(minutes=5)
+    write_log(audit, [
+        decision(t, "c-cut", "sleep 100", "allow", "sleep"),
+        {"ts": at(t + timedelta(seconds=30)), "event": "interrupted", "call_id": "c-cut", "principal": "agent",
+         "tool": "run", "data": {"why": "the gateway that allowed it (pid 7) ended first", "pid": 7}},
+    ])  # fmt: skip
+    (call,) = [json.loads(line) for line in cli(audit, "calls", "--json").stdout.splitlines()]
+    assert (call["outcome"], call["error"], call["closed"]) == ("interrupted", "INTERRUPTED", True)
+    assert "ended first" in call["reason"]
+    ecs = [json.loads(line) for line in cli(audit, "query", "--format", "ecs").stdout.splitlines()]
+    assert (ecs[1]["event"]["type"], ecs[1]["event"]["outcome"]) == (["end"], "unknown")
+    ocsf = [json.loads(line) for line in cli(audit, "query", "--format", "ocsf").stdout.splitlines()]
+    assert (ocsf[1]["class_uid"], ocsf[1]["activity_id"], ocsf[1]["status_id"]) == (1007, 2, 0)
