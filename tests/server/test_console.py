@@ -179,6 +179,12 @@ def test_the_audit_timeline_filters(console: Console) -> None:
     assert [i["record"]["arguments"]["command"] for i in text["items"]] == ["echo one"]
     assert console.get("/console/api/audit", params={"since": "2999-01-01"}).json()["items"] == []
     assert console.get("/console/api/audit", params={"until": "2000-01-01"}).json()["items"] == []
+    # the times `gateway audit` takes (`since=yesterday` found nothing: compared as text)
+    recent = console.get("/console/api/audit", params={"since": "yesterday", "event": "decision"}).json()
+    assert len(recent["items"]) == 2, recent
+    assert console.get("/console/api/audit", params={"until": "1h"}).json()["items"] == []
+    soon = console.get("/console/api/audit", params={"since": "soon"})
+    assert soon.status_code == 400 and "--since 'soon'" in soon.json()["error"]
     bad = console.get("/console/api/audit", params={"colour": "red"})
     assert bad.status_code == 400 and "colour" in bad.json()["error"]
 

@@ -52,6 +52,7 @@ from gateway import approval_queue
 from gateway.approval import escaped
 from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable, replay
 from gateway.audit.keys import VerifyKey
+from gateway.audit.timespec import TimeSpecError
 from gateway.cli import describe_record
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
@@ -429,7 +430,10 @@ class Console:
         if not 1 <= limit <= AUDIT_LIMIT_MAX:
             raise Refused(400, f"limit: expected 1 to {AUDIT_LIMIT_MAX}, got {limit}")
         filters = {k: v for k, v in params.items() if k not in ("limit", "before_seq") and v}
-        found = self.view.query(filters, limit, before)
+        try:
+            found = self.view.query(filters, limit, before)
+        except TimeSpecError as exc:
+            raise Refused(400, str(exc)) from None
         items = [{"record": r, "summary": describe_record(r)} for r in found.pop("records")]
         return {"items": items, **found}
 

@@ -14,7 +14,6 @@ torn last line, an unsigned end) is run again under the writer's lock before it 
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import threading
 import time
@@ -27,11 +26,13 @@ from gateway.audit import checkpoint as checkpoints
 from gateway.audit.files import AuditDir
 from gateway.audit.keys import VerifyKey
 from gateway.audit.records import parse
+from gateway.audit.selection import Selection
 from gateway.audit.verify import Verification, verify
 
-FILTERS = ("principal", "tool", "decision", "rule", "event", "call_id")
-"""Filters that must equal a record's field; `since`, `until` (ISO 8601, compared with the
-record's `ts`) and `text` (a case-insensitive substring of the whole record) are the others."""
+FILTERS = ("principal", "tool", "decision", "rule", "event", "call_id", "host")
+"""Filters on a record's fields; `since`, `until` (any time `gateway audit` takes: ISO 8601, a
+date, `2h`, `yesterday`) and `text` (a case-insensitive substring of the record) are the others.
+They mean what they mean to `gateway audit query` (gateway/audit/selection.py)."""
 
 
 _APPROVAL_EVENTS = ("approval", "approval_withdrawn", "supervisor_answer", "supervisor_answer_refused")
@@ -68,19 +69,18 @@ class AuditView:
 
     def query(self, filters: dict[str, str], limit: int, before_seq: int | None = None) -> dict[str, Any]:
         """The newest `limit` records matching every filter (older than `before_seq` if given)."""
-        text = filters.get("text", "").lower()
-        since, until = filters.get("since", ""), filters.get("until", "")
+        chosen = Selection.of(  # raises TimeSpecError: a time it cannot read (the API answers 400)
+            since=filters.get("since"), until=filters.get("until"), events=[filters.get("event") or ""],
+            call_ids=[filters.get("call_id") or ""], principal=filters.get("principal"), tool=filters.get("tool"),
+            decision=filters.get("decision"), rule=filters.get("rule"), host=filters.get("host"),
+            text=filters.get("text"),
+        )  # fmt: skip
         out: list[dict[str, Any]] = []
         matched = 0
         for r in reversed(self.records()):
             if before_seq is not None and not (isinstance(r.get("seq"), int) and r["seq"] < before_seq):
                 continue
-            if any(filters.get(k) and str(r.get(k, "")) != filters[k] for k in FILTERS):
-                continue
-            ts = str(r.get("ts", ""))
-            if (since and ts < since) or (until and ts > until):
-                continue
-            if text and text not in json.dumps(r, ensure_ascii=False).lower():
+            if not chosen.matches(r):
                 continue
             matched += 1
             if len(out) < limit:
