@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -26,10 +28,6 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
 from tests.conftest import eventually
-
-NOW = datetime.now(UTC)
-TODAY = NOW.replace(hour=0, minute=0, second=0, microsecond=0)
-YESTERDAY = TODAY - timedelta(days=1)
 
 
 def cli(audit: Path, *args: str) -> subprocess.CompletedProcess[str]:
@@ -64,20 +62,44 @@ def decision(ts: datetime, call: str, command: str, verdict: str, rule: str | No
             "data": {"commands": [{"argv": command.split(), "redirects": []}]}, **more}  # fmt: skip
 
 
-# Records on both sides of every bound the tests use. `name` is each record's call id.
-TIMED = [
-    ("before-yesterday", YESTERDAY - timedelta(hours=12)),
-    ("yesterday-noon", YESTERDAY + timedelta(hours=12)),
-    ("today-start", TODAY + timedelta(seconds=1)),
-    ("three-hours-ago", NOW - timedelta(hours=3)),
-    ("an-hour-ago", NOW - timedelta(hours=1)),
-]
+@dataclass(frozen=True)
+class Clock:
+    """The times a test's records and bounds are made from, taken when the test starts (the CLI
+    runs seconds later, not minutes: a suite's start is no good for `2h`)."""
+
+    now: datetime
+    today: datetime
+    yesterday: datetime
+
+    @classmethod
+    def read(cls) -> Clock:
+        now = datetime.now(UTC)
+        today = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        return cls(now, today, today - timedelta(days=1))
+
+    def records(self) -> list[tuple[str, datetime]]:
+        """Records on both sides of every bound the tests use (`name`: each one's call id)."""
+        return [
+            ("before-yesterday", self.yesterday - timedelta(hours=12)),
+            ("yesterday-noon", self.yesterday + timedelta(hours=12)),
+            ("today-start", self.today + timedelta(seconds=1)),
+            ("three-hours-ago", self.now - timedelta(hours=3)),
+            ("an-hour-ago", self.now - timedelta(hours=1)),
+        ]
+
+    def expected(self, since: datetime | None, until: datetime | None) -> set[str]:
+        return {n for n, w in self.records() if (since is None or w >= since) and (until is None or w < until)}
 
 
 @pytest.fixture
-def timed(tmp_path: Path) -> Path:
+def clock() -> Clock:
+    return Clock.read()
+
+
+@pytest.fixture
+def timed(tmp_path: Path, clock: Clock) -> Path:
     audit = tmp_path / "audit"
-    ordered = sorted(TIMED, key=lambda t: t[1])
+    ordered = sorted(clock.records(), key=lambda t: t[1])
     write_log(audit, [decision(when, name, f"echo {name}", "allow", "echo") for name, when in ordered])
     return audit
 
@@ -86,23 +108,19 @@ def ids(out: str) -> set[str]:
     return {json.loads(line)["call_id"] for line in out.splitlines() if line.strip()}
 
 
-def expected(since: datetime | None, until: datetime | None) -> set[str]:
-    return {n for n, w in TIMED if (since is None or w >= since) and (until is None or w < until)}
-
-
 # --- the two that silently failed -----------------------------------------------------------
 @pytest.mark.parametrize("verb", ["query", "tail", "calls"])
-def test_until_bounds_every_reading_verb(timed: Path, verb: str) -> None:
-    out = cli(timed, verb, "--until", at(TODAY), "--json")
+def test_until_bounds_every_reading_verb(timed: Path, clock: Clock, verb: str) -> None:
+    out = cli(timed, verb, "--until", at(clock.today), "--json")
     assert out.returncode == 0, out.stderr
-    assert ids(out.stdout) == expected(None, TODAY)
+    assert ids(out.stdout) == clock.expected(None, clock.today)
     assert {"before-yesterday", "yesterday-noon"} <= ids(out.stdout) and "today-start" not in ids(out.stdout)
 
 
-def test_since_yesterday_is_yesterday_on(timed: Path) -> None:
+def test_since_yesterday_is_yesterday_on(timed: Path, clock: Clock) -> None:
     out = cli(timed, "query", "--since", "yesterday", "--json")
     assert out.returncode == 0, out.stderr
-    assert ids(out.stdout) == expected(YESTERDAY, None)
+    assert ids(out.stdout) == clock.expected(clock.yesterday, None)
     assert "yesterday-noon" in ids(out.stdout) and "before-yesterday" not in ids(out.stdout)
 
 
@@ -114,33 +132,36 @@ def test_show_takes_the_range_too(timed: Path) -> None:
 
 
 # --- every time form -----------------------------------------------------------------------
+Bound = Callable[[Clock], Any]
+H, M = timedelta(hours=1), timedelta(minutes=1)
+
+
 @pytest.mark.parametrize(
     ("since", "until", "lower", "upper"),
     [
-        ("yesterday", "today", YESTERDAY, TODAY),
-        ("2h", None, NOW - timedelta(hours=2), None),
-        ("2h ago", None, NOW - timedelta(hours=2), None),
-        ("90m", None, NOW - timedelta(minutes=90), None),
-        ("1h30m", None, NOW - timedelta(minutes=90), None),
-        ("4h", "2h", NOW - timedelta(hours=4), NOW - timedelta(hours=2)),
-        (None, "2d", None, NOW - timedelta(days=2)),
-        (YESTERDAY.strftime("%Y-%m-%d"), TODAY.strftime("%Y-%m-%d"), YESTERDAY, TODAY),
-        ((YESTERDAY + timedelta(hours=11)).strftime("%Y-%m-%dT%H:%M"), None, YESTERDAY + timedelta(hours=11), None),
-        ((YESTERDAY + timedelta(hours=13)).strftime("%Y-%m-%dT%H:%M:%SZ"), None, YESTERDAY + timedelta(hours=13), None),
+        # (what is typed, from the clock), (the bound it means)
+        (lambda c: "yesterday", lambda c: "today", lambda c: c.yesterday, lambda c: c.today),
+        (lambda c: "2h", None, lambda c: c.now - 2 * H, None),
+        (lambda c: "2h ago", None, lambda c: c.now - 2 * H, None),
+        (lambda c: "90m", None, lambda c: c.now - 90 * M, None),
+        (lambda c: "1h30m", None, lambda c: c.now - 90 * M, None),
+        (lambda c: "4h", lambda c: "2h", lambda c: c.now - 4 * H, lambda c: c.now - 2 * H),
+        (None, lambda c: "2d", None, lambda c: c.now - 48 * H),
+        (lambda c: f"{c.yesterday:%Y-%m-%d}", lambda c: f"{c.today:%Y-%m-%d}", lambda c: c.yesterday,
+         lambda c: c.today),
+        (lambda c: f"{c.yesterday + 11 * H:%Y-%m-%dT%H:%M}", None, lambda c: c.yesterday + 11 * H, None),
+        (lambda c: f"{c.yesterday + 13 * H:%Y-%m-%dT%H:%M:%SZ}", None, lambda c: c.yesterday + 13 * H, None),
         # another zone: 13:00 at +02:00 is 11:00 UTC, before yesterday's noon record
-        (
-            (YESTERDAY + timedelta(hours=13)).strftime("%Y-%m-%dT%H:%M+02:00"),
-            None,
-            YESTERDAY + timedelta(hours=11),
-            None,
-        ),
+        (lambda c: f"{c.yesterday + 13 * H:%Y-%m-%dT%H:%M}+02:00", None, lambda c: c.yesterday + 11 * H, None),
     ],
-)
-def test_every_time_form(timed: Path, since: str | None, until: str | None, lower: Any, upper: Any) -> None:
-    args = [*(["--since", since] if since else []), *(["--until", until] if until else [])]
+)  # fmt: skip
+def test_every_time_form(
+    timed: Path, clock: Clock, since: Bound | None, until: Bound | None, lower: Bound | None, upper: Bound | None
+) -> None:
+    args = [*(["--since", since(clock)] if since else []), *(["--until", until(clock)] if until else [])]
     out = cli(timed, "query", *args, "--json")
     assert out.returncode in (0, 1), out.stderr
-    assert ids(out.stdout) == expected(lower, upper)
+    assert ids(out.stdout) == clock.expected(lower(clock) if lower else None, upper(clock) if upper else None)
 
 
 @pytest.mark.parametrize(
@@ -176,7 +197,7 @@ def test_a_time_it_cannot_read_is_a_usage_error_naming_the_option(timed: Path, b
 @pytest.fixture
 def mixed(tmp_path: Path) -> Path:
     audit = tmp_path / "audit"
-    t = NOW - timedelta(minutes=30)
+    t = datetime.now(UTC) - timedelta(minutes=30)
     s = timedelta(seconds=1)
     write_log(audit, [
         {"ts": at(t), "event": "server_started", "data": {"transport": "http", "host": "127.0.0.1", "port": 8765}},
@@ -339,7 +360,7 @@ def test_tail_follow_prints_new_matching_records_as_they_are_written(tmp_path: P
 
 def test_a_call_its_gateway_never_finished_is_interrupted(tmp_path: Path) -> None:
     audit = tmp_path / "audit"
-    t = NOW - timedelta(minutes=5)
+    t = datetime.now(UTC) - timedelta(minutes=5)
     write_log(audit, [
         decision(t, "c-cut", "sleep 100", "allow", "sleep"),
         {"ts": at(t + timedelta(seconds=30)), "event": "interrupted", "call_id": "c-cut", "principal": "agent",
