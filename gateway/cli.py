@@ -135,10 +135,11 @@ def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: st
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    from gateway.decide import example_decisions, test_cases
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
     from gateway.policy.schema import Policy
-    from gateway.policy.selftest import check_examples, example_cases, test_cases
+    from gateway.policy.selftest import check_examples, example_cases
 
     if args.action == "schema":
         print(json.dumps(Policy.model_json_schema(), indent=2))
@@ -159,7 +160,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         principal = _principal(args, policy)
     except PolicyError as exc:
         return _fatal(str(exc))
-    cases = example_cases(policy) + test_cases(policy, principal)
+    cases = example_cases(policy) + example_decisions(policy, principal) + test_cases(policy, principal)
     for case in cases:
         print(("PASS " if case.passed else "FAIL ") + case.name + (f": {case.detail}" if case.detail else ""))
     failed = sum(1 for c in cases if not c.passed)

@@ -198,6 +198,12 @@ class Rule(_Model):
     when_options: list[str] = []
     """The rule matches only commands that use one of these options (for deny/ask rules such
     as `git push --force`)."""
+    options_end: list[str] = []
+    """Options after which the program reads no options of its own: the next word is the
+    option's value, and every word after it belongs to what the program runs (python's `-m`:
+    in `python -m pip install -r req.txt`, `-r` is pip's). `when_options` and
+    `forbidden_options` then look only at the words before; only the option written as a word
+    of its own counts (`-m`, not a cluster like `-Im`, which leaves every word an option)."""
     path_args: PathArgs | None = None
     """Which positional arguments are paths. Unset, for a program with a model
     (gateway/programs/) and no `path_options`: the model says which words are paths read or
