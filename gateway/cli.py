@@ -261,8 +261,9 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
         print(_show_request(rows[0]))
         return EXIT_OK
     try:
+        scope = "session" if args.session else "once"
         done = approval_queue.answer(
-            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or ""
+            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or "", scope
         )
     except approval_queue.QueueError as exc:
         return _fatal(str(exc))
@@ -560,6 +561,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals directory (default: %(default)s)")
     ap_.add_argument("--reason", help="why (recorded with the answer)")
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
+    ap_.add_argument("--session", action="store_true",
+                     help="approve this exact call again, without asking, for the rest of the client session it "
+                          "came in (its MCP connection), for that principal only")  # fmt: skip
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser("audit", help="verify and read the audit log")
     au.add_argument("action", choices=["verify", "repair", "head", "adopt", "tail", "show", "query", "replay"])

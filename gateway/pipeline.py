@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway import cancellation, runfiles, sandbox
 from gateway.analysis import Command
-from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
+from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable
 from gateway.audit.writer import written_call_ids
 
@@ -160,10 +160,13 @@ class Gateway:
             sandbox.quotas.sweep()
         reaper.start()  # killed sandboxes' orphaned namespace inits come back to be reaped
         # "approve for this session": the digests of calls a supervisor approved for the rest of
-        # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
-        # narrowest rule covering that one call, void when the policy changes.
-        self._session_approved: dict[str, str] = {}
-        """Digests a supervisor approved for the session -> that supervisor (each repeat names them)."""
+        # the client session they were asked in (an MCP connection: approval.CLIENT_SESSION). A
+        # digest binds principal, tool, command, cwd, env, the files it runs and the policy's
+        # hash: the narrowest rule covering that one call, void when the policy changes.
+        self._session_approved: dict[tuple[str, str], dict[str, str]] = {}
+        """(principal, client session) -> digests a supervisor approved there -> that supervisor
+        (each repeat names them). Dropped when the session ends (`end_client_session`)."""
+        self._session_lock = threading.Lock()
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
@@ -398,9 +401,11 @@ class Gateway:
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
                 tuple(r.rule for r in decision.reasons) or (None,), inherited, files,
             )  # fmt: skip
-            if request.digest in self._session_approved:
-                by = self._session_approved[request.digest]
-                answer: Approval | None = Approval(True, by, request.digest, "session")
+            client_session = CLIENT_SESSION.get()
+            with self._session_lock:
+                granted_by = self._session_approved.get((principal, client_session or ""), {}).get(request.digest)
+            if client_session is not None and granted_by is not None:
+                answer: Approval | None = Approval(True, granted_by, request.digest, "session")
             elif unattended:
                 answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
             else:
@@ -411,8 +416,12 @@ class Gateway:
             same_env = inherited is None or self.env.effective(policy, principal) == request.inherited
             gone = cancellation.cancelled()  # the caller went away (or the server stops) while it waited
             granted = answer is not None and answer.approved and bound and unchanged and same_env and not gone
-            if granted and answer is not None and answer.how.endswith("-session"):
-                self._session_approved[answer.digest] = answer.by
+            # approved for the session: kept for this principal in this client session only; a
+            # call that came in none (the CLI's single run) has nothing to keep it for
+            kept = granted and answer is not None and answer.how.endswith("-session") and client_session is not None
+            if kept and answer is not None and client_session is not None:
+                with self._session_lock:
+                    self._session_approved.setdefault((principal, client_session), {})[answer.digest] = answer.by
             note = answer.note if answer is not None else ""
             withdrawn = gone and answer is None  # nobody answered, and nobody ever will: say why
             why_gone = cancellation.reason() or "the call was cancelled (its client went away)"
@@ -439,6 +448,8 @@ class Gateway:
                             **({} if same_env else {"env_unchanged": False}),
                             **({"cancelled": True} if gone else {}),
                             **({"files": [f.to_json() for f in files]} if files else {}),
+                            **({"client_session": client_session} if client_session else {}),
+                            **_session_scope(answer, kept),
                         },
                     )
             except AuditUnavailable as exc:
@@ -460,6 +471,20 @@ class Gateway:
                 return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}{because}")
             return Gated(policy, base, bound=files)
         return Gated(policy, base)
+
+    def end_client_session(self, client_session: str) -> None:
+        """The client session ended (its MCP connection closed): every call approved "for the
+        session" in it must be asked again, in any other session. Recorded when there were some."""
+        with self._session_lock:
+            ended = {k: v for k, v in self._session_approved.items() if k[1] == client_session}
+            for key in ended:
+                del self._session_approved[key]
+        for (principal, _), digests in ended.items():
+            with contextlib.suppress(AuditUnavailable):
+                self.audit.append(
+                    "session_approvals_ended", principal=principal,
+                    data={"client_session": client_session, "digests": sorted(digests)},
+                )  # fmt: skip
 
     def _bind_files(
         self, policy: CompiledPolicy, principal: str, cwd: Path, commands: tuple[Command, ...],
@@ -642,6 +667,16 @@ def limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
             if value is not None:
                 out[key] = max(out.get(key, 0), value)
     return out
+
+
+def _session_scope(answer: Approval | None, kept: bool) -> dict[str, Any]:
+    """What an approval record says about "for the session": kept (in the record's
+    `client_session`), or asked for where there is no session to keep it in."""
+    if answer is None or not answer.how.endswith("-session"):
+        return {}
+    if kept:
+        return {"scope": "session"}
+    return {"scope": "once", "session_scope_refused": "the call came in no client session: approved this once"}
 
 
 def new_call_id() -> str:
