@@ -60,20 +60,23 @@ def evaluate(
     env: dict[str, str] | None = None,
     tool: Tool = Tool.RUN,
     homes: pathjail.Homes | None = None,
+    sandboxed: bool = False,
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
     `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
     session or processes: the principal must be allowed that tool family). `homes`: what `~`
     means to the shell that will run it (default: the gateway's sandbox, the policy's `home`).
-    A decision made before for the same inputs is served from the policy's cache when every
-    path component it resolved is still as it was (stages/decision_cache.py)."""
+    `sandboxed`: the command will run in the gateway's sandbox, which masks the policy's
+    deny_read paths; without it (an agent runs it itself) a search reading a tree that holds one
+    is refused. A decision made before for the same inputs is served from the policy's cache
+    when every path component it resolved is still as it was (stages/decision_cache.py)."""
     variables = tuple(sorted((env or {}).items()))
-    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes)
+    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes, sandboxed)
     found = policy.decisions.get(key) if policy.casbin.enforcing else None
     if isinstance(found, CheckResult):
         return found
     with decision_cache.observing() as seen, pathjail.shell_homes(homes):
-        result = _evaluate(policy, command, principal, cwd, env, tool)
+        result = _evaluate(policy, command, principal, cwd, env, tool, sandboxed)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis
     unfinished = analysis is not None and analysis.second_opinion.unfinished
@@ -89,6 +92,7 @@ def _evaluate(
     cwd: Path | None,
     env: dict[str, str] | None,
     tool: Tool,
+    sandboxed: bool = False,
 ) -> CheckResult:
     analysis: Analysis | None = None
     try:
@@ -134,7 +138,9 @@ def _evaluate(
                     ),
                 )
             )
-        decisions.append(pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches))
+        decisions.append(
+            pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches, sandboxed)
+        )
         return CheckResult(_strictest(decisions), analysis, tuple(models))
     except Exception as exc:  # fail closed: a broken stage is a denial, never an allow
         reason = Reason("pipeline", "internal_error", f"{type(exc).__name__}: {exc}")

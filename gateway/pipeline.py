@@ -300,7 +300,7 @@ class Gateway:
                 "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
             )
             return CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
-        return evaluate(policy, command, principal, cwd, env, family)
+        return evaluate(policy, command, principal, cwd, env, family, sandboxed=True)  # its sandbox masks secrets
 
     def check_command(
         self,
@@ -621,6 +621,8 @@ def sandbox_profile(
         path=tuple(str(p) for p in grant.path),
         report=report,
         home=home,
+        deny_read=grant.deny_read,
+        deny_write=grant.deny_write,
     )
 
 

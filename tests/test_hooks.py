@@ -457,6 +457,36 @@ def test_the_gateways_own_records_are_never_named(tmp_path: Path) -> None:
         setup.stop()
 
 
+def test_a_hooked_agent_is_refused_its_secrets_before_it_reads_them(fresh: Setup) -> None:
+    """Hook mode has no sandbox to mask the shipped deny_read paths (issue 23, point 5): the
+    agent's own tool would read them. So a command, a glob or a recursive search that would
+    read one, and a file tool naming one or searching a tree that holds one, is refused."""
+    ws = fresh.workspace
+    (ws / ".env").write_text("TOKEN=hunter2\n")
+    (ws / "certs").mkdir()
+    (ws / "certs" / "server.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    cases = [
+        ("Bash", {"command": "cat .e*"}, "deny"),
+        ("Bash", {"command": "grep -r TOKEN ."}, "deny"),
+        ("Bash", {"command": "grep -rn TOKEN"}, "deny"),
+        ("Bash", {"command": "git grep TOKEN"}, "deny"),
+        ("Bash", {"command": "head -c 400 certs/*.pem"}, "deny"),
+        ("Bash", {"command": "grep -r print src"}, "allow"),  # a tree that holds none
+        ("Read", {"file_path": str(ws / ".env")}, "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws)}, "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws / "src")}, "allow"),
+        ("Write", {"file_path": str(ws / "certs" / "server.pem"), "content": "x"}, "deny"),
+    ]
+    for tool, tool_input, expected in cases:
+        verdict, reason = claude_answer(fresh.hook("claude-code", claude(tool, tool_input, ws)))
+        assert verdict == expected, (tool, tool_input, reason)
+        if expected == "deny":
+            assert "deny_read pattern" in reason, (tool, tool_input, reason)
+    proc = fresh.hook("gemini", gemini("read_many_files", {"include": ["**/*"]}, ws))
+    answer = json.loads(proc.stdout)
+    assert answer["decision"] == "deny" and "deny_read pattern" in answer["reason"], answer
+
+
 def test_the_daemon_never_runs_a_gateway_package_planted_in_the_project(fresh: Setup) -> None:
     """The hook runs in the agent's project, which the agent writes: a `gateway/` package there
     must not be what starts as the daemon (it would answer allow to everything, ungated)."""

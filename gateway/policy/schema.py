@@ -25,6 +25,8 @@ from pydantic import (
 
 from gateway.sandbox.egress import rules as egress_rules
 
+from gateway.sandbox import masks
+
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -120,6 +122,15 @@ class Role(_Model):
     """Directories whose contents may be written (writing implies reading)."""
     protected: list[str] = []
     """Paths never writable, even inside a write root (e.g. `.git/hooks`)."""
+    deny_read: list[str] = []
+    """Paths no command, glob, recursive search or files call may read (nor write): `.env`,
+    `*.pem`, `id_rsa*` (a name: any component of a path), `config/secrets.yaml` (a path:
+    relative to the workspace, `**` for any depth), `!.env.example` (an exception). The sandbox
+    masks every match present when it starts (an empty read-only file or directory), so a
+    program the policy lets run reads nothing there either (docs/policy.md, Secrets)."""
+    deny_write: list[str] = []
+    """Paths never written (read is fine), in the same pattern language: `.envrc` (the
+    human's shell runs it). Present matches are read-only in the sandbox."""
     path: list[str] = []
     """Directories added to the sandbox's PATH, after the system ones (relative: against the
     workspace). Each must lie in the system runtime (/usr, /bin, ...) or in this principal's
@@ -130,6 +141,15 @@ class Role(_Model):
     """The network this role's sandboxes get instead of `sandbox.network` (false, or a mapping of
     hosts: docs/sandbox.md, The network). It may only narrow `sandbox.network`; a principal whose
     roles set different ones is a load error."""
+
+    @field_validator("deny_read", "deny_write")
+    @classmethod
+    def _patterns(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            why = masks.validate(entry)
+            if why is not None:
+                raise ValueError(f"{entry!r}: {why}")
+        return entries
 
 
 class Principal(_Model):
