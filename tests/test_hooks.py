@@ -726,3 +726,13 @@ def test_a_call_not_decided_by_the_deadline_is_denied(fresh: Setup) -> None:
             break
         time.sleep(0.02)
     assert found and found[0]["data"]["hook"]["told"] == "deny"
+
+
+def test_a_search_allowed_before_a_secret_appeared_is_refused_after(fresh: Setup) -> None:
+    """The decision cache keeps a decision while the paths it resolved hold still: what lies
+    below a searched tree is not one of them, so a secret the human adds is seen at once."""
+    search = claude("Bash", {"command": "grep -r TOKEN src"}, fresh.workspace)
+    assert claude_answer(fresh.hook("claude-code", search))[0] == "allow"
+    (fresh.workspace / "src" / ".env").write_text("TOKEN=hunter2\n")
+    verdict, reason = claude_answer(fresh.hook("claude-code", search))
+    assert verdict == "deny" and "deny_read pattern" in reason, reason

@@ -666,6 +666,8 @@ def _recursive_secrets(cmd: Command, reads: list[str], cwds: list[Path], grant: 
             trees += [str(c) for c in cwds]
     if not trees:
         return
+    if (obs := decision_cache.current()) is not None:
+        obs.unknowable()  # what lies below a tree: a decision on it is not kept
     roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
     for tree in dict.fromkeys(trees):
         found = masks.find([tree], grant.deny_read, plan.unseen(roots))
