@@ -402,9 +402,8 @@ class Gateway:
                 tuple(r.rule for r in decision.reasons) or (None,), inherited, files,
             )  # fmt: skip
             client_session = CLIENT_SESSION.get()
-            with self._session_lock:
-                granted_by = self._session_approved.get((principal, client_session or ""), {}).get(request.digest)
-            if client_session is not None and granted_by is not None:
+            granted_by = self.session_grant(principal, client_session, request.digest)
+            if granted_by is not None:
                 answer: Approval | None = Approval(True, granted_by, request.digest, "session")
             elif unattended:
                 answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
@@ -418,10 +417,7 @@ class Gateway:
             granted = answer is not None and answer.approved and bound and unchanged and same_env and not gone
             # approved for the session: kept for this principal in this client session only; a
             # call that came in none (the CLI's single run) has nothing to keep it for
-            kept = granted and answer is not None and answer.how.endswith("-session") and client_session is not None
-            if kept and answer is not None and client_session is not None:
-                with self._session_lock:
-                    self._session_approved.setdefault((principal, client_session), {})[answer.digest] = answer.by
+            kept = granted and answer is not None and self.keep_session_grant(principal, client_session, answer)
             note = answer.note if answer is not None else ""
             withdrawn = gone and answer is None  # nobody answered, and nobody ever will: say why
             why_gone = cancellation.reason() or "the call was cancelled (its client went away)"
@@ -471,6 +467,23 @@ class Gateway:
                 return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}{because}")
             return Gated(policy, base, bound=files)
         return Gated(policy, base)
+
+    def session_grant(self, principal: str, client_session: str | None, digest: str) -> str | None:
+        """Who approved the call of `digest` for the rest of `client_session` (None: nobody did,
+        or the call comes in no session)."""
+        if client_session is None:
+            return None
+        with self._session_lock:
+            return self._session_approved.get((principal, client_session), {}).get(digest)
+
+    def keep_session_grant(self, principal: str, client_session: str | None, answer: Approval) -> bool:
+        """Keep an approval "for the session" for `principal` in `client_session`; False (kept
+        nowhere) when the answer was not for the session, or the call came in no session."""
+        if client_session is None or not answer.how.endswith("-session"):
+            return False
+        with self._session_lock:
+            self._session_approved.setdefault((principal, client_session), {})[answer.digest] = answer.by
+        return True
 
     def end_client_session(self, client_session: str) -> None:
         """The client session ended (its MCP connection closed): every call approved "for the
@@ -705,6 +718,7 @@ class _NetworkHooks:
     def __init__(self, gateway: Gateway, principal: str) -> None:
         self.gateway = gateway
         self.principal = principal
+        self.client_session = CLIENT_SESSION.get()  # the session of the call whose sandbox this is
 
     def current_call(self) -> str | None:
         current = _CURRENT.get()
@@ -731,8 +745,9 @@ class _NetworkHooks:
             asked, principal, "network", f"connect {host}:{port}", "", {}, decision.rule, why, policy.sha256,
             (decision.rule,),
         )  # fmt: skip
-        if request.digest in gw._session_approved:
-            answer: Approval | None = Approval(True, gw._session_approved[request.digest], request.digest, "session")
+        granted_by = gw.session_grant(principal, self.client_session, request.digest)
+        if granted_by is not None:
+            answer: Approval | None = Approval(True, granted_by, request.digest, "session")
         else:
             with cancellation.handling(cancel):  # the sandbox ending withdraws the question
                 answer = gw.approver.decide(request, gw.approval_timeout_s)
@@ -740,8 +755,8 @@ class _NetworkHooks:
         unchanged = gw.policy.sha256 == policy.sha256
         withdrawn = cancel.is_set()
         granted = answer is not None and answer.approved and bound and unchanged and not withdrawn
-        if granted and answer is not None and answer.how.endswith("-session"):
-            gw._session_approved[answer.digest] = answer.by
+        if granted and answer is not None:
+            gw.keep_session_grant(principal, self.client_session, answer)
         how = "withdrawn: the sandbox ended" if withdrawn else answer.how if answer is not None else "timeout"
         by = answer.by if answer is not None else "nobody"
         gw.audit.append(

@@ -23,9 +23,8 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.sandbox.egress import rules as egress_rules
-
 from gateway.sandbox import masks
+from gateway.sandbox.egress import rules as egress_rules
 
 
 class _Model(BaseModel):
