@@ -458,33 +458,39 @@ def test_the_gateways_own_records_are_never_named(tmp_path: Path) -> None:
 
 
 def test_a_hooked_agent_is_refused_its_secrets_before_it_reads_them(fresh: Setup) -> None:
-    """Hook mode has no sandbox to mask the shipped deny_read paths (issue 23, point 5): the
-    agent's own tool would read them. So a command, a glob or a recursive search that would
-    read one, and a file tool naming one or searching a tree that holds one, is refused."""
+    """The shipped deny_read paths under a hook (issue 23, point 5). A command naming one is
+    refused wherever it would run. A search reading a tree that holds one runs where the
+    gateway's sandbox masks it (Claude Code's Bash, rewritten to run there), and is refused
+    where the agent runs it itself (`--no-sandbox`, Gemini CLI, the agents' own file tools)."""
     ws = fresh.workspace
     (ws / ".env").write_text("TOKEN=hunter2\n")
     (ws / "certs").mkdir()
     (ws / "certs" / "server.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
     cases = [
-        ("Bash", {"command": "cat .e*"}, "deny"),
-        ("Bash", {"command": "grep -r TOKEN ."}, "deny"),
-        ("Bash", {"command": "grep -rn TOKEN"}, "deny"),
-        ("Bash", {"command": "git grep TOKEN"}, "deny"),
-        ("Bash", {"command": "head -c 400 certs/*.pem"}, "deny"),
-        ("Bash", {"command": "grep -r print src"}, "allow"),  # a tree that holds none
-        ("Read", {"file_path": str(ws / ".env")}, "deny"),
-        ("Grep", {"pattern": "TOKEN", "path": str(ws)}, "deny"),
-        ("Grep", {"pattern": "TOKEN", "path": str(ws / "src")}, "allow"),
-        ("Write", {"file_path": str(ws / "certs" / "server.pem"), "content": "x"}, "deny"),
+        ("Bash", {"command": "cat .e*"}, (), "deny"),
+        ("Bash", {"command": "head -c 400 certs/*.pem"}, (), "deny"),
+        ("Bash", {"command": "git show HEAD:.env"}, (), "deny"),
+        ("Bash", {"command": "grep -r TOKEN ."}, (), "allow"),  # in the gateway's sandbox: masked
+        ("Bash", {"command": "grep -r TOKEN ."}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "grep -rn TOKEN"}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "git grep TOKEN"}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "grep -r print src"}, ("--no-sandbox",), "allow"),  # a tree that holds none
+        ("Read", {"file_path": str(ws / ".env")}, (), "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws)}, (), "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws / "src")}, (), "allow"),
+        ("Write", {"file_path": str(ws / "certs" / "server.pem"), "content": "x"}, (), "deny"),
     ]
-    for tool, tool_input, expected in cases:
-        verdict, reason = claude_answer(fresh.hook("claude-code", claude(tool, tool_input, ws)))
-        assert verdict == expected, (tool, tool_input, reason)
+    for tool, tool_input, extra, expected in cases:
+        verdict, reason = claude_answer(fresh.hook("claude-code", claude(tool, tool_input, ws), *extra))
+        assert verdict == expected, (tool, tool_input, extra, reason)
         if expected == "deny":
             assert "deny_read pattern" in reason, (tool, tool_input, reason)
-    proc = fresh.hook("gemini", gemini("read_many_files", {"include": ["**/*"]}, ws))
-    answer = json.loads(proc.stdout)
-    assert answer["decision"] == "deny" and "deny_read pattern" in answer["reason"], answer
+    for tool, tool_input in (
+        ("run_shell_command", {"command": "grep -r TOKEN ."}),
+        ("read_many_files", {"include": ["**/*"]}),
+    ):
+        answer = json.loads(fresh.hook("gemini", gemini(tool, tool_input, ws)).stdout)
+        assert answer["decision"] == "deny" and "deny_read pattern" in answer["reason"], answer
 
 
 def test_the_daemon_never_runs_a_gateway_package_planted_in_the_project(fresh: Setup) -> None:
@@ -732,7 +738,7 @@ def test_a_search_allowed_before_a_secret_appeared_is_refused_after(fresh: Setup
     """The decision cache keeps a decision while the paths it resolved hold still: what lies
     below a searched tree is not one of them, so a secret the human adds is seen at once."""
     search = claude("Bash", {"command": "grep -r TOKEN src"}, fresh.workspace)
-    assert claude_answer(fresh.hook("claude-code", search))[0] == "allow"
+    assert claude_answer(fresh.hook("claude-code", search, "--no-sandbox"))[0] == "allow"
     (fresh.workspace / "src" / ".env").write_text("TOKEN=hunter2\n")
-    verdict, reason = claude_answer(fresh.hook("claude-code", search))
+    verdict, reason = claude_answer(fresh.hook("claude-code", search, "--no-sandbox"))
     assert verdict == "deny" and "deny_read pattern" in reason, reason

@@ -545,6 +545,8 @@ def _check_denied_name(path: str, grant: Grant, who: str) -> None:
     """Refuse a path whose name as written a deny_read pattern denies (`cat .env` where `.env`
     is a link to `config/prod.env`: the real path alone would not say it)."""
     assert grant.deny_read is not None
+    if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
+        return  # outside the roots: refused as such, by where it leads (`_check_path`)
     pattern = grant.deny_read.match(path)
     if pattern is not None:
         raise _Refused(
@@ -580,21 +582,6 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
                 "it: name it as a root in the policy to use it",
                 details,
             )
-    if grant.deny_read is not None and (pattern := grant.deny_read.match(path)) is not None:
-        details["pattern"] = pattern
-        raise _Refused(
-            "deny_read",
-            f"{who}: {path} matches the policy's deny_read pattern {pattern!r}: it is never read or written "
-            "(a secret: ask the user for what you need from it)",
-            details,
-        )
-    if access == "write" and grant.deny_write is not None and (pattern := grant.deny_write.match(path)) is not None:
-        details["pattern"] = pattern
-        raise _Refused(
-            "deny_write",
-            f"{who}: {path} matches the policy's deny_write pattern {pattern!r}: it is never written",
-            details,
-        )
     if access == "write":
         if not any(inside(path, r) for r in grant.write_roots):
             details["roots"] = [str(r) for r in grant.write_roots]
@@ -611,11 +598,33 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
             # a repository's config and hooks run programs (core.fsmonitor, hooks), at any depth;
             # git itself changes its directory, through its own commands
             raise _Refused("protected_path", f"{who}: {path} is inside a .git directory, written only by git", details)
+        _check_denied(path, access, grant, who, details)
         return
     if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
         roots = sorted({str(r) for r in (*grant.read_roots, *grant.write_roots)})
         details["roots"] = roots
         raise _Refused("outside_read_roots", f"{who}: read of {path} is outside the read roots {roots}", details)
+    _check_denied(path, access, grant, who, details)
+
+
+def _check_denied(path: str, access: str, grant: Grant, who: str, details: dict[str, object]) -> None:
+    """A path inside the roots that the policy's deny_read patterns deny (any access), or its
+    deny_write patterns (a write)."""
+    if grant.deny_read is not None and (pattern := grant.deny_read.match(path)) is not None:
+        details["pattern"] = pattern
+        raise _Refused(
+            "deny_read",
+            f"{who}: {path} matches the policy's deny_read pattern {pattern!r}: it is never read or written "
+            "(a secret: ask the user for what you need from it)",
+            details,
+        )
+    if access == "write" and grant.deny_write is not None and (pattern := grant.deny_write.match(path)) is not None:
+        details["pattern"] = pattern
+        raise _Refused(
+            "deny_write",
+            f"{who}: {path} matches the policy's deny_write pattern {pattern!r}: it is never written",
+            details,
+        )
 
 
 # Programs that read every file below a directory they are given (or the cwd, given none), and
