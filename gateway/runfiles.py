@@ -48,6 +48,8 @@ from typing import Any, NamedTuple
 from gateway import imports
 from gateway.analysis import Command, RedirectMode, Word
 from gateway.analysis.model import Context, Expansion
+from gateway.sandbox import identity
+from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
 
 MAX_BYTES = 64 << 20
 """A file larger than this is not read whole: it cannot be bound."""
@@ -943,8 +945,6 @@ def _root_of(path: str, roots: tuple[Path, ...]) -> Path | None:
 def _read(path: str, why: str, root: Path, keep: bool = False) -> tuple[BoundFile, bytes | None]:
     """`path` read beneath `root` (never leaving it, whatever links lie on the way), hashed; with
     `keep`, its content too (None past MAX_SCAN bytes)."""
-    from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
-
     # the path as named, beneath the root: not relpath, which would fold `link/..` lexically where
     # the kernel goes to the link target's parent
     top_text = str(root).rstrip("/") + "/"
@@ -997,8 +997,6 @@ def bind(found: Iterable[Found | tuple[str, str]], roots: tuple[Path, ...]) -> t
     bound when read. Files outside every root (a system program) are not the workspace's: not
     bound. An included name make searches for in several directories is bound in each until the
     first that exists (the ones before it bound as absent, so planting one voids the approval)."""
-    from gateway.sandbox import identity
-
     queue: deque[list[Found]] = deque([Found(*f)] for f in found)
     out: dict[str, BoundFile] = {}
     too_many = (BoundFile(f"more than {MAX_FILES} files", "the command", error=f"more than {MAX_FILES} files to bind"),)
@@ -1060,8 +1058,6 @@ _PY_CODE = (".py", ".pyc", ".so")
 def _listing(directory: str, root: Path) -> dict[str, bool] | None:
     """The entries of `directory` (name -> is a directory), listed beneath `root` (never leaving
     it), as the caller's identity may; None when it is not there (or not a directory)."""
-    from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
-
     top_text = str(root).rstrip("/") + "/"
     relative = directory[len(top_text) :] if directory.startswith(top_text) else "."
     try:
@@ -1255,8 +1251,6 @@ def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | 
 
 
 def _looked_up_again(was: BoundFile, roots: tuple[Path, ...]) -> str | None:
-    from gateway.sandbox import identity
-
     root = _root_of(was.path, roots)
     if root is None:
         return None
