@@ -239,8 +239,8 @@ def check(
                         if access == "read" and not sandboxed and grant.deny_read is not None:
                             raise _Refused(
                                 "deny_read_unchecked",
-                                f"{who}: {word.raw or word.value} names a file by names made at run time, which could be "
-                                "one the policy's deny_read denies, and no sandbox masks it here: name the file",
+                                f"{who}: {word.raw or word.value} names a file by names made at run time, which "
+                                "could be one the policy's deny_read denies, and no sandbox masks it here: name it",
                                 {"path": word.raw or word.value},
                             )
                         checked[access] += _check_named(entry, cwds, access, grant, who)
