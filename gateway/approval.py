@@ -22,6 +22,7 @@ import termios
 import time
 import unicodedata
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
@@ -29,6 +30,14 @@ from gateway.cancellation import cancelled
 
 if TYPE_CHECKING:
     from gateway.runfiles import BoundFile
+
+
+CLIENT_SESSION: ContextVar[str | None] = ContextVar("agw_client_session", default=None)
+"""The client session the call being handled came in: an MCP connection (gateway/server/app.py
+names each one), a hook's agent session. Set by the face that took the call. An approval "for
+the session" holds only for the principal it was given to, in this session, and ends with it
+(`Gateway.end_client_session`); where it is None the call came in no session, and such an
+answer approves that one call."""
 
 
 @dataclass(frozen=True)

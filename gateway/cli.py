@@ -135,10 +135,11 @@ def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: st
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    from gateway.decide import example_decisions, test_cases
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
     from gateway.policy.schema import Policy
-    from gateway.policy.selftest import check_examples, example_cases, test_cases
+    from gateway.policy.selftest import check_examples, example_cases
 
     if args.action == "schema":
         print(json.dumps(Policy.model_json_schema(), indent=2))
@@ -159,7 +160,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         principal = _principal(args, policy)
     except PolicyError as exc:
         return _fatal(str(exc))
-    cases = example_cases(policy) + test_cases(policy, principal)
+    cases = example_cases(policy) + example_decisions(policy, principal) + test_cases(policy, principal)
     for case in cases:
         print(("PASS " if case.passed else "FAIL ") + case.name + (f": {case.detail}" if case.detail else ""))
     failed = sum(1 for c in cases if not c.passed)
@@ -260,8 +261,9 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
         print(_show_request(rows[0]))
         return EXIT_OK
     try:
+        scope = "session" if args.session else "once"
         done = approval_queue.answer(
-            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or ""
+            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or "", scope
         )
     except approval_queue.QueueError as exc:
         return _fatal(str(exc))
@@ -674,6 +676,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals directory (default: %(default)s)")
     ap_.add_argument("--reason", help="why (recorded with the answer)")
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
+    ap_.add_argument("--session", action="store_true",
+                     help="approve this exact call again, without asking, for the rest of the client session it "
+                          "came in (its MCP connection), for that principal only")  # fmt: skip
     ap_.set_defaults(func=_cmd_approvals)
     au = sub.add_parser(
         "audit", help="verify, read and export the audit log",

@@ -15,6 +15,7 @@ Any exception inside a stage is a denial with code `internal_error`: fail closed
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -25,6 +26,7 @@ from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
+from gateway.policy.selftest import Case
 from gateway.stages import decision_cache, pathjail, permissions
 
 
@@ -58,20 +60,23 @@ def evaluate(
     env: dict[str, str] | None = None,
     tool: Tool = Tool.RUN,
     homes: pathjail.Homes | None = None,
+    sandboxed: bool = False,
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
     `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
     session or processes: the principal must be allowed that tool family). `homes`: what `~`
     means to the shell that will run it (default: the gateway's sandbox, the policy's `home`).
-    A decision made before for the same inputs is served from the policy's cache when every
-    path component it resolved is still as it was (stages/decision_cache.py)."""
+    `sandboxed`: the command will run in the gateway's sandbox, which masks the policy's
+    deny_read paths; without it (an agent runs it itself) a search reading a tree that holds one
+    is refused. A decision made before for the same inputs is served from the policy's cache
+    when every path component it resolved is still as it was (stages/decision_cache.py)."""
     variables = tuple(sorted((env or {}).items()))
-    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes)
+    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes, sandboxed)
     found = policy.decisions.get(key) if policy.casbin.enforcing else None
     if isinstance(found, CheckResult):
         return found
     with decision_cache.observing() as seen, pathjail.shell_homes(homes):
-        result = _evaluate(policy, command, principal, cwd, env, tool)
+        result = _evaluate(policy, command, principal, cwd, env, tool, sandboxed)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis
     unfinished = analysis is not None and analysis.second_opinion.unfinished
@@ -87,6 +92,7 @@ def _evaluate(
     cwd: Path | None,
     env: dict[str, str] | None,
     tool: Tool,
+    sandboxed: bool = False,
 ) -> CheckResult:
     analysis: Analysis | None = None
     try:
@@ -132,7 +138,9 @@ def _evaluate(
                     ),
                 )
             )
-        decisions.append(pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches))
+        decisions.append(
+            pathjail.check(policy, grant, cwd or policy.workspace, analysis.commands, all_matches, sandboxed)
+        )
         return CheckResult(_strictest(decisions), analysis, tuple(models))
     except Exception as exc:  # fail closed: a broken stage is a denial, never an allow
         reason = Reason("pipeline", "internal_error", f"{type(exc).__name__}: {exc}")
@@ -171,3 +179,55 @@ def _strictest(decisions: list[Decision]) -> Decision:
     rule = next((d.rule for d in decisions if d.verdict is merged.verdict and d.rule), None)
     reasons = tuple(r for d in decisions if d.verdict is merged.verdict for r in d.reasons)
     return Decision(merged.verdict, rule, reasons)
+
+
+def example_decisions(policy: CompiledPolicy, principal: str) -> list[Case]:
+    """Each rule's `match` examples decided as a call is (`evaluate`: parse, tool family, rules,
+    second opinion, path jail, in the workspace): the verdict must be the rule's, and for an ask
+    or a deny the rule among those making it (an allow names one of the rules allowing it). It
+    is decided for `principal`, and where that fails or `principal` may not use the rule, for
+    each other principal of the policy that may: an example shows what the rule does for
+    someone. A rule nobody may use (a fragment of a policy) is checked by its match alone
+    (`selftest.example_cases`)."""
+    cases: list[Case] = []
+    for rule in policy.policy.rules:
+        users = [p for p in [principal, *sorted(policy.grants)] if p in policy.grants and policy.may_use(p, rule)]
+        for text in rule.examples.match:
+            name = f"{rule.id}: {text!r} is {rule.decision.value}"
+            if not users:
+                cases.append(Case(name, True, "no principal of the policy may use the rule: checked by its match"))
+                continue
+            first = ""
+            for who in dict.fromkeys(users):
+                got = evaluate(policy, text, who).decision
+                named = {got.rule} | {r.rule for r in got.reasons if r.rule}
+                if got.verdict.label == rule.decision.value and (got.verdict is Verdict.ALLOW or rule.id in named):
+                    cases.append(Case(f"{name} for {who}", True))
+                    break
+                why = "; ".join(r.message for r in got.reasons)[:300]
+                first = first or f"for {who}: {got.verdict.label} ({got.rule or 'no rule'}: {why})"
+            else:
+                cases.append(Case(name, False, first))
+    return cases
+
+
+def test_cases(policy: CompiledPolicy, principal: str) -> list[Case]:
+    """The policy's `tests:` file: one {"command", "principal"?, "cwd"?, "decision", "rule"?}
+    per line, each evaluated through the decision stages."""
+    if policy.tests is None:
+        return []
+    cases: list[Case] = []
+    for n, line in enumerate(policy.tests.read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            spec = json.loads(line)
+            cwd = policy.workspace / spec["cwd"] if "cwd" in spec else None
+            got = evaluate(policy, spec["command"], spec.get("principal", principal), cwd).decision
+        except (ValueError, KeyError) as exc:
+            cases.append(Case(f"{policy.tests.name}:{n}", False, f"bad test line: {exc}"))
+            continue
+        ok = got.verdict.label == spec["decision"] and ("rule" not in spec or got.rule == spec["rule"])
+        detail = "" if ok else f"expected {spec['decision']} ({spec.get('rule')}), got {got.verdict.label} ({got.rule})"
+        cases.append(Case(f"{policy.tests.name}:{n} {spec['command']!r}", ok, detail))
+    return cases

@@ -19,7 +19,7 @@ from typing import Any
 
 from gateway import cancellation, metrics, runfiles, sandbox
 from gateway.analysis import Command
-from gateway.approval import Approval, ApprovalRequest, Approver, DenyAll
+from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable, origin
 from gateway.audit.writer import written_call_ids
 
@@ -178,10 +178,13 @@ class Gateway:
             sandbox.quotas.sweep()
         reaper.start()  # killed sandboxes' orphaned namespace inits come back to be reaped
         # "approve for this session": the digests of calls a supervisor approved for the rest of
-        # this gateway's life. A digest binds tool, command, cwd, env and the policy's hash: the
-        # narrowest rule covering that one call, void when the policy changes.
-        self._session_approved: dict[str, str] = {}
-        """Digests a supervisor approved for the session -> that supervisor (each repeat names them)."""
+        # the client session they were asked in (an MCP connection: approval.CLIENT_SESSION). A
+        # digest binds principal, tool, command, cwd, env, the files it runs and the policy's
+        # hash: the narrowest rule covering that one call, void when the policy changes.
+        self._session_approved: dict[tuple[str, str], dict[str, str]] = {}
+        """(principal, client session) -> digests a supervisor approved there -> that supervisor
+        (each repeat names them). Dropped when the session ends (`end_client_session`)."""
+        self._session_lock = threading.Lock()
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
@@ -315,7 +318,7 @@ class Gateway:
                 "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
             )
             return CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
-        return evaluate(policy, command, principal, cwd, env, family)
+        return evaluate(policy, command, principal, cwd, env, family, sandboxed=True)  # its sandbox masks secrets
 
     def check_command(
         self,
@@ -417,9 +420,10 @@ class Gateway:
                 "; ".join(r.message for r in decision.reasons), policy.sha256,
                 tuple(r.rule for r in decision.reasons) or (None,), inherited, files,
             )  # fmt: skip
-            if request.digest in self._session_approved:
-                by = self._session_approved[request.digest]
-                answer: Approval | None = Approval(True, by, request.digest, "session")
+            client_session = CLIENT_SESSION.get()
+            granted_by = self.session_grant(principal, client_session, request.digest)
+            if granted_by is not None:
+                answer: Approval | None = Approval(True, granted_by, request.digest, "session")
             elif unattended:
                 answer = Approval(False, "nobody", request.digest, "unattended", "no supervisor is asked here")
             else:
@@ -433,8 +437,9 @@ class Gateway:
             same_env = inherited is None or self.env.effective(policy, principal) == request.inherited
             gone = cancellation.cancelled()  # the caller went away (or the server stops) while it waited
             granted = answer is not None and answer.approved and bound and unchanged and same_env and not gone
-            if granted and answer is not None and answer.how.endswith("-session"):
-                self._session_approved[answer.digest] = answer.by
+            # approved for the session: kept for this principal in this client session only; a
+            # call that came in none (the CLI's single run) has nothing to keep it for
+            kept = granted and answer is not None and self.keep_session_grant(principal, client_session, answer)
             note = answer.note if answer is not None else ""
             withdrawn = gone and answer is None  # nobody answered, and nobody ever will: say why
             why_gone = cancellation.reason() or "the call was cancelled (its client went away)"
@@ -461,6 +466,8 @@ class Gateway:
                             **({} if same_env else {"env_unchanged": False}),
                             **({"cancelled": True} if gone else {}),
                             **({"files": [f.to_json() for f in files]} if files else {}),
+                            **({"client_session": client_session} if client_session else {}),
+                            **_session_scope(answer, kept),
                         },
                     )
             except AuditUnavailable as exc:
@@ -482,6 +489,37 @@ class Gateway:
                 return error(call_id, "denied", "APPROVAL_DENIED", f"denied by {answer.by}{because}")
             return Gated(policy, base, bound=files)
         return Gated(policy, base)
+
+    def session_grant(self, principal: str, client_session: str | None, digest: str) -> str | None:
+        """Who approved the call of `digest` for the rest of `client_session` (None: nobody did,
+        or the call comes in no session)."""
+        if client_session is None:
+            return None
+        with self._session_lock:
+            return self._session_approved.get((principal, client_session), {}).get(digest)
+
+    def keep_session_grant(self, principal: str, client_session: str | None, answer: Approval) -> bool:
+        """Keep an approval "for the session" for `principal` in `client_session`; False (kept
+        nowhere) when the answer was not for the session, or the call came in no session."""
+        if client_session is None or not answer.how.endswith("-session"):
+            return False
+        with self._session_lock:
+            self._session_approved.setdefault((principal, client_session), {})[answer.digest] = answer.by
+        return True
+
+    def end_client_session(self, client_session: str) -> None:
+        """The client session ended (its MCP connection closed): every call approved "for the
+        session" in it must be asked again, in any other session. Recorded when there were some."""
+        with self._session_lock:
+            ended = {k: v for k, v in self._session_approved.items() if k[1] == client_session}
+            for key in ended:
+                del self._session_approved[key]
+        for (principal, _), digests in ended.items():
+            with contextlib.suppress(AuditUnavailable):
+                self.audit.append(
+                    "session_approvals_ended", principal=principal,
+                    data={"client_session": client_session, "digests": sorted(digests)},
+                )  # fmt: skip
 
     def _bind_files(
         self, policy: CompiledPolicy, principal: str, cwd: Path, commands: tuple[Command, ...],
@@ -620,6 +658,8 @@ def sandbox_profile(
         path=tuple(str(p) for p in grant.path),
         report=report,
         home=home,
+        deny_read=grant.deny_read,
+        deny_write=grant.deny_write,
     )
 
 
@@ -668,6 +708,16 @@ def limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
     return out
 
 
+def _session_scope(answer: Approval | None, kept: bool) -> dict[str, Any]:
+    """What an approval record says about "for the session": kept (in the record's
+    `client_session`), or asked for where there is no session to keep it in."""
+    if answer is None or not answer.how.endswith("-session"):
+        return {}
+    if kept:
+        return {"scope": "session"}
+    return {"scope": "once", "session_scope_refused": "the call came in no client session: approved this once"}
+
+
 def new_call_id() -> str:
     """A call's id in the audit log and its envelope."""
     return uuid.uuid4().hex[:16]
@@ -692,6 +742,7 @@ class _NetworkHooks:
     def __init__(self, gateway: Gateway, principal: str) -> None:
         self.gateway = gateway
         self.principal = principal
+        self.client_session = CLIENT_SESSION.get()  # the session of the call whose sandbox this is
 
     def current_call(self) -> str | None:
         current = _CURRENT.get()
@@ -718,8 +769,9 @@ class _NetworkHooks:
             asked, principal, "network", f"connect {host}:{port}", "", {}, decision.rule, why, policy.sha256,
             (decision.rule,),
         )  # fmt: skip
-        if request.digest in gw._session_approved:
-            answer: Approval | None = Approval(True, gw._session_approved[request.digest], request.digest, "session")
+        granted_by = gw.session_grant(principal, self.client_session, request.digest)
+        if granted_by is not None:
+            answer: Approval | None = Approval(True, granted_by, request.digest, "session")
         else:
             with cancellation.handling(cancel):  # the sandbox ending withdraws the question
                 answer = gw.approver.decide(request, gw.approval_timeout_s)
@@ -727,8 +779,8 @@ class _NetworkHooks:
         unchanged = gw.policy.sha256 == policy.sha256
         withdrawn = cancel.is_set()
         granted = answer is not None and answer.approved and bound and unchanged and not withdrawn
-        if granted and answer is not None and answer.how.endswith("-session"):
-            gw._session_approved[answer.digest] = answer.by
+        if granted and answer is not None:
+            gw.keep_session_grant(principal, self.client_session, answer)
         how = "withdrawn: the sandbox ended" if withdrawn else answer.how if answer is not None else "timeout"
         by = answer.by if answer is not None else "nobody"
         gw.audit.append(

@@ -17,15 +17,24 @@ lines (searched in make's directory, then its `-I` directories), a shell script'
 `. F`; and the files the environment the command starts with names (LOADER_VARIABLES:
 MAKEFILES, MAKEFLAGS' `-I`, NODE_OPTIONS, RUBYOPT, BASH_ENV, PYTHONSTARTUP).
 
+What an interpreter imports is bound too (gateway/imports.py reads the bound text): Python's
+imports and Node's relative requires, each as a *lookup* of the directory the interpreter looks
+in (`python-lookup`, `node-lookup`: every file it could load the module from there, python's
+`__pycache__` copies with their content), so a module planted ahead of the approved one voids
+the approval; the module found is bound and read for its own imports in turn.
+
 A file that cannot be bound (named by an expansion, unreadable, leading out of its root, too
 large, an include named by a variable or a pattern) is listed with its `error`: an approval of
-that call is void, as the supervisor is told.
+that call is void, as the supervisor is told. What an interpreter loads by a name known only at
+run time (`importlib.import_module(x)`, `require(x)`, a package of the workspace's node_modules)
+is listed as a `notice`: shown to the supervisor (`NOT BOUND`), voiding nothing.
 """
 
 from __future__ import annotations
 
 import errno
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -36,13 +45,18 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, NamedTuple
 
+from gateway import imports
 from gateway.analysis import Command, RedirectMode, Word
 from gateway.analysis.model import Context, Expansion
+from gateway.sandbox import identity
+from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
 
 MAX_BYTES = 64 << 20
 """A file larger than this is not read whole: it cannot be bound."""
-MAX_FILES = 32
+MAX_FILES = 64
 """Files bound per call at most; a call naming more cannot be bound (an error entry)."""
+MAX_LOOKUPS = 512
+"""Module lookups (and notices) per call at most; past them, the call cannot be bound."""
 MAX_CWDS = 16
 """Directories a text's `cd`s may lead to that are followed; past them nothing can be bound."""
 UNFIXED = "known only at run time (named by an expansion, or in a directory the text does not fix)"
@@ -96,7 +110,14 @@ class BoundFile:
     bytes: int | None = None
     error: str = ""
     head: str = ""
-    """The first HEAD_CHARS characters (shown to the supervisor; not part of the binding)."""
+    """The first HEAD_CHARS characters (shown to the supervisor; not part of the binding); for
+    a lookup, what it found."""
+    kind: str = "file"
+    """`file`; `python-lookup` / `node-lookup`: where an interpreter looks for a module the
+    bound code imports (`path` is the directory and the name): `sha256` binds what is there
+    (the files a module could be loaded from, `__pycache__`'s compiled ones with their content),
+    so one planted ahead of the approved module voids the approval; `notice`: what the bound
+    code loads that cannot be bound (`why` says what), told to the supervisor, voiding nothing."""
 
     @property
     def state(self) -> tuple[str | None, int | None, str]:
@@ -104,6 +125,11 @@ class BoundFile:
         return (self.sha256, self.bytes, self.error)
 
     def describe(self) -> str:
+        if self.kind == "notice":
+            return f"{self.path}: NOT BOUND: {self.why}"
+        if self.kind.endswith("-lookup"):
+            found = f"finds {self.head}" if self.head else "nothing there now (one planted voids the approval)"
+            return f"{self.path}: looked up, {found}"
         if self.error:
             return f"{self.path}: cannot be bound ({self.error})"
         if self.sha256 is None:
@@ -114,7 +140,9 @@ class BoundFile:
         out: dict[str, Any] = {"path": self.path, "why": self.why, "sha256": self.sha256, "bytes": self.bytes}
         if self.error:
             out["error"] = self.error
-        if head and self.head:
+        if self.kind != "file":
+            out["kind"] = self.kind
+        if (head or self.kind != "file") and self.head:
             out["head"] = self.head
         return out
 
@@ -122,7 +150,7 @@ class BoundFile:
     def from_json(data: dict[str, Any]) -> BoundFile:
         return BoundFile(
             str(data.get("path", "?")), str(data.get("why", "")), data.get("sha256"), data.get("bytes"),
-            str(data.get("error", "")), str(data.get("head", "")),
+            str(data.get("error", "")), str(data.get("head", "")), str(data.get("kind", "file")),
         )  # fmt: skip
 
 
@@ -148,6 +176,22 @@ class Follow:
     incdirs: tuple[Word, ...] = ()
     """make's include directories (`-I`, MAKEFLAGS), each relative to make's directory."""
     depth: int = 0
+    top: str = ""
+    """python: the script's `sys.path[0]` (empty: the bound script's own directory)."""
+    package: str | None = None
+    """python: the directory of the package the bound module belongs to (its relative imports)."""
+    rest: tuple[str, ...] = ()
+    """python-lookup: the components of the module name below the one looked for."""
+    leaves: tuple[str, ...] = ()
+    """python-lookup: what `from M import a, b` names, looked for as modules when M is a package."""
+
+    @staticmethod
+    def python(top: str = "", package: str | None = None, depth: int = 0) -> Follow:
+        return Follow("python", (), depth=depth, top=top, package=package)
+
+    @staticmethod
+    def node(depth: int = 0) -> Follow:
+        return Follow("node", (), depth=depth)
 
     @staticmethod
     def make(bases: list[Path] | str, incdirs: list[Word]) -> Follow:
@@ -204,9 +248,40 @@ class Follow:
             return [[Found(f"?{path}", f"a file {name} loads (more than {MAX_DEPTH} levels of files loading files)")]]
         if self.kind == "make":
             return self._make_loads(text, name)
+        if self.kind == "python":
+            return self._python_loads(text, path)
+        if self.kind == "node":
+            return self._node_loads(text, path)
         if self.kind == "shebang" and not _shell_shebang(text):
             return []
         return self._shell_loads(text, name)
+
+    def _python_loads(self, text: str, path: str) -> list[list[Found]]:
+        """Where python looks for each module the text imports: one lookup each (gateway/imports.py)."""
+        top = self.top or os.path.dirname(path)
+        wanted, notices = imports.python_imports(text, top, self.package)
+        name = os.path.basename(path)
+        groups = [[Found(f"!{path}", f"{name}: {n}")] for n in notices]
+        for w in wanted:
+            why = f"{name} line {w.line} imports {'.'.join((w.name, *w.rest))}"
+            look = Follow("python-lookup", (w.directory,), depth=self.depth + 1, top=top, rest=w.rest, leaves=w.leaves)
+            groups.append([Found(_join(w.directory, w.name), why, look)])
+        return groups
+
+    def _node_loads(self, text: str, path: str) -> list[list[Found]]:
+        """Where node looks for each file the text requires; a package from a node_modules of the
+        roots cannot be bound (all of it could run): a notice."""
+        directory = os.path.dirname(path)
+        wanted, packages, notices = imports.node_requires(text, directory)
+        name = os.path.basename(path)
+        groups = [[Found(f"!{path}", f"{name}: {n}")] for n in notices]
+        for w in wanted:
+            look = Follow("node-lookup", (directory,), depth=self.depth + 1)
+            groups.append([Found(_join(directory, w.name), f"{name} line {w.line} loads {w.name}", look)])
+        if packages and _node_modules_above(directory):
+            shown = ", ".join(packages[:8]) + (f" and {len(packages) - 8} more" if len(packages) > 8 else "")
+            groups.append([Found(f"!{path}", f"{name} loads {shown} from a node_modules of the workspace")])
+        return groups
 
     def _make_loads(self, text: str, name: str) -> list[list[Found]]:
         text = re.sub(r"\\\r?\n[ \t]*", " ", text)  # make joins a continued line with one space
@@ -446,19 +521,6 @@ def _script(cmd: Command, family: str) -> _Run:
         return run
     run.files.append(Word("-"))  # no script: it reads its standard input
     return run
-
-
-def _module_files(module: str) -> list[str]:
-    """Where `python -m module` finds it first (its own directory is first on sys.path): the
-    module's source, compiled or extension file, or its package's `__init__` and `__main__`."""
-    from importlib.machinery import all_suffixes
-
-    parts = module.split(".")
-    path = "/".join(parts)
-    out = [f"{'/'.join(parts[:n])}/__init__.py" for n in range(1, len(parts))]
-    out += [path + suffix for suffix in all_suffixes()]
-    out += [f"{path}/__init__.py", f"{path}/__main__.py"]
-    return out
 
 
 def _getopt(
@@ -803,7 +865,7 @@ def named(
             bases = here if run.directory is None else moved(here, run.directory, f"{name} -C's directory")
             if run.unknown:
                 out.setdefault(f"?{name} {run.unknown}", f"{name}'s script")
-            shell = Follow.shell(bases) if family == "shell" else None
+            shell = {"shell": Follow.shell(bases), "python": Follow.python(), "node": Follow.node()}.get(family)
             for word in _env_preloads(family, from_env(_ENV_OPTIONS.get(family, ""), f"{name}'s options")):
                 add(word, f"a file {_ENV_OPTIONS[family]} makes {name} load", bases)
             if family == "shell" and name != "busybox" and (bash_env := from_env("BASH_ENV", "bash's startup file")):
@@ -816,9 +878,16 @@ def named(
             if run.module is not None:
                 if not run.module.literal or not all(p.isidentifier() for p in run.module.value.split(".")):
                     add(Word(run.module.value, (Expansion.PARAMETER,), run.module.raw), f"{name} -m's module")
-                else:
-                    for rel in _module_files(run.module.value):
-                        add(Word(rel), f"{name} -m's module", bases)
+                elif isinstance(bases, str):
+                    out.setdefault(f"?{run.module.value}", f"{name} -m's module, in a directory known only at run time")
+                else:  # looked for as python does, from the cwd: its package's __init__, the module, a __main__
+                    first, *rest = run.module.value.split(".")
+                    for base in bases:
+                        look = Follow(
+                            "python-lookup", (str(base),), top=str(base), rest=tuple(rest), leaves=("__main__",)
+                        )
+                        out.setdefault(_join(base, first), f"{name} -m {run.module.value}")
+                        follows.setdefault(_join(base, first), look)
         elif name in ("make", "gmake"):
             files, dirs, incdirs = _make(cmd)
             bases = here
@@ -876,8 +945,6 @@ def _root_of(path: str, roots: tuple[Path, ...]) -> Path | None:
 def _read(path: str, why: str, root: Path, keep: bool = False) -> tuple[BoundFile, bytes | None]:
     """`path` read beneath `root` (never leaving it, whatever links lie on the way), hashed; with
     `keep`, its content too (None past MAX_SCAN bytes)."""
-    from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
-
     # the path as named, beneath the root: not relpath, which would fold `link/..` lexically where
     # the kernel goes to the link target's parent
     top_text = str(root).rstrip("/") + "/"
@@ -930,23 +997,38 @@ def bind(found: Iterable[Found | tuple[str, str]], roots: tuple[Path, ...]) -> t
     bound when read. Files outside every root (a system program) are not the workspace's: not
     bound. An included name make searches for in several directories is bound in each until the
     first that exists (the ones before it bound as absent, so planting one voids the approval)."""
-    from gateway.sandbox import identity
-
     queue: deque[list[Found]] = deque([Found(*f)] for f in found)
     out: dict[str, BoundFile] = {}
     too_many = (BoundFile(f"more than {MAX_FILES} files", "the command", error=f"more than {MAX_FILES} files to bind"),)
+    looked = 0  # lookups and notices
     try:
         with identity.acting_as_sandbox():
             while queue:
                 for f in queue.popleft():  # alternatives: up to the first that exists
-                    if f.path in out:
-                        if out[f.path].sha256 is not None or out[f.path].error:
+                    if f.path.startswith("!"):  # what cannot be bound, told: voids nothing
+                        key = f"{f.path}\0{f.why}"
+                        looked += 1
+                        if key not in out and looked <= MAX_LOOKUPS:
+                            out[key] = BoundFile(f.path[1:], f.why, kind="notice")
+                        continue
+                    lookup = f.follow is not None and f.follow.kind.endswith("-lookup")
+                    key = f"{f.path}\0lookup" if lookup else f.path
+                    if key in out:
+                        if lookup or out[key].sha256 is not None or out[key].error:
                             break
                         continue
                     root = None if f.path.startswith("?") else _root_of(f.path, roots)
                     if root is None and not f.path.startswith("?"):
                         continue  # outside every root: not the workspace's (make looks on)
-                    if len(out) >= MAX_FILES:
+                    if lookup and root is not None and f.follow is not None:
+                        looked += 1
+                        if looked > MAX_LOOKUPS:
+                            return (BoundFile(f"more than {MAX_LOOKUPS} modules", "the command",
+                                              error=f"more than {MAX_LOOKUPS} module lookups to bind"),)  # fmt: skip
+                        out[key], then = _lookup(f, root)
+                        queue.extend([t] for t in then)
+                        break
+                    if sum(1 for b in out.values() if b.kind == "file") >= MAX_FILES:
                         return too_many
                     if root is None:
                         out[f.path] = BoundFile(f.path[1:], f.why, error=UNFIXED)
@@ -968,6 +1050,167 @@ def bind(found: Iterable[Found | tuple[str, str]], roots: tuple[Path, ...]) -> t
     return tuple(out.values())
 
 
+# --- where an interpreter looks for a module -----------------------------------------------------
+
+_PY_CODE = (".py", ".pyc", ".so")
+
+
+def _listing(directory: str, root: Path) -> dict[str, bool] | None:
+    """The entries of `directory` (name -> is a directory), listed beneath `root` (never leaving
+    it), as the caller's identity may; None when it is not there (or not a directory)."""
+    top_text = str(root).rstrip("/") + "/"
+    relative = directory[len(top_text) :] if directory.startswith(top_text) else "."
+    try:
+        top = open_absolute(str(root))
+    except OSError:
+        return None
+    try:
+        fd = openat2(
+            top.fd, relative, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, RESOLVE_BENEATH | RESOLVE_NO_MAGICLINKS
+        )
+    except OSError:
+        return None
+    finally:
+        os.close(top.fd)
+    try:
+        with os.scandir(fd) as it:
+            return {e.name: e.is_dir() for e in it}
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _python_module(directory: str, name: str, root: Path) -> tuple[str, str, str | None, str | None]:
+    """What `import name` finds in `directory` (python's FileFinder: a package's `__init__`,
+    then an extension module, the source, the compiled file): (the state bound, what is shown,
+    the file it loads or None, the package directory it makes or None). The state covers every
+    file python could take for the module there, and the compiled copies in `__pycache__` with
+    their content (a `.pyc` whose recorded source time and size match runs in place of the source)."""
+    entries = _listing(directory, root)
+    if entries is None:
+        return "no directory", "", None, None
+    own = sorted(n for n in entries if n == name or (n.startswith(name + ".") and n.endswith(_PY_CODE)))
+    state: dict[str, Any] = {"entries": own}
+    winner: str | None = None
+    package: str | None = None
+    inits: list[str] = []
+    if entries.get(name):  # a directory: a package (with an __init__), else a namespace portion
+        inside = _listing(f"{directory}/{name}", root) or {}
+        inits = sorted(n for n in inside if n.startswith("__init__.") and n.endswith(_PY_CODE))
+        state["init"] = inits
+        package = f"{directory}/{name}"
+        winner = next((f"{package}/{n}" for n in _by_loader(inits)), None)
+    if winner is None:
+        files = [n for n in own if n != name]
+        winner = next((f"{directory}/{n}" for n in _by_loader(files)), None)
+        if winner is not None:
+            package = None
+    if winner is not None and winner.endswith(".py"):
+        cache_dir = f"{os.path.dirname(winner)}/__pycache__"
+        stem = os.path.basename(winner)[: -len(".py")]
+        cached = _listing(cache_dir, root) or {}
+        state["pycache"] = {
+            n: (_read(f"{cache_dir}/{n}", "", root)[0].sha256 or "")
+            for n in sorted(cached)
+            if n.startswith(stem + ".") and n.endswith(".pyc")
+        }
+    shown = os.path.relpath(winner, directory) if winner else ("a namespace package" if package else "")
+    if state.get("pycache"):
+        shown += f" (and __pycache__/{', '.join(state['pycache'])})"
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    return digest, shown, winner, package
+
+
+def _by_loader(names: list[str]) -> list[str]:
+    """`names` in the order python's FileFinder tries them: extension modules, source, compiled."""
+    order = {".so": 0, ".py": 1, ".pyc": 2}
+    return sorted(names, key=lambda n: (order[next(s for s in _PY_CODE if n.endswith(s))], n))
+
+
+_NODE_EXTENSIONS = ("", ".js", ".cjs", ".mjs", ".json", ".node")
+
+
+def _node_module(path: str, root: Path) -> tuple[str, str, str | None, str | None]:
+    """What node's `require(path)` finds: the file, the file with an extension, then the
+    directory's package.json `main`, its index: (state, shown, the file, a `main` to look for)."""
+    parent, base = os.path.split(path)
+    entries = _listing(parent, root) or {}
+    own = sorted(n for n in entries if n == base or (n.startswith(base + ".") and n[len(base) :] in _NODE_EXTENSIONS))
+    state: dict[str, Any] = {"entries": own}
+    winner = next(
+        (f"{parent}/{base}{e}" for e in _NODE_EXTENSIONS if f"{base}{e}" in entries and not entries[f"{base}{e}"]), None
+    )
+    main: str | None = None
+    if winner is None and entries.get(base):
+        inside = _listing(path, root) or {}
+        index = sorted(
+            n for n in inside if n == "package.json" or (n.startswith("index.") and n[5:] in _NODE_EXTENSIONS)
+        )
+        state["dir"] = index
+        if "package.json" in inside:
+            winner = f"{path}/package.json"
+            bound, content = _read(winner, "", root, keep=True)
+            state["package.json"] = bound.sha256
+            try:
+                found = json.loads(content or b"{}").get("main")
+            except (ValueError, AttributeError):
+                found = None
+            if isinstance(found, str) and found:
+                main = _join(path, found)
+        if winner is None or main is None:
+            index_file = next((f"{path}/index{e}" for e in _NODE_EXTENSIONS[1:] if f"index{e}" in inside), None)
+            winner = index_file or winner
+    shown = os.path.relpath(winner, parent) if winner else ""
+    digest = hashlib.sha256(json.dumps(state, sort_keys=True).encode()).hexdigest()
+    return digest, shown, winner, main
+
+
+def _lookup(f: Found, root: Path) -> tuple[BoundFile, list[Found]]:
+    """A lookup bound (what is there now), and what it leads to: the file found (followed for
+    what it loads when it is source), a submodule below a package."""
+    assert f.follow is not None
+    look = f.follow
+    then: list[Found] = []
+    if look.kind == "python-lookup":
+        directory, name = os.path.split(f.path)
+        state, shown, winner, package = _python_module(directory, name, root)
+        kind = "python-lookup"
+        if winner is not None:
+            module_package = package if package is not None else (directory if directory != look.top else None)
+            follow = Follow.python(look.top, module_package, look.depth) if winner.endswith(".py") else None
+            then.append(Found(winner, f.why, follow))
+        if package is not None:  # a package (or a namespace): what is imported from it is looked for in it
+            below = look.rest[:1] or look.leaves
+            for sub in below:
+                rest, leaves = (look.rest[1:], look.leaves) if look.rest else ((), ())
+                nxt = Follow("python-lookup", (package,), depth=look.depth + 1, top=look.top, rest=rest, leaves=leaves)
+                then.append(Found(f"{package}/{sub}", f.why, nxt))
+    else:
+        state, shown, winner, main = _node_module(f.path, root)
+        kind = "node-lookup"
+        if winner is not None:
+            js = winner.endswith((".js", ".cjs", ".mjs")) or os.path.splitext(winner)[1] == ""
+            then.append(Found(winner, f.why, Follow.node(look.depth) if js else None))
+        if main is not None:
+            then.append(Found(main, f.why, Follow("node-lookup", (), depth=look.depth + 1)))
+    if look.depth >= MAX_DEPTH:
+        then = [Found(f"?{f.path}", f"{f.why} (more than {MAX_DEPTH} levels of files loading files)")]
+    return BoundFile(f.path, f.why, state, None, head=shown, kind=kind), then
+
+
+def _node_modules_above(directory: str) -> bool:
+    """Is there a node_modules in `directory` or above it (where node looks for a package)?"""
+    here = directory
+    while True:
+        if os.path.isdir(os.path.join(here, "node_modules")):
+            return True
+        parent = os.path.dirname(here)
+        if parent == here:
+            return False
+        here = parent
+
+
 def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | None = None) -> list[str]:
     """Each bound file whose content is not what was approved now (read again the same way), as
     `PATH changed after approval` (or `appeared`, `is gone`, `cannot be bound`); paths inside
@@ -980,9 +1223,16 @@ def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | 
             return os.path.relpath(path, base)
         return path
 
-    now = {f.path: f for f in bind([Found(f.path, f.why) for f in bound if f.sha256 is not None or not f.error], roots)}
+    files = [f for f in bound if f.kind == "file"]
+    now = {f.path: f for f in bind([Found(f.path, f.why) for f in files if f.sha256 is not None or not f.error], roots)}
     out = []
     for was in bound:
+        if was.kind == "notice":
+            continue  # never bound: the supervisor was told
+        if was.kind.endswith("-lookup"):
+            if _looked_up_again(was, roots) != was.sha256:
+                out.append(f"{shown(was.path)}: what {was.kind[: -len('-lookup')]} finds there changed after approval")
+            continue
         if was.error:
             out.append(f"{shown(was.path)} cannot be bound ({was.error})")
             continue
@@ -998,3 +1248,17 @@ def changed(bound: tuple[BoundFile, ...], roots: tuple[Path, ...], base: Path | 
         else:
             out.append(f"{shown(was.path)} changed after approval")
     return out
+
+
+def _looked_up_again(was: BoundFile, roots: tuple[Path, ...]) -> str | None:
+    root = _root_of(was.path, roots)
+    if root is None:
+        return None
+    try:
+        with identity.acting_as_sandbox():
+            if was.kind == "python-lookup":
+                directory, name = os.path.split(was.path)
+                return _python_module(directory, name, root)[0]
+            return _node_module(was.path, root)[0]
+    except identity.ActAsUnavailable:
+        return None

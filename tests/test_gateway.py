@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.approval import Approval, ApprovalRequest, CallbackApprover
+from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, CallbackApprover
 from gateway.approval_queue import QueueApprover, QueueError
 from gateway.audit import AuditLog, AuditUnavailable, records, verify
 from gateway.calls import RunCall
@@ -438,13 +438,20 @@ def test_approve_for_session_covers_only_that_exact_call(policy: CompiledPolicy,
     gw = gateway(policy, tmp_path, SessionSupervisor(asked, "command"))
     (ws / "a").write_text("1")
     (ws / "b").write_text("2")
-    assert run(gw, "rm a")["status"] == "ok"
-    (ws / "a").write_text("1")
-    assert run(gw, "rm a")["status"] == "ok"  # the same call: no second question
-    assert run(gw, "rm b")["status"] == "ok"  # another call: asked again
-    assert asked == ["rm a", "rm b"]
+    session = CLIENT_SESSION.set("one client session")  # as the MCP server names a connection
+    try:
+        assert run(gw, "rm a")["status"] == "ok"
+        (ws / "a").write_text("1")
+        assert run(gw, "rm a")["status"] == "ok"  # the same call: no second question
+        assert run(gw, "rm b")["status"] == "ok"  # another call: asked again
+        CLIENT_SESSION.set("another client session")
+        (ws / "a").write_text("1")
+        assert run(gw, "rm a")["status"] == "ok"  # the same call in another session: asked again
+    finally:
+        CLIENT_SESSION.reset(session)
+    assert asked == ["rm a", "rm b", "rm a"]
     hows = [r["data"]["how"] for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "approval"]
-    assert hows == ["tty-session", "session", "tty-session"]
+    assert hows == ["tty-session", "session", "tty-session", "tty-session"]
 
 
 def test_policy_limits_reach_the_sandbox(ws: Path, tmp_path: Path) -> None:

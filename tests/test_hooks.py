@@ -457,6 +457,42 @@ def test_the_gateways_own_records_are_never_named(tmp_path: Path) -> None:
         setup.stop()
 
 
+def test_a_hooked_agent_is_refused_its_secrets_before_it_reads_them(fresh: Setup) -> None:
+    """The shipped deny_read paths under a hook (issue 23, point 5). A command naming one is
+    refused wherever it would run. A search reading a tree that holds one runs where the
+    gateway's sandbox masks it (Claude Code's Bash, rewritten to run there), and is refused
+    where the agent runs it itself (`--no-sandbox`, Gemini CLI, the agents' own file tools)."""
+    ws = fresh.workspace
+    (ws / ".env").write_text("TOKEN=hunter2\n")
+    (ws / "certs").mkdir()
+    (ws / "certs" / "server.pem").write_text("-----BEGIN PRIVATE KEY-----\n")
+    cases = [
+        ("Bash", {"command": "cat .e*"}, (), "deny"),
+        ("Bash", {"command": "head -c 400 certs/*.pem"}, (), "deny"),
+        ("Bash", {"command": "git show HEAD:.env"}, (), "deny"),
+        ("Bash", {"command": "grep -r TOKEN ."}, (), "allow"),  # in the gateway's sandbox: masked
+        ("Bash", {"command": "grep -r TOKEN ."}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "grep -rn TOKEN"}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "git grep TOKEN"}, ("--no-sandbox",), "deny"),
+        ("Bash", {"command": "grep -r print src"}, ("--no-sandbox",), "allow"),  # a tree that holds none
+        ("Read", {"file_path": str(ws / ".env")}, (), "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws)}, (), "deny"),
+        ("Grep", {"pattern": "TOKEN", "path": str(ws / "src")}, (), "allow"),
+        ("Write", {"file_path": str(ws / "certs" / "server.pem"), "content": "x"}, (), "deny"),
+    ]
+    for tool, tool_input, extra, expected in cases:
+        verdict, reason = claude_answer(fresh.hook("claude-code", claude(tool, tool_input, ws), *extra))
+        assert verdict == expected, (tool, tool_input, extra, reason)
+        if expected == "deny":
+            assert "deny_read pattern" in reason, (tool, tool_input, reason)
+    for tool, tool_input in (
+        ("run_shell_command", {"command": "grep -r TOKEN ."}),
+        ("read_many_files", {"include": ["**/*"]}),
+    ):
+        answer = json.loads(fresh.hook("gemini", gemini(tool, tool_input, ws)).stdout)
+        assert answer["decision"] == "deny" and "deny_read pattern" in answer["reason"], answer
+
+
 def test_the_daemon_never_runs_a_gateway_package_planted_in_the_project(fresh: Setup) -> None:
     """The hook runs in the agent's project, which the agent writes: a `gateway/` package there
     must not be what starts as the daemon (it would answer allow to everything, ungated)."""
@@ -696,3 +732,13 @@ def test_a_call_not_decided_by_the_deadline_is_denied(fresh: Setup) -> None:
             break
         time.sleep(0.02)
     assert found and found[0]["data"]["hook"]["told"] == "deny"
+
+
+def test_a_search_allowed_before_a_secret_appeared_is_refused_after(fresh: Setup) -> None:
+    """The decision cache keeps a decision while the paths it resolved hold still: what lies
+    below a searched tree is not one of them, so a secret the human adds is seen at once."""
+    search = claude("Bash", {"command": "grep -r TOKEN src"}, fresh.workspace)
+    assert claude_answer(fresh.hook("claude-code", search, "--no-sandbox"))[0] == "allow"
+    (fresh.workspace / "src" / ".env").write_text("TOKEN=hunter2\n")
+    verdict, reason = claude_answer(fresh.hook("claude-code", search, "--no-sandbox"))
+    assert verdict == "deny" and "deny_read pattern" in reason, reason

@@ -420,6 +420,7 @@ def _attack(
     _lay_out(ws, command, files)
 
     def rewrite() -> None:  # the supervisor has read the files and approves; then the agent moves
+        (ws / target).parent.mkdir(parents=True, exist_ok=True)
         (ws / target).write_text(evil.format(ws=ws, name="pwned.txt"))
 
     supervisor.then = rewrite
@@ -507,3 +508,108 @@ def test_a_session_binds_the_makefiles_its_shell_names(asking: tuple[Gateway, Su
         assert "inc.mk" in out["error"]["message"] or "$MAKEFILES" in out["error"]["message"], out  # type: ignore[index]
     finally:
         gw.handle(SessionCall(principal="agent", action="kill", session_id=sid))
+
+
+# --- issue 23, point 7: an approval binds the script, and what it imports. On main, approved
+# `python3 x.py` ran the helper.py x.py imports as the agent rewrote it after the approval, or a
+# module the agent planted ahead of the one python would have found.
+PY_EVIL = 'open("{ws}/pwned.txt", "w").write("x")\n'
+JS_EVIL = 'require("fs").writeFileSync("{ws}/pwned.txt", "x");\n'
+IMPORTS: list[tuple[str, dict[str, str], str, str]] = [
+    ("python3 x.py", {"x.py": "import helper\nhelper.run()\n", "helper.py": "def run(): print(1)\n"}, "helper.py",
+     PY_EVIL + "def run(): pass\n"),
+    # a module of the standard library, shadowed by one planted beside the script
+    ("python3 x.py", {"x.py": "import json\nprint(json.dumps(1))\n"}, "json.py", PY_EVIL + "def dumps(x): return ''\n"),
+    ("python3 x.py", {"x.py": "def f():\n    import helper\nf()\n", "helper.py": "X = 1\n"}, "helper.py", PY_EVIL),
+    ("python3 x.py", {"x.py": "from pkg import mod\n", "pkg/__init__.py": "", "pkg/mod.py": "X = 1\n"},
+     "pkg/mod.py", PY_EVIL),
+    ("python3 x.py", {"x.py": "import pkg.sub.deep\n", "pkg/__init__.py": "", "pkg/sub/__init__.py": "",
+                      "pkg/sub/deep.py": "X = 1\n"}, "pkg/sub/deep.py", PY_EVIL),
+    # a package planted ahead of the module python would have loaded: pkg/ beats pkg.py
+    ("python3 x.py", {"x.py": "import helper\n", "helper.py": "X = 1\n"}, "helper/__init__.py", PY_EVIL),
+    # what the imported module imports, and its relative imports
+    ("python3 x.py", {"x.py": "import helper\n", "helper.py": "import inner\n", "inner.py": "X = 1\n"},
+     "inner.py", PY_EVIL),
+    ("python3 -m pkg.main", {"pkg/__init__.py": "", "pkg/main.py": "from . import util\n", "pkg/util.py": "X = 1\n"},
+     "pkg/util.py", PY_EVIL),
+    ("python3 -m tool", {"tool/__init__.py": "", "tool/__main__.py": "print(1)\n"}, "tool/__main__.py", PY_EVIL),
+    ("python3 tools/run.py", {"tools/run.py": "import lib\n", "tools/lib.py": "X = 1\n"}, "tools/lib.py", PY_EVIL),
+    # node: a relative require, one planted ahead of it (lib.js beats lib/index.js), an import's
+    ("node app.js", {"app.js": "require('./lib');\n", "lib.js": "1;\n"}, "lib.js", JS_EVIL),
+    ("node app.js", {"app.js": "require('./lib');\n", "lib/index.js": "1;\n"}, "lib.js", JS_EVIL),
+    ("node app.mjs", {"app.mjs": "import x from './dep.mjs';\n", "dep.mjs": "export default 1;\n"}, "dep.mjs",
+     'import fs from "fs"; fs.writeFileSync("{ws}/pwned.txt", "x"); export default 1;\n'),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("command", "files", "target", "evil"), IMPORTS, ids=[f"{a[0]}|{a[2]}" for a in IMPORTS])
+def test_no_module_an_approved_script_imports_can_change_unseen(
+    asking: tuple[Gateway, Supervisor], ws: Path, command: str, files: dict[str, str], target: str, evil: str
+) -> None:
+    gw, supervisor = asking
+    out = _attack(gw, supervisor, ws, command, files, target, evil)
+    assert supervisor.seen, out  # it was asked
+    assert not list(ws.rglob("pwned.txt")), out
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+
+
+@pytest.mark.parametrize("index", [0, 1, 3, 4, 7, 8, 10])
+def test_an_unchanged_import_still_runs_as_approved(asking: tuple[Gateway, Supervisor], ws: Path, index: int) -> None:
+    command, files, _, _ = IMPORTS[index]
+    gw, supervisor = asking
+    supervisor.then = None
+    _lay_out(ws, command, files)
+    out = gw.handle(RunCall(principal="agent", command=command))
+    assert supervisor.seen and out["status"] == "ok", out
+    shown = {os.path.relpath(f.path, ws): f for f in supervisor.seen[0].files if f.kind == "file"}
+    assert all(shown[name].sha256 for name in files if name in shown), shown
+    assert not any(f.error for f in supervisor.seen[0].files), supervisor.seen[0].files
+    # run again: python has written __pycache__ meanwhile, and the same approval binds it now
+    again = gw.handle(RunCall(principal="agent", command=command))
+    assert again["status"] == "ok", again
+
+
+def test_a_compiled_module_planted_in_pycache_voids_the_approval(asking: tuple[Gateway, Supervisor], ws: Path) -> None:
+    """python runs `__pycache__/helper.cpython-3X.pyc` instead of helper.py when the source time
+    and size it records match: a planted one runs code the supervisor never saw."""
+    gw, supervisor = asking
+    files = {"x.py": "import helper\n", "helper.py": "X = 1\n"}
+
+    def plant() -> None:
+        source = ws / "helper.py"
+        code = compile(PY_EVIL.format(ws=ws), str(source), "exec")
+        import importlib._bootstrap_external as external
+        import importlib.util
+
+        st = source.stat()
+        data = external._code_to_timestamp_pyc(code, int(st.st_mtime), st.st_size)  # type: ignore[attr-defined]
+        tag = importlib.util.cache_from_source(str(source))
+        Path(tag).parent.mkdir(exist_ok=True)
+        Path(tag).write_bytes(data)
+
+    _lay_out(ws, "python3 x.py", files)
+    supervisor.then = plant
+    out = gw.handle(RunCall(principal="agent", command="python3 x.py"))
+    assert supervisor.seen and not (ws / "pwned.txt").exists(), out
+    assert out["status"] == "denied" and out["error"]["code"] == "APPROVAL_VOID", out  # type: ignore[index]
+    assert "helper: what python finds there changed" in out["error"]["message"], out  # type: ignore[index]
+
+
+def test_what_cannot_be_bound_is_told_to_the_supervisor(asking: tuple[Gateway, Supervisor], ws: Path) -> None:
+    """An import by a name known only at run time, or a package from the workspace's node_modules,
+    cannot be bound: the supervisor reads it in the request (it voids nothing)."""
+    gw, supervisor = asking
+    files = {"x.py": "import importlib\nmod = importlib.import_module('hel' + 'per')\n", "helper.py": "X = 1\n"}
+    _lay_out(ws, "python3 x.py", files)
+    out = gw.handle(RunCall(principal="agent", command="python3 x.py"))
+    assert out["status"] == "ok", out
+    notices = [f.describe() for f in supervisor.seen[-1].files if f.kind == "notice"]
+    assert any("NOT BOUND" in n and "import_module()" in n for n in notices), notices
+    (ws / "node_modules" / "left-pad").mkdir(parents=True)
+    (ws / "node_modules" / "left-pad" / "index.js").write_text("module.exports = 1;\n")
+    (ws / "app.js").write_text("require('left-pad');\n")
+    hand_over(ws)
+    out = gw.handle(RunCall(principal="agent", command="node app.js"))
+    assert out["status"] == "ok", out
+    notices = [f.describe() for f in supervisor.seen[-1].files if f.kind == "notice"]
+    assert any("left-pad from a node_modules of the workspace" in n for n in notices), notices

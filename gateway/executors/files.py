@@ -68,6 +68,7 @@ from gateway.calls import FilesCall
 from gateway.cancellation import cancelled
 from gateway.policy.compile import Grant
 from gateway.regex import safe_regex
+from gateway.sandbox import masks
 from gateway.sandbox.identity import sandbox_identity
 from gateway.stages.pathjail import PathRefused, check_path, inside, settled_realpath
 
@@ -176,12 +177,19 @@ def _fd_path(fd: int) -> str:
 
 
 def _verify(fd: int, access: str, grant: Grant) -> str:
-    """The real location of an opened descriptor, which must pass the jail for `access`."""
+    """The real location of an opened descriptor, which must pass the jail for `access`; a file
+    with more than one name must not be a deny_read match under another (a hard link)."""
     real = _fd_path(fd)
     try:
         check_path(real, access, grant)
     except PathRefused as r:
         raise _Fail("PATH_OUTSIDE_JAIL", f"{r.message} (the path changed after it was checked)") from None
+    if grant.deny_read is not None:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_nlink > 1:
+            roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
+            if (st.st_dev, st.st_ino) in masks.denied_files(roots, grant.deny_read, map(str, grant.unseen)):
+                raise _Fail("PATH_OUTSIDE_JAIL", f"{real} is another name (a hard link) of a file the policy denies")
     return real
 
 
@@ -1021,7 +1029,8 @@ def _walk(walk: _Walk, fd: int, dpath: str, rel: str = "", depth: int = 0) -> Ge
             try:
                 cpath = _verify(cfd, "read", walk.grant)
             except _Fail:
-                walk.skip(entry.path, "outside_roots")
+                denied = walk.grant.deny_read is not None and walk.grant.deny_read.match(entry.path) is not None
+                walk.skip(entry.path, "deny_read" if denied else "outside_roots")
                 continue
             if walk.ignore is not None:
                 walk.ignore.load(cfd, cpath)
@@ -1123,6 +1132,9 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
 def _grep_entry(ctx: _Ctx, walk: _Walk, entry: _Entry, search: Callable[[int, str], bool]) -> bool:
     shown = ctx.show(entry.path)
     mode = entry.st.st_mode
+    if ctx.grant.deny_read is not None and ctx.grant.deny_read.match(entry.path) is not None:
+        walk.skip(shown, "deny_read")  # a secret of the policy's: never searched
+        return True
     try:
         if stat.S_ISREG(mode):
             with _open(entry.name, _READ, "read", ctx.grant, dir_fd=entry.dir_fd) as (fd, _):

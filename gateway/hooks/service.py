@@ -52,7 +52,7 @@ from gateway.pipeline import limits, new_call_id, sandbox_profile, unsafe_setup
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages.pathjail import Homes, PathRefused, settled_realpath
-from gateway.tools.files import decide_paths, private_refusal
+from gateway.tools.files import decide_paths, private_refusal, secret_refusal
 
 ADVICE = {
     "deny": "Do not retry it in another form: the policy decides the same way. If it is needed, ask the user.",
@@ -219,7 +219,7 @@ class HookService:
         policy: CompiledPolicy | None = None
         try:
             policy = self._policy()
-            decision, data = self.decide(policy, call, caller.homes(sandboxed=rewrite))
+            decision, data = self.decide(policy, call, caller.homes(sandboxed=rewrite), sandboxed=rewrite)
         except Exception as exc:  # fail closed: a broken stage is a denial
             reason = Reason("pipeline", "internal_error", f"{type(exc).__name__}: {exc}")
             decision, data = Decision(Verdict.DENY, None, (reason,)), {}
@@ -229,8 +229,11 @@ class HookService:
         return self._record(call_id, agent, call, decision, data, caller, policy=policy, rewrite=rewrite)
 
     def decide(
-        self, policy: CompiledPolicy, call: HookCall, homes: Homes | None = None
+        self, policy: CompiledPolicy, call: HookCall, homes: Homes | None = None, sandboxed: bool = False
     ) -> tuple[Decision, dict[str, Any]]:
+        """`sandboxed`: a shell call that will run in the gateway's sandbox (which masks the
+        policy's deny_read paths); otherwise the agent runs it, and the jail refuses a search of
+        a tree that holds one."""
         unsafe = unsafe_setup(policy, self.principal, self.private[0], self.private[1:])
         if unsafe:
             return Decision(Verdict.DENY, None, (Reason("setup", "unsafe_setup", unsafe),)), {}
@@ -246,8 +249,12 @@ class HookService:
             walks = request.action in ("grep", "find", "list")
             if decision.verdict is not Verdict.DENY:
                 decision = private_refusal(self.private, who, walks, paths) or decision
+            if decision.verdict is not Verdict.DENY and request.action in ("grep", "read"):
+                decision = secret_refusal(policy, self.principal, who, paths) or decision  # no sandbox masks them
             return decision, {}
-        result = evaluate(policy, request.command, self.principal, Path(request.cwd), None, Tool.RUN, homes)
+        result = evaluate(
+            policy, request.command, self.principal, Path(request.cwd), None, Tool.RUN, homes, sandboxed=sandboxed
+        )
         decision = result.decision
         commands = []
         if result.analysis is not None:

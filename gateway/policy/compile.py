@@ -30,6 +30,7 @@ from gateway.policy.schema import NetworkSettings, Policy, Rule, RuleDecision, T
 from gateway.sandbox import egress as _egress
 from gateway.sandbox.egress.presets import PresetError
 from gateway.sandbox.egress.rules import Egress, PatternError
+from gateway.sandbox.masks import Patterns
 from gateway.sandbox.plan import RUNTIME as _RUNTIME
 from gateway.stages.decision_cache import DecisionCache
 
@@ -112,6 +113,10 @@ class Grant:
     be read although `private` holds them. Set by the files tool for reads."""
     path: tuple[Path, ...] = ()
     """Directories the sandbox's PATH adds after the system ones (read-only: checked at load)."""
+    deny_read: Patterns | None = None
+    """Paths never read nor written, whatever the roots say (roles' `deny_read`, all of them)."""
+    deny_write: Patterns | None = None
+    """Paths never written (roles' `deny_write`)."""
 
 
 @dataclass(frozen=True)
@@ -202,7 +207,13 @@ def compile_policy(
             write_roots=tuple(sorted({p for r in folded for p in r.write_roots})),
             protected=tuple(sorted({p for r in folded for p in r.protected})),
         )
-        grants[name] = replace(grants[name], path=_tool_path(policy, closure, grants[name], ws, source))
+        deny_read, deny_write = _secrets(policy, closure, grants[name], ws, source)
+        grants[name] = replace(
+            grants[name],
+            path=_tool_path(policy, closure, grants[name], ws, source),
+            deny_read=deny_read,
+            deny_write=deny_write,
+        )
         groupings.extend([name, f"role:{r}"] for r in principal.roles)
     for name, role in policy.roles.items():
         groupings.extend([f"role:{name}", f"role:{parent}"] for parent in role.inherits)
@@ -348,6 +359,30 @@ def _tool_path(policy: Policy, roles: set[str], grant: Grant, ws: Path, source: 
             if real not in out:
                 out.append(real)
     return tuple(out)
+
+
+def _secrets(
+    policy: Policy, roles: set[str], grant: Grant, ws: Path, source: Path
+) -> tuple[Patterns | None, Patterns | None]:
+    """The principal's deny_read and deny_write patterns (every role's, inherited ones too). A
+    root that a deny_read pattern denies whole is refused: nothing in it could be read."""
+    out: dict[str, Patterns | None] = {}
+    for field_name in ("deny_read", "deny_write"):
+        entries = [e for name, role in policy.roles.items() if name in roles for e in getattr(role, field_name)]
+        try:
+            out[field_name] = Patterns.compile(entries, ws)
+        except ValueError as exc:
+            raise PolicyError(f"{source}: roles (of {grant.principal}).{field_name}: {exc}") from None
+    denied = out["deny_read"]
+    if denied is not None:
+        for root in (*grant.read_roots, *grant.write_roots):
+            hit = denied.match(str(root))
+            if hit is not None:
+                raise PolicyError(
+                    f"{source}: the root {root} of {grant.principal} matches its deny_read pattern {hit!r}: nothing "
+                    "in it could be read; narrow the pattern (a path: `dir/name`) or move the root"
+                )
+    return denied, out["deny_write"]
 
 
 def _ancestors(policy: Policy, role: str, depth: int = 0) -> set[str]:

@@ -1,7 +1,7 @@
 """Policy layering: a policy may `include` others, which are lower layers.
 
 A lower layer is the authority over what it grants: its sandbox settings, its roles' roots,
-protected paths, levels and limits, its principals, its tool levels, second-opinion, environment,
+protected paths, deny lists, levels and limits, its principals, its tool levels, second-opinion, environment,
 shell and redaction settings are ceilings, which a layer including it may tighten and never
 widen. Where a lower layer that defines principals sets nothing, the default is the ceiling (the
 ci-runner example sets no `sandbox`, so its includers cannot turn the network on); a lower layer
@@ -38,7 +38,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -221,6 +221,8 @@ class _Reach:
     write_roots: tuple[Path, ...]
     protected: tuple[Path, ...]
     limits: dict[str, int]
+    denied: dict[str, frozenset[str]] = field(default_factory=dict)
+    """deny_read and deny_write: every entry of the roles (patterns and `!` exceptions)."""
 
 
 def _closure(policy: Policy, roles: Iterable[str]) -> list[str]:
@@ -248,6 +250,7 @@ def _reach(policy: Policy, held: list[str], workspace: Path) -> _Reach:
         write_roots=resolve_roots({e for r in folded for e in r.write_roots}, workspace),
         protected=resolve_roots({e for r in folded for e in r.protected}, workspace),
         limits=limits,
+        denied={f: frozenset(e for r in folded for e in getattr(r, f)) for f in ("deny_read", "deny_write")},
     )
 
 
@@ -373,6 +376,12 @@ def _reach_widenings(
     for key, value in now.limits.items():
         if value > was.limits[key]:
             say(("limits", key), str(value), str(was.limits[key]))
+    for name, lower in was.denied.items():  # a pattern dropped, or an exception added, reads more
+        upper = now.denied.get(name, frozenset())
+        if dropped := sorted(e for e in lower - upper if not e.startswith("!")):
+            say((name,), f"dropping {dropped}", f"{sorted(lower)}")
+        if excepted := sorted(e for e in upper - lower if e.startswith("!")):
+            say((name,), f"the exceptions {excepted}", f"{sorted(lower)}")
 
 
 def _workspace(layer: _Layer, override: Path | None) -> Path:

@@ -23,6 +23,7 @@ from pydantic import (
     model_validator,
 )
 
+from gateway.sandbox import masks
 from gateway.sandbox.egress import rules as egress_rules
 
 
@@ -120,6 +121,15 @@ class Role(_Model):
     """Directories whose contents may be written (writing implies reading)."""
     protected: list[str] = []
     """Paths never writable, even inside a write root (e.g. `.git/hooks`)."""
+    deny_read: list[str] = []
+    """Paths no command, glob, recursive search or files call may read (nor write): `.env`,
+    `*.pem`, `id_rsa*` (a name: any component of a path), `config/secrets.yaml` (a path:
+    relative to the workspace, `**` for any depth), `!.env.example` (an exception). The sandbox
+    masks every match present when it starts (an empty read-only file or directory), so a
+    program the policy lets run reads nothing there either (docs/policy.md, Secrets)."""
+    deny_write: list[str] = []
+    """Paths never written (read is fine), in the same pattern language: `.envrc` (the
+    human's shell runs it). Present matches are read-only in the sandbox."""
     path: list[str] = []
     """Directories added to the sandbox's PATH, after the system ones (relative: against the
     workspace). Each must lie in the system runtime (/usr, /bin, ...) or in this principal's
@@ -130,6 +140,15 @@ class Role(_Model):
     """The network this role's sandboxes get instead of `sandbox.network` (false, or a mapping of
     hosts: docs/sandbox.md, The network). It may only narrow `sandbox.network`; a principal whose
     roles set different ones is a load error."""
+
+    @field_validator("deny_read", "deny_write")
+    @classmethod
+    def _patterns(cls, entries: list[str]) -> list[str]:
+        for entry in entries:
+            why = masks.validate(entry)
+            if why is not None:
+                raise ValueError(f"{entry!r}: {why}")
+        return entries
 
 
 class Principal(_Model):
@@ -198,6 +217,12 @@ class Rule(_Model):
     when_options: list[str] = []
     """The rule matches only commands that use one of these options (for deny/ask rules such
     as `git push --force`)."""
+    options_end: list[str] = []
+    """Options after which the program reads no options of its own: the next word is the
+    option's value, and every word after it belongs to what the program runs (python's `-m`:
+    in `python -m pip install -r req.txt`, `-r` is pip's). `when_options` and
+    `forbidden_options` then look only at the words before; only the option written as a word
+    of its own counts (`-m`, not a cluster like `-Im`, which leaves every word an option)."""
     path_args: PathArgs | None = None
     """Which positional arguments are paths. Unset, for a program with a model
     (gateway/programs/) and no `path_options`: the model says which words are paths read or

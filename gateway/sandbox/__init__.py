@@ -11,6 +11,8 @@ A sandbox is a value first and a launch second:
                     uid outside, and verifies mounts, applies Landlock and rlimits inside
     identity.py     the unprivileged uid sandboxed code runs as (never host root)
     nested.py       quarantines nested repositories (sub/.git) the moment they appear
+    masks.py        the policy's deny_read/deny_write patterns, and their matches under the roots
+                    (kept up to date by inotify), which every sandbox masks
     quotas.py       memory and process caps by cgroup (v1 or v2), rlimits otherwise
     reaper.py       the gateway as subreaper: reaps killed sandboxes' orphaned namespace inits
     landlock.py     the kernel's Landlock ABI
@@ -25,9 +27,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from gateway.sandbox import git, identity, nested
+from gateway.sandbox import git, identity, masks, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
-from gateway.sandbox.plan import HOME, LOOP_SHELL, Profile, SandboxPlan, build, host_facts
+from gateway.sandbox.plan import HOME, LOOP_SHELL, RUNTIME, Profile, SandboxPlan, build, host_facts, unseen
 from gateway.sandbox.quotas import Quotas
 
 __all__ = [
@@ -62,12 +64,31 @@ def plan_for(
         ident = identity.sandbox_identity()
     except identity.IdentityUnavailable as exc:
         raise SandboxUnavailable(str(exc)) from exc
+    masked, read_only = secrets_of(profile)
     return build(
         profile, tuple(argv), cwd, env,
         uid=ident.uid, gid=ident.gid, user=ident.name,
         repositories=git.survey(profile.write_roots), host=host_facts(profile.etc),
         git_write=git_write, die_with_parent=die_with_parent, keep_fds=keep_fds, loop_shell=loop_shell,
+        masked=masked, read_only=read_only,
     )  # fmt: skip
+
+
+def secrets_of(profile: Profile) -> tuple[tuple[masks.Hit, ...], tuple[masks.Hit, ...]]:
+    """The deny_read matches under the profile's roots (masked) and the deny_write ones under
+    its write roots (read-only), as they are now. The directories the sandbox hides or replaces
+    and the system's own are not searched. Raises SandboxUnavailable where the roots are too
+    large to search: a sandbox is never started with its secrets unmasked."""
+    roots = [str(r) for r in (*profile.read_roots, *profile.write_roots)]
+    skip = (*unseen(roots), *map(str, profile.private), *RUNTIME, "/etc", "/proc", "/sys", "/dev")
+    try:  # as the sandbox's account: what it cannot list, it cannot read, and bwrap mounts as it
+        with identity.acting_as_sandbox():
+            masked = masks.find(roots, profile.deny_read, skip)
+            writable = [str(w) for w in profile.write_roots]
+            read_only = masks.find(writable, profile.deny_write, skip) if profile.deny_write is not None else ()
+    except (masks.TooManyToSearch, identity.ActAsUnavailable, OSError) as exc:
+        raise SandboxUnavailable(f"the roots cannot be searched for the policy's denied paths: {exc}") from exc
+    return masked, read_only
 
 
 def start(

@@ -188,12 +188,15 @@ class Launch:
 
     def summary(self, plan: SandboxPlan) -> dict[str, object]:
         """What held this command, for its result and audit record: Landlock (or its absence),
-        how quotas were enforced, the uid, whether .git was writable."""
+        how quotas were enforced, the uid, whether .git was writable, how many of the policy's
+        denied paths it masked."""
+        masked = sum(1 for m in plan.mounts if m.kind == "mask")
         return {
             "landlock": landlock.describe() if plan.landlock_mode else "off",
             "quotas": self.fallback,
             "uid": plan.uid,
             "git_write": plan.git_write,
+            **({"masked": masked} if masked else {}),
         }
 
     def abandon(self) -> None:
@@ -345,6 +348,8 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None,
             expect(m.target, o, m.kind == "ro-bind")
         elif m.kind in ("protect", "pin"):
             args += _protect(m, roots, keep, expect, data_fd)
+        elif m.kind == "mask":
+            args += _mask(m, roots, keep, data_fd)
         elif m.kind == "helper":  # copied in (a path under root's home is not reachable for the sandbox uid)
             fd = os.open(helper_bin, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
             fds.append(fd)
@@ -478,6 +483,32 @@ def _protect(
         return ["--bind-fd", str(o.fd), target]
     expect(target, o, True)
     return ["--ro-bind-fd", str(o.fd), target]
+
+
+def _mask(
+    m: Mount, roots: dict[str, Opened], keep: Callable[[Opened], Opened], data_fd: Callable[[bytes], int]
+) -> list[str]:
+    """A deny_read match covered: an empty read-only file over a file, an empty read-only tmpfs
+    over a directory. Found again beneath its root, never through a link (a link planted on
+    the way refuses the launch); gone since it was found, there is nothing to cover."""
+    assert m.source is not None and m.beneath is not None
+    root = roots.get(m.beneath)
+    if root is None:  # the root could not be bound: nothing of it is visible
+        return []
+    rel = os.path.relpath(m.source, m.beneath)
+    try:
+        walk = descriptors.walk_beneath(root.fd, rel)
+    except PlantedLink as exc:
+        raise SandboxUnavailable(
+            f"denied path {m.source}: {exc} inside the root; the sandbox never follows it (remove it)"
+        ) from None
+    for _, o in walk.found:
+        keep(o)
+    if walk.missing is not None or not walk.found or walk.found[-1][0] != rel:
+        return []
+    if walk.found[-1][1].is_dir:
+        return ["--perms", "0555", "--size", str(m.size or 4096), "--tmpfs", m.target, "--remount-ro", m.target]
+    return ["--perms", "0444", "--ro-bind-data", str(data_fd(b"")), m.target]
 
 
 def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:

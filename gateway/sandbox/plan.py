@@ -34,7 +34,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from gateway.sandbox import git
+from gateway.sandbox import git, masks
 from gateway.sandbox.egress.rules import Egress
 from gateway.sandbox.quotas import Quotas
 
@@ -75,7 +75,7 @@ or /proc/PID/fd: they cannot answer its read of the control pipe with a record o
 
 Kind = Literal[
     "ro-bind", "bind", "copy", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper",
-    "shell",
+    "shell", "mask",
 ]  # fmt: skip
 
 
@@ -89,8 +89,10 @@ class Mount:
     """The host path bound (ro-bind, bind, protect, pin) or copied (copy: a small system file,
     read by descriptor into the read-only root): opened by descriptor at launch."""
     beneath: str | None = None
-    """For protect/pin: the write root the source lies in; opened beneath it, no symlinks."""
+    """For protect/pin/mask: the root the source lies in; opened beneath it, no symlinks."""
     size: int | None = None
+    """A tmpfs's size; for a mask, set when it covers a directory (an empty read-only tmpfs of
+    this size), unset for a file (an empty read-only file)."""
     link: str | None = None
     data: bytes | None = None
 
@@ -129,6 +131,11 @@ class Profile:
     """HOME inside: what `~` means to the path jail and the files tool for these commands (the
     policy's `home`, or for an agent's hook call the agent's own HOME), shown only where a root
     shows it. None: the private HOME tmpfs."""
+    deny_read: masks.Patterns | None = None
+    """Paths masked in every sandbox (roles' `deny_read`): each match under the roots when the
+    sandbox starts is covered by an empty read-only file or directory."""
+    deny_write: masks.Patterns | None = None
+    """Paths read-only in every sandbox (roles' `deny_write`): each match present when it starts."""
 
 
 @dataclass(frozen=True)
@@ -247,13 +254,18 @@ def build(
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
     loop_shell: bool = False,
+    masked: tuple[masks.Hit, ...] = (),
+    read_only: tuple[masks.Hit, ...] = (),
 ) -> SandboxPlan:
     """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O. (Everything
     but the command and its environment is the same for every call of a principal in one place:
-    that part is remembered.) `loop_shell`: a session's sandbox, which holds LOOP_SHELL."""
+    that part is remembered.) `loop_shell`: a session's sandbox, which holds LOOP_SHELL.
+    `masked`: the deny_read matches under the roots (masks.find), each covered; `read_only`: the
+    deny_write matches, each bound read-only."""
     skeleton = _skeleton(
-        profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds, loop_shell
-    )
+        profile, cwd, uid, gid, user, repositories, host, git_write, die_with_parent, keep_fds, loop_shell,
+        masked, read_only,
+    )  # fmt: skip
     full_env = {**env, "HOME": profile.home or HOME, **git.environment(GITCONFIG)}
     if profile.path:
         full_env["PATH"] = ":".join([p for p in full_env.get("PATH", "").split(":") if p] + list(profile.path))
@@ -292,6 +304,8 @@ def _skeleton(
     die_with_parent: bool,
     keep_fds: tuple[int, ...],
     loop_shell: bool = False,
+    masked: tuple[masks.Hit, ...] = (),
+    read_only: tuple[masks.Hit, ...] = (),
 ) -> SandboxPlan:
     q = profile.quotas
     read_roots = sorted({str(r) for r in profile.read_roots} - {str(w) for w in profile.write_roots})
@@ -341,8 +355,9 @@ def _skeleton(
     for private in sorted({str(p) for p in profile.private}):
         if covered(private):
             mounts.append(Mount(private, "hide"))
-    # protected paths and .git inside the write roots: read-only, their parents pinned
-    mounts += _protections(profile, write_roots, repositories, git_write)
+    # protected paths and .git inside the write roots: read-only, their parents pinned; then the
+    # deny_read matches masked and the deny_write ones read-only (their parents pinned as well)
+    mounts += _protections(profile, write_roots, repositories, git_write, roots, masked, read_only)
     mounts += [Mount(RUN_DIR, "dir"), Mount(HELPER, "helper"),
                Mount(GITCONFIG, "data", data=git.global_config(profile.principal))]  # fmt: skip
     if profile.egress is not None and profile.egress.ca_bundle:
@@ -379,17 +394,29 @@ def _skeleton(
 
 
 def _protections(
-    profile: Profile, write_roots: list[str], repositories: tuple[git.Repository, ...], git_write: bool
+    profile: Profile,
+    write_roots: list[str],
+    repositories: tuple[git.Repository, ...],
+    git_write: bool,
+    roots: list[str] | None = None,
+    masked: tuple[masks.Hit, ...] = (),
+    read_only: tuple[masks.Hit, ...] = (),
 ) -> list[Mount]:
-    """Read-only mounts for the protected paths and each write root's .git, and a pin (the
-    directory bound onto itself: a mount point cannot be renamed or removed) for every directory
-    between a write root and a protected path."""
+    """Read-only mounts for the protected paths, each write root's .git and the deny_write
+    matches, masks over the deny_read matches, and a pin (the directory bound onto itself: a
+    mount point cannot be renamed or removed) for every directory between a write root and one
+    of them: no command can move a secret out from under its mask."""
     wanted: list[tuple[str, str]] = []  # (absolute path, its write root)
 
     def root_of(path: str) -> str | None:
         inside = [w for w in write_roots if _under(path, w)]
         return max(inside, key=len) if inside else None
 
+    hidden = [h.path for h in masked]
+    for hit in read_only:
+        r = root_of(hit.path)
+        if r is not None and hit.path != r and not any(_under(hit.path, m) for m in hidden):
+            wanted.append((hit.path, r))
     for protected in profile.protected:
         r = root_of(str(protected))
         if r is not None and str(protected) != r:
@@ -417,19 +444,38 @@ def _protections(
     for p, r in paths:
         if not any(_under(p, k) for k, _ in kept):
             kept.append((p, r))
+    # nothing of a masked directory shows through a mount inside it
+    kept = [(p, r) for p, r in kept if not any(_under(p, m) for m in hidden)]
     out: list[Mount] = []
     pinned: set[str] = set()
-    for p, r in kept:
+
+    def pin_to(p: str, r: str) -> None:
         parent = os.path.dirname(p)
         chain: list[str] = []
         while parent != r and _under(parent, r):
             chain.append(parent)
             parent = os.path.dirname(parent)
         for d in reversed(chain):
+            if any(_under(d, k) for k, _ in kept):
+                break  # read-only from here down (a protected path): nothing below can be moved
             if d not in pinned:
                 pinned.add(d)
                 out.append(Mount(d, "pin", source=d, beneath=r))
+
+    for p, r in kept:
+        pin_to(p, r)
         out.append(Mount(p, "protect", source=p, beneath=r))
+    every = roots if roots is not None else write_roots
+    for hit in masked:
+        if any(_under(hit.path, m) and hit.path != m for m in hidden):
+            continue  # inside a masked directory already
+        inside = [r for r in every if _under(hit.path, r)]
+        if not inside or hit.path in inside:
+            continue  # not shown (a root itself is never denied: the policy's load refuses that)
+        r = max(inside, key=len)
+        if r in write_roots:
+            pin_to(hit.path, r)
+        out.append(Mount(hit.path, "mask", source=hit.path, beneath=r, size=4096 if hit.directory else None))
     return out
 
 

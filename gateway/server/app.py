@@ -23,6 +23,7 @@ import json
 import queue
 import threading
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -33,10 +34,11 @@ from mcp.server.auth.provider import TokenVerifier
 from mcp.server.auth.settings import AuthSettings
 from mcp.server.mcpserver import AcceptedElicitation, Context, Elicit, ElicitationResult, Resolve
 from mcp.types import CallToolResult, ImageContent, TextContent
+from mcp.types.version import MODERN_PROTOCOL_VERSIONS
 from pydantic import BaseModel, Field, ValidationError, create_model
 
 from gateway import tools
-from gateway.approval import Answer, ApprovalRequest, visible
+from gateway.approval import CLIENT_SESSION, Answer, ApprovalRequest, visible
 from gateway.audit import AuditUnavailable, origin
 from gateway.calls import AskUserCall, ProcessCall, RunCall
 from gateway.log import log
@@ -69,6 +71,7 @@ KEEP_FINISHED_BYTES = 64 << 20
 """A pending call's result stays for `await_call` to answer again for an hour, within these
 bounds (the oldest go first)."""
 WORKER_IDLE_S = 60.0
+_SESSION_KEY = "agent-gateway.client_session"
 _FAILED = ("denied", "error", "timeout")
 
 
@@ -373,7 +376,7 @@ class GatewayServer:
         except (ValidationError, ValueError) as exc:
             rejected = self._reject(principal, spec.name, exc, raw, came)
             return _result(rejected, spec.replier(principal), spec.render)
-        ticket = Ticket(principal)
+        ticket = Ticket(principal, client_session=self._client_session(ctx))
         policy = self.gw.policy
         if client is not None and not (isinstance(client, AcceptedElicitation) and isinstance(client.data, NotAsked)):
             # what the client was shown: the command, in this directory, with this env, under this policy
@@ -394,6 +397,34 @@ class GatewayServer:
         # a rendered reply (seed 001's YAML, pure-Python emitter: about 1 s a megabyte) is made off
         # the event loop, which every other connection shares
         return await asyncio.to_thread(_result, out, spec.replier(principal), spec.render)
+
+    def _client_session(self, ctx: Context) -> str | None:
+        """A name for the MCP connection this request came on, made on its first call and kept
+        in the connection's own state; when the connection closes, the approvals "for the
+        session" given in it end (`Gateway.end_client_session`). A new connection is a new
+        session, whatever its principal. None when the request has no connection of its own
+        to keep one in: the 2026-07-28 protocol has no sessions (each request stands alone), so
+        there an approval for the session approves the one call."""
+        if ctx.session.protocol_version in MODERN_PROTOCOL_VERSIONS:
+            return None
+        connection = getattr(ctx.session, "_connection", None)  # mcp 2.3: the connection-scoped state
+        state = getattr(connection, "state", None)
+        stack = getattr(connection, "exit_stack", None)
+        if connection is None or not isinstance(state, dict) or stack is None:
+            return None
+        name = state.get(_SESSION_KEY)
+        if isinstance(name, str):
+            return name
+        mcp_id = getattr(connection, "session_id", None)
+        name = f"mcp-{uuid.uuid4().hex[:16]}" + (f" (Mcp-Session-Id {mcp_id})" if mcp_id else "")
+        state[_SESSION_KEY] = name
+        gw = self.gw
+
+        async def ended() -> None:  # off the event loop: it writes the audit log
+            await asyncio.to_thread(gw.end_client_session, name)
+
+        stack.push_async_callback(ended)
+        return name
 
     def _reject(
         self, principal: str, tool: str, exc: Exception, raw: dict[str, Any] | None = None,
@@ -454,6 +485,7 @@ class GatewayServer:
         ticket.on_pending = on_pending
 
         def work() -> None:
+            CLIENT_SESSION.set(ticket.client_session)  # this job's own context (Workers)
             try:
                 with serving(ticket), origin.coming_from(came):
                     flight.result = self.gw.handle(call, cancel=ticket.cancel)

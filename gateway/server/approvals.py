@@ -54,6 +54,9 @@ class Ticket:
     on_pending: Callable[[ApprovalRequest, float], None] | None = None
     attestation: Attestation | None = None
     user_answer: Answer | None = None  # ask_user: the client's answer (NO_CHANNEL: it cannot answer)
+    client_session: str | None = None
+    """The MCP connection the call came in (approval.CLIENT_SESSION): what "approve for the
+    session" binds to. None where the protocol has none (2026-07-28's single exchanges)."""
 
 
 _local = threading.local()

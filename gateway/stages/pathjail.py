@@ -44,6 +44,7 @@ from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import PathArgs
+from gateway.sandbox import masks, plan
 from gateway.stages import decision_cache, globs, producers
 from gateway.stages.permissions import Match, attached_value, option_values
 
@@ -207,8 +208,16 @@ MAX_RECORDED_PATHS = 100
 
 
 def check(
-    policy: CompiledPolicy, grant: Grant, cwd: Path, commands: tuple[Command, ...], matches: list[list[Match]]
+    policy: CompiledPolicy,
+    grant: Grant,
+    cwd: Path,
+    commands: tuple[Command, ...],
+    matches: list[list[Match]],
+    sandboxed: bool = False,
 ) -> Decision:
+    """The jail's decision on `commands` run in `cwd`. `sandboxed`: they run in the gateway's
+    sandbox, which masks every deny_read match under the roots; otherwise (an agent's hook runs
+    the command itself) a search that reads a tree whole is refused where the tree holds one."""
     checked: dict[str, list[str]] = {"read": [], "write": []}
     budget = globs.Budget()
     try:
@@ -223,14 +232,28 @@ def check(
                 real = real_path(listed)  # `..` and links resolved, as for every path
                 _check_path(real, "read", grant, f"{who} (a glob lists it)")
                 checked["read"].append(real)
+            mine: list[str] = []  # this command's reads
             for access, words in (("read", reads), ("write", writes)):
                 for word in words:
                     if (entry := producers.named_entry(word)) is not None:  # `build/stamp-$(date +%s)`
+                        if access == "read" and not sandboxed and grant.deny_read is not None:
+                            raise _Refused(
+                                "deny_read_unchecked",
+                                f"{who}: {word.raw or word.value} names a file by names made at run time, which "
+                                "could be one the policy's deny_read denies, and no sandbox masks it here: name it",
+                                {"path": word.raw or word.value},
+                            )
                         checked[access] += _check_named(entry, cwds, access, grant, who)
                         continue
-                    for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected, budget):
+                    for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected, budget, grant, who):
                         _check_path(p, access, grant, who)
                         checked[access].append(p)
+                        if access == "read":
+                            mine.append(p)
+            if grant.deny_read is not None and cmd.argv and os.path.basename(cmd.program) == "git":
+                _git_blobs([w.value for w in cmd.argv[1:]], cwds, grant, who)  # no sandbox masks git's objects
+            if not sandboxed and grant.deny_read is not None:
+                _recursive_secrets(cmd, mine, cwds, grant, who)
             wrote = wrote or bool(writes)
             if cmd.argv and cmd.program in _CHANGES_DIR:
                 cwds = _after_cd(policy, cmd, cwds)
@@ -241,6 +264,9 @@ def check(
     except globs.TooCostly as exc:
         message = f"{exc}: name the files, or narrow the pattern (the work a glob costs is bounded)"
         return Decision(Verdict.DENY, None, (Reason(STAGE, "glob_too_costly", message, None, {}),))
+    except masks.TooManyToSearch as exc:
+        message = f"{exc}: search narrower directories"
+        return Decision(Verdict.DENY, None, (Reason(STAGE, "deny_read_unchecked", message, None, {}),))
     if not checked["read"] and not checked["write"]:
         return Decision(Verdict.ALLOW, None, ())
     n = len(checked["read"]) + len(checked["write"])
@@ -470,8 +496,17 @@ def _attached(argv: tuple[Word, ...], start: int, skip: set[int]) -> list[tuple[
 
 
 def _resolve(
-    policy: CompiledPolicy, word: Word, cwds: list[Path], unknown_ok: bool, budget: globs.Budget | None = None
+    policy: CompiledPolicy,
+    word: Word,
+    cwds: list[Path],
+    unknown_ok: bool,
+    budget: globs.Budget | None = None,
+    grant: Grant | None = None,
+    who: str = "",
 ) -> list[str]:
+    """The real paths `word` may name. With `grant`, a path the grant's deny_read patterns
+    deny as written (`.env`, a link to a file of another name) is refused before its links are
+    followed, as well as after (`_check_path`)."""
     if producers.pipe(word):
         return []  # `<(sort a)`: a pipe from a command decided on its own, no file
     value, kinds = _tilde(policy, word)
@@ -499,8 +534,27 @@ def _resolve(
             candidates = globs.expand(value, str(cwd), budget or globs.Budget()).paths
         else:
             candidates = [value if value.startswith("/") else str(cwd / value)]
+        if grant is not None and grant.deny_read is not None:
+            for c in candidates:
+                _check_denied_name(os.path.normpath(c), grant, who)
         out.extend(real_path(c) for c in candidates)
     return out
+
+
+def _check_denied_name(path: str, grant: Grant, who: str) -> None:
+    """Refuse a path whose name as written a deny_read pattern denies (`cat .env` where `.env`
+    is a link to `config/prod.env`: the real path alone would not say it)."""
+    assert grant.deny_read is not None
+    if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
+        return  # outside the roots: refused as such, by where it leads (`_check_path`)
+    pattern = grant.deny_read.match(path)
+    if pattern is not None:
+        raise _Refused(
+            "deny_read",
+            f"{who}: {path} matches the policy's deny_read pattern {pattern!r}: it is never read or written "
+            "(a secret: ask the user for what you need from it)",
+            {"path": path, "pattern": pattern},
+        )
 
 
 def check_path(path: str, access: str, grant: Grant, who: str = "files") -> None:
@@ -544,11 +598,144 @@ def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
             # a repository's config and hooks run programs (core.fsmonitor, hooks), at any depth;
             # git itself changes its directory, through its own commands
             raise _Refused("protected_path", f"{who}: {path} is inside a .git directory, written only by git", details)
+        _check_denied(path, access, grant, who, details)
         return
     if not any(inside(path, r) for r in (*grant.read_roots, *grant.write_roots)):
         roots = sorted({str(r) for r in (*grant.read_roots, *grant.write_roots)})
         details["roots"] = roots
         raise _Refused("outside_read_roots", f"{who}: read of {path} is outside the read roots {roots}", details)
+    _check_denied(path, access, grant, who, details)
+
+
+def _check_denied(path: str, access: str, grant: Grant, who: str, details: dict[str, object]) -> None:
+    """A path inside the roots that the policy's deny_read patterns deny (any access), or its
+    deny_write patterns (a write)."""
+    if grant.deny_read is not None and (pattern := grant.deny_read.match(path)) is not None:
+        details["pattern"] = pattern
+        raise _Refused(
+            "deny_read",
+            f"{who}: {path} matches the policy's deny_read pattern {pattern!r}: it is never read or written "
+            "(a secret: ask the user for what you need from it)",
+            details,
+        )
+    if access == "write" and grant.deny_write is not None and (pattern := grant.deny_write.match(path)) is not None:
+        details["pattern"] = pattern
+        raise _Refused(
+            "deny_write",
+            f"{who}: {path} matches the policy's deny_write pattern {pattern!r}: it is never written",
+            details,
+        )
+
+
+# Programs that read every file below a directory they are given (or the cwd, given none), and
+# the options that make them (None: always): where no sandbox masks the deny_read matches, what
+# they would read is looked at before they run. Programs that only list names (ls, find, du,
+# tree) read no file's content; a program run by another (make's recipes) is the sandbox's.
+_RECURSIVE: dict[str, tuple[frozenset[str] | None, bool]] = {
+    # program: (options that make it read directories whole, reads the cwd when given no path)
+    "grep": (frozenset({"-r", "-R", "--recursive", "--dereference-recursive", "--directories=recurse"}), True),
+    "egrep": (frozenset({"-r", "-R", "--recursive", "--dereference-recursive", "--directories=recurse"}), True),
+    "fgrep": (frozenset({"-r", "-R", "--recursive", "--dereference-recursive", "--directories=recurse"}), True),
+    "rg": (None, True),
+    "ag": (None, True),
+    "ack": (None, True),
+    "diff": (frozenset({"-r", "--recursive"}), False),
+    "zip": (frozenset({"-r", "--recurse-paths", "-R", "--recurse-patterns"}), False),
+    "tar": (None, False),
+}
+_GIT_WHOLE = frozenset({"-A", "--all", "-a", "-u", "--update", "--include-untracked"})
+
+
+def _recursive_secrets(cmd: Command, reads: list[str], cwds: list[Path], grant: Grant, who: str) -> None:
+    """Refuse `cmd` when it reads a directory whole (a recursive grep, rg, git grep, an
+    archive) and a deny_read pattern denies something below it."""
+    if not cmd.argv:
+        return
+    program = os.path.basename(cmd.program)
+    words = [w.value for w in cmd.argv[1:]]
+    if program == "git":
+        sub = next((w for w in words if not w.startswith("-")), "")
+        if sub not in ("grep", "add", "stash", "commit"):
+            return
+        trees = [p for p in reads if os.path.isdir(p)]  # `git add src`, `git grep x -- src`
+        if sub == "grep" and not reads:
+            trees += [str(c) for c in cwds]
+        if any(w in _GIT_WHOLE for w in words):  # the whole work tree, wherever it starts
+            trees += [str(r) for r in (*grant.write_roots, *grant.read_roots) if any(inside(str(c), r) for c in cwds)]
+    else:
+        spec = _RECURSIVE.get(program)
+        if spec is None:
+            return
+        options, implicit = spec
+        recurses = options is None or any(_uses(w, o) for w in words for o in options)
+        if not recurses and not (program in ("grep", "egrep", "fgrep") and _directories_recurse(words)):
+            return
+        trees = [p for p in reads if os.path.isdir(p)]
+        if implicit and not reads:
+            trees += [str(c) for c in cwds]
+    if not trees:
+        return
+    if (obs := decision_cache.current()) is not None:
+        obs.unknowable()  # what lies below a tree: a decision on it is not kept
+    roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
+    for tree in dict.fromkeys(trees):
+        found = masks.find([tree], grant.deny_read, plan.unseen(roots))
+        if found:
+            hit = found[0]
+            more = f" (and {len(found) - 1} more)" if len(found) > 1 else ""
+            raise _Refused(
+                "deny_read",
+                f"{who} reads every file below {tree}, and {hit.path}{more} matches the policy's deny_read pattern "
+                f"{hit.pattern!r}: search the directories that hold no secret, or name the files",
+                {"path": hit.path, "pattern": hit.pattern, "tree": tree},
+            )
+
+
+def _git_blobs(words: list[str], cwds: list[Path], grant: Grant, who: str) -> None:
+    """Refuse `git show REV:PATH` (and `:PATH`, the index) where PATH is denied: git reads it
+    from its objects, which no mask covers. (A secret committed to the repository is still in
+    its history for `git log -p` and the like: keep secrets out of commits.)"""
+    assert grant.deny_read is not None
+    for w in words:
+        if w.startswith("-") or ":" not in w:
+            continue
+        path = w.split(":", 1)[1]
+        if not path:
+            continue
+        for base in cwds:  # `./x` is relative to the cwd, anything else to the top of the work tree
+            where = os.path.normpath(os.path.join(str(base), path))
+            pattern = grant.deny_read.match(where) or grant.deny_read.match("/" + path.lstrip("/"))
+            if pattern is not None:
+                raise _Refused(
+                    "deny_read",
+                    f"{who}: {w} names a file the policy's deny_read pattern {pattern!r} denies, read from git's "
+                    "objects: it is never read",
+                    {"path": path, "pattern": pattern},
+                )
+
+
+def _uses(word: str, option: str) -> bool:
+    """Does the option word `word` use `option` (`-rn` uses -r; `--recur` --recursive)?"""
+    if word == "--" or not word.startswith("-"):
+        return False
+    if option.startswith("--"):
+        name, _, value = option.partition("=")
+        given, eq, got = word.partition("=")
+        if not given.startswith("--") or len(given) < 3 or not name.startswith(given):
+            return False
+        return not value or (bool(eq) and got == value)
+    return not word.startswith("--") and option[1] in word[1:]
+
+
+def _directories_recurse(words: list[str]) -> bool:
+    """grep's `-d recurse` (`-drecurse`, `--directories recurse`)."""
+    for k, w in enumerate(words):
+        if w in ("-d", "--directories", "--directorie", "--director", "--directo", "--direct", "--direc", "--dire"):
+            if k + 1 < len(words) and words[k + 1] == "recurse":
+                return True
+        elif w.startswith("-d") and not w.startswith("--") and w[2:] == "recurse":
+            return True
+    return False
 
 
 def _after_cd(policy: CompiledPolicy, cmd: Command, cwds: list[Path]) -> list[Path]:

@@ -137,7 +137,7 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
         if len(argv) < 2 or not argv[1].literal or argv[1].value not in rule.subcommands:
             return None, ""
         i = 2
-    options, positional = _split(cmd, i)
+    options, positional = _split(cmd, i, rule.options_end)
     # allow and ask rules read the command through its program's model; deny rules match on
     # the words as before, so a model can never make a deny rule miss
     uses_model = rule.uses_model and (rule.subcommands is None or models_subcommand(cmd))
@@ -178,7 +178,7 @@ def match(rule: Rule, cmd: Command) -> tuple[Match | None, str]:
             # by that name above.
             for k in range(i, len(argv)):
                 w = argv[k]
-                if w.literal and w.value == "--":
+                if w.literal and (w.value == "--" or w.value in rule.options_end):
                     break
                 if numeric_only(w.raw) and not any(_is_digit_option(spec) for spec in rule.forbidden_options):
                     continue  # a number is at most `-` and digits
@@ -334,14 +334,18 @@ def _short(value: str) -> str:
     return repr(value) if len(value) <= 200 else f"{value[:200]!r}... ({len(value)} characters)"
 
 
-def _split(cmd: Command, start: int) -> tuple[list[str], tuple[int, ...]]:
-    """Options (before `--`) and the indices of positional arguments, from `start` on."""
+def _split(cmd: Command, start: int, ends: list[str] | None = None) -> tuple[list[str], tuple[int, ...]]:
+    """Options (before `--`) and the indices of positional arguments, from `start` on. `ends`:
+    options after whose value the program reads no more options (a rule's `options_end`)."""
     options: list[str] = []
     positional: list[int] = []
     ended = False
     for k in range(start, len(cmd.argv)):
         v = cmd.argv[k].value
-        if not ended and v == "--":
+        if not ended and ends and v in ends and cmd.argv[k].literal:
+            options.append(v)
+            ended = True  # its value and what follows are what the program runs: operands to it
+        elif not ended and v == "--":
             ended = True
         elif not ended and v.startswith("-") and v != "-":
             options.append(v)

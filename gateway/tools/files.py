@@ -6,6 +6,7 @@ on the opened file, so a symlink swapped in after the decision is refused
 from __future__ import annotations
 
 import contextlib
+import os
 import shlex
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +19,7 @@ from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, limits, tool_decision
 from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import Tool
-from gateway.sandbox import identity
+from gateway.sandbox import identity, masks
 from gateway.sandbox import plan as sandbox_plan
 from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
@@ -143,6 +144,34 @@ def private_refusal(
             what = "lies inside" if inside else "holds"
             message = f"{who}: {path} {what} the gateway's own records (audit log, state): refused"
             reason = Reason("pathjail", "gateway_private", message, None, {"path": path})
+            return Decision(Verdict.DENY, None, (reason,))
+    return None
+
+
+def secret_refusal(policy: CompiledPolicy, principal: str, who: str, paths: list[tuple[str, str]]) -> Decision | None:
+    """A denial when a tool that reads a tree whole (an agent's own Grep, read_many_files) would
+    read what the principal's deny_read patterns deny below a directory it names. For the tools
+    an agent runs itself (hooks): no sandbox masks those files, and the files tool's own search
+    skips them as it opens each file."""
+    grant = policy.grant(principal)
+    if grant.deny_read is None:
+        return None
+    roots = [str(r) for r in (*grant.read_roots, *grant.write_roots)]
+    for path, access in paths:
+        if access != "read" or not os.path.isdir(path):
+            continue
+        try:
+            found = masks.find([path], grant.deny_read, sandbox_plan.unseen(roots))
+        except (masks.TooManyToSearch, OSError) as exc:
+            reason = Reason("pathjail", "deny_read_unchecked", f"{who}: {exc}: search narrower directories")
+            return Decision(Verdict.DENY, None, (reason,))
+        if found:
+            hit = found[0]
+            message = (
+                f"{who} reads every file below {path}, and {hit.path} matches the policy's deny_read pattern "
+                f"{hit.pattern!r}: search the directories that hold no secret, or name the files"
+            )
+            reason = Reason("pathjail", "deny_read", message, None, {"path": hit.path, "tree": path})
             return Decision(Verdict.DENY, None, (reason,))
     return None
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.policy import selftest
+from gateway.decide import test_cases as cases_of_tests_file
 from gateway.policy.compile import load_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.selftest import load_checked
@@ -50,7 +50,7 @@ def test_every_header_claim_is_tested_and_holds(path: Path, tmp_path: Path) -> N
     assert not tested - set(claims), f"cases name claims the header does not state: {tested - set(claims)}"
     assert not set(claims) - tested, f"claims no case checks: {set(claims) - tested}"
     principal = next(iter(policy.grants))
-    failed = [f"{c.name}: {c.detail}" for c in selftest.test_cases(policy, principal) if not c.passed]
+    failed = [f"{c.name}: {c.detail}" for c in cases_of_tests_file(policy, principal) if not c.passed]
     assert not failed, "\n".join(failed)
 
 

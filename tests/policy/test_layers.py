@@ -66,6 +66,8 @@ BASE: dict[str, Any] = {
             "read_roots": ["."],
             "write_roots": ["src"],
             "protected": ["src/.hooks"],
+            "deny_read": [".env", "*.pem", "!.env.example"],
+            "deny_write": [".envrc"],
             "limits": LIMITS,
         },
         "helper": {"level": 1, "read_roots": ["docs"]},
@@ -119,7 +121,10 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
     # --- principals: an existing one may not gain anything through a new or changed role ---
     (
         "principals.*.roles",
-        {"principals": {"agent": {"roles": ["helper"]}}, "roles": {"helper": {"limits": LIMITS}}},
+        {
+            "principals": {"agent": {"roles": ["helper"]}},  # (with the secrets dev keeps from it)
+            "roles": {"helper": {"limits": LIMITS, "deny_read": [".env", "*.pem"], "deny_write": [".envrc"]}},
+        },
         lambda m: m.policy.principals["agent"].roles,
         ["helper"],
         (
@@ -174,6 +179,20 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         lambda m: m.policy.roles["dev"].protected,
         ["src/.hooks", "src/gen"],
         (_role(protected=[]), "roles.dev.protected: leaving"),
+    ),
+    (
+        "roles.*.deny_read",
+        _role(deny_read=[".env", "*.pem", "!.env.example", "*.key"]),
+        lambda m: m.policy.roles["dev"].deny_read,
+        [".env", "*.pem", "!.env.example", "*.key"],
+        (_role(deny_read=[".env", "!.env.example"]), "roles.dev.deny_read: dropping ['*.pem']"),
+    ),
+    (
+        "roles.*.deny_write",
+        _role(deny_write=[".envrc", "Makefile"]),
+        lambda m: m.policy.roles["dev"].deny_write,
+        [".envrc", "Makefile"],
+        (_role(deny_write=[]), "roles.dev.deny_write: dropping ['.envrc']"),
     ),
     *[
         (
@@ -385,6 +404,12 @@ def test_a_role_named_again_keeps_what_the_upper_layer_does_not_write(tmp_path: 
     merged = load_layers(layers(tmp_path, _role(level=1, limits={"pids": 8}))).policy.roles["dev"]
     assert (merged.level, merged.write_roots, merged.protected) == (1, ["src"], ["src/.hooks"])
     assert merged.limits == Limits(**{**LIMITS, "pids": 8})
+
+
+def test_an_upper_layer_cannot_except_a_secret_the_lower_one_denies(tmp_path: Path) -> None:
+    top = layers(tmp_path, _role(deny_read=[".env", "*.pem", "!.env.example", "!server.pem"]))
+    with pytest.raises(PolicyError, match=r"roles\.dev\.deny_read: the exceptions \['!server\.pem'\] is wider"):
+        load_layers(top)
 
 
 def test_an_unprotected_path_outside_every_write_root_is_no_widening(tmp_path: Path) -> None:

@@ -124,13 +124,14 @@ def test_a_change_in_an_include_added_later_is_seen(tmp_path: Path) -> None:
     path, extra = tmp_path / "p.yaml", tmp_path / "extra.yaml"
     write(path, POLICY.format(decision="allow"), 0)
     holder = PolicyHolder(path, tmp_path, interval=0)
-    rule = 'version: 1\nrules:\n  - {{id: r, decision: {}, justification: "x", programs: [ls], '
-    rule += "examples: {{match: [ls]}}}}\n"
+    # (on `ls -l` only: the upper layer's allow rule keeps its example, `ls`, allowed)
+    rule = 'version: 1\nrules:\n  - {{id: r, decision: {}, justification: "x", programs: [ls], when_options: [-l], '
+    rule += 'examples: {{match: ["ls -l"]}}}}\n'
     write(extra, rule.format("deny"), 0)
     write(path, "include: [extra.yaml]\n" + POLICY.format(decision="allow"), 1)
-    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.DENY, holder.last_error
+    assert evaluate(holder.current(), "ls -l", "agent").decision.verdict is Verdict.DENY, holder.last_error
     write(extra, rule.format("ask"), 2)
-    assert evaluate(holder.current(), "ls", "agent").decision.verdict is Verdict.ASK
+    assert evaluate(holder.current(), "ls -l", "agent").decision.verdict is Verdict.ASK
 
 
 def test_a_same_size_same_time_save_by_rename_is_seen(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.analysis import analyze
-from gateway.sandbox import git
+from gateway.sandbox import git, masks
 from gateway.sandbox.plan import HOME, RUNTIME, HostFacts, Mount, Profile, SandboxPlan, build
 from gateway.sandbox.quotas import Quotas
 
@@ -212,3 +212,33 @@ def test_tool_directories_add_names_to_path_and_no_mount() -> None:
         holder = max((m for m in plan.mounts if m.source and (d == m.target or d.startswith(m.target + "/"))),
                      key=lambda m: len(m.target))  # fmt: skip
         assert holder.read_only, (d, holder)
+
+
+# --- the policy's denied paths ----------------------------------------------------------------
+
+
+def test_denied_paths_are_masked_and_cannot_be_moved_from_under_their_mask() -> None:
+    """Each deny_read match: an empty read-only file (a directory: an empty read-only tmpfs),
+    every directory between the write root and it pinned (a mount point cannot be renamed), and
+    nothing of the host shown inside a masked directory; a deny_write match is read-only."""
+    masked = (
+        masks.Hit(f"{WS}/app/conf/.env", str(WS), False, ".env"),
+        masks.Hit(f"{WS}/.ssh", str(WS), True, ".ssh"),
+        masks.Hit(f"{WS}/.git/x.pem", str(WS), False, "*.pem"),  # under .git: read-only already, no pin
+    )
+    read_only = (masks.Hit(f"{WS}/.envrc", str(WS), False, ".envrc"),)
+    plan = build(
+        profile(protected=(WS / ".git/hooks", WS / ".ssh/sub")), ("make",), WS, {}, uid=990, gid=990,
+        user="agw-sandbox", repositories=(repo(),), host=HOST, masked=masked, read_only=read_only,
+    )  # fmt: skip
+    t = by_target(plan)
+    assert t[f"{WS}/app/conf/.env"] == Mount(f"{WS}/app/conf/.env", "mask", f"{WS}/app/conf/.env", str(WS))
+    assert t[f"{WS}/.ssh"].kind == "mask" and t[f"{WS}/.ssh"].size == 4096 and t[f"{WS}/.ssh"].read_only
+    assert t[f"{WS}/app"].kind == "pin" and t[f"{WS}/app/conf"].kind == "pin"
+    assert f"{WS}/.ssh/sub" not in t  # a protected path inside a masked directory would show the host's
+    assert t[f"{WS}/.git/x.pem"].kind == "mask" and t[f"{WS}/.git"].kind == "protect"
+    assert t[f"{WS}/.envrc"].kind == "protect"
+    order = [m.target for m in plan.mounts]
+    assert order.index(f"{WS}/app/conf") < order.index(f"{WS}/app/conf/.env") and order.index(str(WS)) < order.index(
+        f"{WS}/.ssh"
+    )

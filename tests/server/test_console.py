@@ -152,18 +152,23 @@ def test_the_inbox_shows_the_whole_call_and_a_denial_reason_reaches_agent_and_au
 
 def test_approve_for_the_session_runs_the_same_call_again_without_asking(console: Console, ws: Path) -> None:
     (ws / "a").write_text("x")
-    got = ask_in_background(console.server, console.agent, ("run", {"command": "rm -f a"}))
+    rm = ("run", {"command": "rm -f a"})
+    got = ask_in_background(console.server, console.agent, rm, rm, era="legacy")  # one MCP session
     row = pending_one(console, got)
     r = console.post(f"/console/api/approvals/{row['call_id']}/approve", {"scope": "session"})
     assert r.status_code == 200 and r.json()["scope"] == "session", r.text
-    assert envelope_of(wait_for("the agent's answer", lambda: got)[0][0])["status"] == "ok"
-    (again,) = asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "rm -f a"})))
-    assert envelope_of(again)["status"] == "ok"
+    first, again = wait_for("the agent's answers", lambda: got)[0]
+    assert envelope_of(first)["status"] == "ok" and envelope_of(again)["status"] == "ok"
+    # another connection is another session (issue 23): the supervisor is asked again
+    other = ask_in_background(console.server, console.agent, rm, era="legacy")
+    row = pending_one(console, other)
+    assert console.post(f"/console/api/approvals/{row['call_id']}/deny", {}).status_code == 200
+    assert envelope_of(wait_for("the answer", lambda: other)[0][0])["error"]["code"] == "APPROVAL_DENIED"
     hows = [
         (r["data"]["how"], r["data"]["by"]) for r in audit_records(console.server.audit) if r["event"] == "approval"
     ]
     # red team (issue 15): the repeat was recorded `by: session`, the supervisor who allowed it unnamed
-    assert hows == [("queue-session", "alice"), ("session", "alice")], hows
+    assert hows == [("queue-session", "alice"), ("session", "alice"), ("queue", "alice")], hows
     # a denial has no session scope, and an id that is not pending is not a path
     assert console.post("/console/api/approvals/x/deny", {"scope": "session"}).status_code == 400
     assert console.post("/console/api/approvals/..%2F..%2Fetc/approve", {}).status_code == 404

@@ -61,13 +61,16 @@ def approvals(server: HttpGateway, *args: str) -> subprocess.CompletedProcess[st
     return gateway_cmd("approvals", *args, check=False, env=env_without_state(server.tmp))
 
 
-def ask_in_background(server: HttpGateway, token: str, *calls: tuple[str, dict[str, Any]]) -> list[Any]:
-    """The agent's calls, on a thread (the last one waits for a supervisor); results land in the list."""
+def ask_in_background(
+    server: HttpGateway, token: str, *calls: tuple[str, dict[str, Any]], era: str = "auto"
+) -> list[Any]:
+    """The agent's calls in one client session, on a thread (the last one waits for a
+    supervisor); results land in the list."""
     got: list[Any] = []
 
     def agent() -> None:
         try:
-            got.append(asyncio.run(call_http(server.url, token, "auto", *calls)))
+            got.append(asyncio.run(call_http(server.url, token, era, *calls)))
         except BaseException as exc:  # what the agent saw, asserted by the test
             got.append(exc)
 

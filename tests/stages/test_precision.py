@@ -174,8 +174,8 @@ CASES = [
     ("ls", ALLOW, ALLOW),
     ("cat", ALLOW, ALLOW),  # reads its input: no argument names a secret
     ("head -n 3", ALLOW, ALLOW),
-    ("cat .env", DENY, ALLOW),
-    ("cat README.md .env", DENY, ALLOW),  # one matching argument is enough
+    ("cat .env", DENY, DENY),  # the shipped policy: by its deny_read (issue 23)
+    ("cat README.md .env", DENY, DENY),  # one matching argument is enough
     ("python3", DENY, DENY),
     ("python3 -m", DENY, DENY),  # no module: the interpreter reads its input
 ]
