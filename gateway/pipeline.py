@@ -164,6 +164,8 @@ class Gateway:
         # narrowest rule covering that one call, void when the policy changes.
         self._session_approved: dict[str, str] = {}
         """Digests a supervisor approved for the session -> that supervisor (each repeat names them)."""
+        self.on_close: list[Callable[[], None]] = []
+        """What a tool family keeps for this gateway and ends with it (the upstream connections)."""
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
@@ -264,6 +266,9 @@ class Gateway:
         self.sessions.close()
         if self._processes is not None:
             self._processes.close()
+        for end in self.on_close:
+            with contextlib.suppress(Exception):
+                end()
 
     # --- the gate -------------------------------------------------------------------------
     def private_dirs(self) -> tuple[Path, ...]:

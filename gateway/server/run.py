@@ -48,6 +48,7 @@ from gateway.server.front import (
 from gateway.server.limits import FrontLimits
 from gateway.server.specs import SPECS, Spec
 from gateway.server.tokens import TokenStore
+from gateway.upstream.pins import PinStore, store_dir
 
 SCOPE = "gateway"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -193,6 +194,7 @@ def make_console(gateway: Gateway, store: TokenStore, host: str, port: int, limi
             max_streams=cap,
             verify_key=audit.key.public if audit.key is not None else None,
             checkpoint=audit.checkpoint,
+            pins=PinStore(store_dir(gateway.state_dir)) if gateway.state_dir is not None else None,
         )
     )
 
