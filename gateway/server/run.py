@@ -248,7 +248,9 @@ def listen_socket(host: str, port: int, allow_remote: bool) -> socket.socket:
     if host == "localhost":
         family = socket.AF_INET
         host = "127.0.0.1"
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and the
+    # accepted ones inherit it; with proto 0 every small answer waited for a delayed ACK (40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))
