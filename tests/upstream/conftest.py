@@ -189,7 +189,7 @@ class HttpUpstream:
 
     def __init__(self, tmp_path: Path) -> None:
         self.out = tmp_path / "upstream-http.out"
-        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        env = {k: v for k, v in os.environ.items() if k != "GH_TOKEN"} | {"PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen([sys.executable, str(FAKE), "http"], stdout=self.out.open("w"),
                                      stderr=subprocess.STDOUT, env=env)  # fmt: skip
         deadline = time.monotonic() + PATIENCE_S

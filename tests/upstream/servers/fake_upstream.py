@@ -4,7 +4,7 @@
     python fake_upstream.py http               # streamable HTTP on 127.0.0.1, a free port, printed
     /usr/bin/python3 fake_upstream.py stdio --site VENV/lib/python3.11/site-packages   # in a sandbox
 
-Tools: create_issue, delete_repo, read_file, whoami (what credentials it was given), slow (hangs),
+Tools: create_issue, echo, delete_repo, read_file, whoami (what credentials it was given), slow (hangs),
 big (a large result), spew (talks without answering), inject (text aimed at the model), crash.
 
 A JSON control file named by FAKE_CONTROL (read at every listing) changes what it lists, the
@@ -23,7 +23,6 @@ if "--site" in sys.argv:  # run by the system's python in a sandbox: the SDK fro
 import asyncio
 import json
 import os
-import socket
 import time
 from collections.abc import Mapping
 from dataclasses import replace
@@ -54,6 +53,12 @@ def create_issue(owner: str, title: str, body: str = "") -> dict[str, Any]:
     """Open an issue in a repository of `owner`."""
     ISSUES.append({"owner": owner, "title": title, "body": body})
     return {"number": len(ISSUES), "owner": owner, "title": title}
+
+
+@server.tool()
+def echo(text: str) -> str:
+    """Say `text` back (the trivial tool bench/upstream.py times)."""
+    return text
 
 
 @server.tool()
@@ -144,12 +149,16 @@ def main() -> None:
     if sys.argv[1:2] == ["http"]:
         import uvicorn
 
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        print(f"listening on {sock.getsockname()[1]}", flush=True)
         app = server.streamable_http_app(host="127.0.0.1")
-        config = uvicorn.Config(app, log_level="warning", lifespan="on")
-        uvicorn.Server(config).run(sockets=[sock])
+        http = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"))
+        started = http.startup
+
+        async def startup(sockets: Any = None) -> None:  # the port the kernel chose, once it listens
+            await started(sockets)
+            print(f"listening on {http.servers[0].sockets[0].getsockname()[1]}", flush=True)
+
+        http.startup = startup  # type: ignore[method-assign]
+        http.run()
         return
     if os.environ.get("FAKE_HANG_START"):
         time.sleep(3600)
