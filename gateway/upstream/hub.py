@@ -152,6 +152,8 @@ class Connection:
         self.settings = settings
         self.listing: dict[str, dict[str, Any]] | None = None
         """Tool name -> its definition, as last listed."""
+        self.hashes: dict[str, str] = {}
+        """Tool name -> its definition's SHA-256, as last listed."""
         self.listed_at = 0.0
         self.verified = False
         """The last listing went through the pins (its records written)."""
@@ -168,6 +170,12 @@ class Connection:
     @property
     def name(self) -> str:
         return self.settings.name
+
+    @property
+    def up(self) -> bool:
+        """Connected and listed (read from any thread: a stale answer only costs a trip to the loop)."""
+        stop = self._stop
+        return self.client is not None and stop is not None and not stop.is_set()
 
     def _stderr(self) -> str:
         """The last lines the server wrote on stderr (for the operator's log), credentials removed."""
@@ -320,8 +328,9 @@ class Connection:
             cursor = page.next_cursor
             if not cursor:
                 break
-        self.listing, self.listed_at = found, time.monotonic()
         self.verified = False
+        self.listing, self.listed_at = found, time.monotonic()
+        self.hashes = {name: fingerprint(defined) for name, defined in found.items()}
         try:
             await asyncio.to_thread(self.hub.observe, self.name, found)
             self.verified = True
@@ -437,6 +446,7 @@ class Hub:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _loop: asyncio.AbstractEventLoop | None = None
     _thread: threading.Thread | None = None
+    _settings_of: tuple[CompiledPolicy, dict[str, Settings | None]] | None = None
 
     def __post_init__(self) -> None:
         if self.host.state_dir is not None:
@@ -469,9 +479,19 @@ class Hub:
                     future.cancel()
                     raise Unavailable("it did not answer in time") from None
 
+    def _settings(self, policy: CompiledPolicy, name: str) -> Settings | None:
+        """`Settings.of`, kept while the same policy is in force (it resolves every root)."""
+        with self._lock:
+            kept = self._settings_of
+            if kept is None or kept[0] is not policy:
+                kept = self._settings_of = (policy, {})
+            if name not in kept[1]:
+                kept[1][name] = Settings.of(policy, name)
+            return kept[1][name]
+
     def connection(self, policy: CompiledPolicy, name: str) -> Connection | None:
         """The connection for `name` as the policy in force defines it (None: it defines none)."""
-        settings = Settings.of(policy, name)
+        settings = self._settings(policy, name)
         with self._lock:
             conn = self._connections.get(name)
             if conn is not None and conn.settings != settings:
@@ -508,19 +528,18 @@ class Hub:
             return Offer(False, "unknown_upstream", f"no upstream {upstream!r}")
         if self.pins is None:
             return Offer(False, "no_state_dir", "upstream tools need the gateway's state directory (their pins)")
-        try:
-            self._wait(self._submit(conn.ensure()), conn.settings.upstream.connect_timeout_ms / 1000 + 5, cancel)
-        except Unavailable as exc:
-            return Offer(False, "upstream_unavailable", f"{upstream}: {exc}")
-        except UpstreamFailure as exc:
-            return Offer(False, "cancelled", exc.message)
-        listing = conn.listing or {}
+        if not conn.up:  # (connected: no need to ask the loop)
+            try:
+                self._wait(self._submit(conn.ensure()), conn.settings.upstream.connect_timeout_ms / 1000 + 5, cancel)
+            except Unavailable as exc:
+                return Offer(False, "upstream_unavailable", f"{upstream}: {exc}")
+            except UpstreamFailure as exc:
+                return Offer(False, "cancelled", exc.message)
         if not conn.verified:
             return Offer(False, "pins_unchecked", f"{upstream}: {conn.failure}")
-        defined = listing.get(tool)
-        if defined is None:
+        sha = conn.hashes.get(tool)
+        if sha is None:
             return Offer(False, "not_offered", f"{upstream} offers no tool {tool!r}")
-        sha = fingerprint(defined)
         try:
             pinned = self.pins.pinned_sha256(upstream, tool)
         except PinError as exc:
@@ -544,8 +563,7 @@ class Hub:
     def current_sha256(self, policy: CompiledPolicy, upstream: str, tool: str) -> str | None:
         """The definition `tool` has in the upstream's latest listing (None: not listed)."""
         conn = self.connection(policy, upstream)
-        defined = (conn.listing or {}).get(tool) if conn is not None else None
-        return fingerprint(defined) if defined is not None else None
+        return conn.hashes.get(tool) if conn is not None else None
 
     def call(
         self, policy: CompiledPolicy, upstream: str, tool: str, arguments: dict[str, Any],
@@ -578,11 +596,12 @@ class Hub:
                 continue
             if not conn.verified:
                 continue
+            hashes = conn.hashes
             for tool, defined in sorted((conn.listing or {}).items()):
                 if not rules.visible(policy, principal, name, tool):
                     continue
                 with contextlib.suppress(PinError):
-                    if self.pins.pinned_sha256(name, tool) == fingerprint(defined):
+                    if self.pins.pinned_sha256(name, tool) == hashes.get(tool):
                         # no outputSchema: the gateway's own replies (pending, a denial) carry none of
                         # the upstream's structured content, and a client checks results against it
                         shown = {k: v for k, v in defined.items() if k != "outputSchema"}

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from functools import lru_cache
@@ -111,6 +112,19 @@ def _compiled(pattern: str) -> Any:
     return safe_regex(pattern)
 
 
+class _Lazy:
+    """The path jail, made only when a `path` condition needs it (it reads the host)."""
+
+    def __init__(self, make: Callable[[], PathJail]) -> None:
+        self._make = make
+        self._jail: PathJail | None = None
+
+    def resolve(self, value: str, access: str, who: str) -> str:
+        if self._jail is None:
+            self._jail = self._make()
+        return self._jail.resolve(value, access, who)
+
+
 @dataclass(frozen=True)
 class PathJail:
     """How `path` conditions resolve and check a value: for `principal` under `policy`, with the
@@ -138,7 +152,7 @@ class PathJail:
 
 
 def check_condition(
-    cond: ArgumentCondition, arguments: dict[str, Any], jail: PathJail | None, who: str
+    cond: ArgumentCondition, arguments: dict[str, Any], jail: PathJail | _Lazy | None, who: str
 ) -> tuple[str | None, str | None]:
     """(why the condition fails or None, the checked absolute path of a `path` condition). Without
     a `jail` (a policy's examples) a path condition only needs a string."""
@@ -174,7 +188,7 @@ def check_condition(
 
 
 def rule_matches(
-    rule: Rule, arguments: dict[str, Any], jail: PathJail | None, who: str
+    rule: Rule, arguments: dict[str, Any], jail: PathJail | _Lazy | None, who: str
 ) -> tuple[list[str], dict[str, str]]:
     """(the conditions that failed, the checked paths by pointer): the rule matches when the
     first is empty."""
@@ -245,7 +259,7 @@ def decide(
         family = family_decision(policy, principal)
         if family.verdict is Verdict.DENY:
             return UpstreamDecision(family, arguments)
-        jail = jail_for(policy, principal, private)
+        jail = _Lazy(lambda: jail_for(policy, principal, private))
         matched: list[tuple[Rule, dict[str, str]]] = []
         misses: list[str] = []
         for rule in policy.tool_rules:
