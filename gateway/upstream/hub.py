@@ -585,6 +585,7 @@ class Hub:
         out: list[dict[str, Any]] = []
         if self.pins is None:
             return out
+        self._forget_removed(policy)
         for name, up in policy.policy.upstreams.items():
             conn = self.connection(policy, name)
             if conn is None:
@@ -609,6 +610,14 @@ class Hub:
                         shown["description"] = f"[{name}] {defined.get('description', '')}".rstrip()
                         out.append(shown)
         return out
+
+    def _forget_removed(self, policy: CompiledPolicy) -> None:
+        """Close the connections of upstreams the policy in force no longer names."""
+        with self._lock:
+            gone = [n for n in self._connections if n not in policy.policy.upstreams]
+            closing = [self._connections.pop(n) for n in gone]
+        for conn in closing:
+            self._loop_call(conn.close())
 
     def warm(self, policy: CompiledPolicy) -> None:
         """Start connecting to every upstream now, without waiting (a server's start)."""
