@@ -324,7 +324,6 @@ def _network(policy: Policy, setting: bool | NetworkSettings, source: Path) -> E
         raise PolicyError(f"{source}: sandbox.network: {exc}") from None
 
 
-
 def _check_upstreams(policy: Policy, source: Path) -> None:
     """What only the merged policy can say about `upstreams` and the rules naming their tools."""
     owner: dict[str, str] = {}
@@ -336,10 +335,10 @@ def _check_upstreams(policy: Policy, source: Path) -> None:
         if prefix in owner:
             raise PolicyError(f"{source}: upstreams.{name}: its tools' prefix {prefix!r} is also {owner[prefix]}'s")
         owner[prefix] = name
-        if upstream.network and not policy.sandbox.network:
+        if upstream.network and policy.sandbox.network is False:
             raise PolicyError(
-                f"{source}: upstreams.{name}.network: true needs sandbox.network: true (the sandbox's network "
-                "is one setting until per-host egress rules exist)"
+                f"{source}: upstreams.{name}.network: true needs a network in sandbox.network (true, or a "
+                "mapping of hosts, which the upstream's sandbox then reaches through the gateway's proxy)"
             )
     for rule in policy.rules:
         if rule.tool is None:

@@ -25,8 +25,8 @@ from pydantic import (
     model_validator,
 )
 
-from gateway.sandbox.egress import rules as egress_rules
 from gateway.policy.upstreams import TOOL_GLOB, ArgumentCondition, Upstream, UpstreamName
+from gateway.sandbox.egress import rules as egress_rules
 
 
 class _Model(BaseModel):

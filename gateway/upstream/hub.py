@@ -23,6 +23,7 @@ import signal
 import subprocess
 import threading
 import time
+import urllib.parse
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine
 from concurrent.futures import Future
@@ -44,6 +45,7 @@ from gateway.policy.compile import CompiledPolicy
 from gateway.policy.layers import resolve_roots
 from gateway.policy.upstreams import SEPARATOR, Upstream
 from gateway.sandbox import identity, reaper
+from gateway.sandbox.egress import Egress
 from gateway.upstream import rules
 from gateway.upstream.pins import PinError, PinStore, definition, fingerprint, store_dir
 from gateway.upstream.transport import Limits, Watch, http_streams, stdio_streams
@@ -98,6 +100,10 @@ class Settings:
     read_roots: tuple[Path, ...]
     write_roots: tuple[Path, ...]
     network: bool
+    """stdio: the sandbox reaches everything (the policy's `sandbox.network: true`)."""
+    egress: Egress | None
+    """stdio: the sandbox reaches the hosts of the policy's network (a mapping), through the
+    gateway's resolver and proxy; HTTP: the hosts the gateway may connect to for it."""
     landlock: str
     etc: tuple[str, ...]
 
@@ -107,10 +113,13 @@ class Settings:
         if up is None:
             return None
         settings = policy.policy.sandbox
+        # a stdio server's sandbox has the policy's network when it asks for one (`network`); an
+        # HTTP server is reached only where the policy's network, as a mapping of hosts, allows
+        everything = up.network and settings.network is True
+        egress = policy.egress if (up.network or up.url is not None) else None
         return Settings(
             name, up, resolve_roots(up.read_roots, policy.workspace), resolve_roots(up.write_roots, policy.workspace),
-            up.network and settings.network, "required" if settings.require_landlock else "optional",
-            tuple(settings.etc),
+            everything, egress, "required" if settings.require_landlock else "optional", tuple(settings.etc),
         )  # fmt: skip
 
     @property
@@ -257,8 +266,18 @@ class Connection:
             await asyncio.to_thread(_stop_process, spawned)
 
     def _http_headers(self) -> dict[str, str]:
-        """The HTTP upstream's headers, from the gateway's environment. (The seam for the egress
-        check: an HTTP upstream is reached directly until the gateway has one.)"""
+        """The HTTP upstream's headers, from the gateway's environment, once its host passed the
+        policy's network (when that is a mapping of hosts: the same check a command's connection
+        gets; a host under `ask` is refused, no call being there to ask about)."""
+        url = self.settings.upstream.url
+        egress = self.settings.egress
+        if egress is not None and url is not None:
+            parts = urllib.parse.urlsplit(url)
+            host, port = parts.hostname or "", parts.port or (443 if parts.scheme == "https" else 80)
+            decided = egress.decide(host, port)
+            if decided.verdict != "allow":
+                self.hub.record_network(self.name, host, port, decided.verdict, decided.rule, decided.why)
+                raise Unavailable(f"the policy's network does not let the gateway reach {host}:{port}: {decided.why}")
         out = {}
         for header, variable in self.settings.upstream.headers_from.items():
             value = os.environ.get(variable)
@@ -292,6 +311,8 @@ class Connection:
                 tmpfs_bytes=256 << 20,
             ),
             network=s.network,
+            egress=s.egress,
+            egress_hooks=_NetworkHooks(self.hub.host, s.name) if s.egress is not None else None,
             landlock="required" if s.landlock == "required" else "optional",
             etc=s.etc,
         )
@@ -412,6 +433,27 @@ class Connection:
                 await asyncio.wait_for(asyncio.shield(self._task), 10.0)
 
 
+class _NetworkHooks:
+    """What the resolver and proxy of a stdio server's sandbox use of the gateway (the egress
+    `Hooks`): its connections recorded under `upstream:NAME`; a host under `ask` is refused,
+    since no call is there to ask a supervisor about (a server connects on its own)."""
+
+    def __init__(self, host: HubHost, name: str) -> None:
+        self.host = host
+        self.principal = f"upstream:{name}"
+
+    def current_call(self) -> str | None:
+        return None
+
+    def record(self, event: str, call_id: str | None, principal: str, data: dict[str, Any]) -> None:
+        self.host.audit.append(event, call_id=call_id, principal=principal, tool="network", data=data)
+
+    def ask(
+        self, call_id: str | None, principal: str, host: str, port: int, command: str, cancel: threading.Event
+    ) -> tuple[bool, str, str]:
+        return False, "nobody", "an upstream server's connection cannot be asked about: only allowed hosts"
+
+
 def _stop_process(spawned: _Spawned) -> None:
     """Its input closed (the transport closed its pipes), give the server a moment, then end its
     whole sandbox (its process group; bwrap's PID namespace takes every descendant)."""
@@ -507,6 +549,16 @@ class Hub:
             work.close()
             return
         asyncio.run_coroutine_threadsafe(work, self._loop)
+
+    def record_network(self, name: str, host: str, port: int, verdict: str, rule: str | None, why: str) -> None:
+        """Record the gateway's own refused connection to an HTTP upstream (as the proxy records
+        a sandbox's: `egress_connection`, replayed like one)."""
+        with contextlib.suppress(Exception):
+            self.host.audit.append(
+                "egress_connection", principal=f"upstream:{name}", tool="network",
+                data={"host": host, "port": port, "decision": "deny", "policy_verdict": verdict, "rule": rule,
+                      "why": why},
+            )  # fmt: skip
 
     # --- what the gateway asks ------------------------------------------------------------------
     def observe(self, upstream: str, listing: dict[str, dict[str, Any]]) -> None:

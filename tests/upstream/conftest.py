@@ -83,6 +83,7 @@ RULES: list[dict[str, Any]] = [
         "min_level": 2,
     },
     {"id": "crashing", "decision": "allow", "justification": "a test", "tool": "github.crash", "min_level": 2},
+    {"id": "fetching", "decision": "allow", "justification": "a test", "tool": "github.fetch", "min_level": 2},
     {
         "id": "renamed-issues",
         "decision": "allow",

@@ -102,6 +102,43 @@ def test_a_missing_credential_makes_the_upstream_unavailable_saying_which(
     assert "headers_from: TICKETS_AUTH is not set in the gateway's environment" in out["error"]["message"]
 
 
+@pytest.mark.parametrize("listed", [False, True])
+def test_an_http_upstream_is_reached_only_where_the_policys_network_allows(
+    tmp_path: Path, ws: Path, control: Path, http_upstream: HttpUpstream, listed: bool
+) -> None:
+    """With the network as a mapping of hosts, the gateway's own connection to an HTTP upstream
+    passes the same check as a command's; a refusal is recorded like the proxy's."""
+    port = int(http_upstream.url.split(":")[2].split("/")[0])
+    data = with_tickets(control, http_upstream.url)
+    data["sandbox"] = {"network": {"allow": [f"127.0.0.1:{port}" if listed else "example.org"]}}
+    gw = make_gateway(compiled(data, tmp_path, ws), tmp_path)
+    try:
+        (r,) = run(calls(gw, ("tickets__whoami", {})))
+    finally:
+        gw.close()
+    if listed:
+        assert not r.is_error
+        return
+    out = envelope(r)
+    assert out["reasons"][0]["code"] == "upstream_unavailable"
+    assert f"does not let the gateway reach 127.0.0.1:{port}" in out["error"]["message"]
+    refused = [x for x in audit_records(tmp_path / "audit") if x["event"] == "egress_connection"]
+    assert refused and all(x["principal"] == "upstream:tickets" and x["data"]["decision"] == "deny" for x in refused)
+
+
+def test_a_stdio_upstream_without_network_reaches_nothing(
+    tmp_path: Path, ws: Path, control: Path, http_upstream: HttpUpstream
+) -> None:
+    """A stdio server runs in the sandbox: without `network` it has no network at all, not even
+    the host's loopback, where the HTTP upstream listens."""
+    gw = make_gateway(compiled(policy_data(control), tmp_path, ws), tmp_path)
+    try:
+        (r,) = run(calls(gw, ("github__fetch", {"url": http_upstream.url})))
+    finally:
+        gw.close()
+    assert not r.is_error and r.content[0].text.startswith("failed: URLError")
+
+
 # --- the real `gateway serve`, stdio and HTTP --------------------------------------------------
 def test_gateway_serve_stdio_serves_the_upstream_tools(policy_file: Path, tmp_path: Path, ws: Path) -> None:
     params = StdioServerParameters(

@@ -200,7 +200,7 @@ ERRORS = [
      "approval: 'client' is for commands"),
     (HEAD + "  - {id: a, decision: allow, justification: j, tool: gh.x, arguments: [{at: /o, equals: 1}],\n"
      "     examples: {match: ['gh.x {\"o\": 2}']}}\n", "/o must equal 1 (got 2)"),
-    ("version: 1\nupstreams:\n  gh: {command: [x], network: true}\n", "network: true needs sandbox.network: true"),
+    ("version: 1\nupstreams:\n  gh: {command: [x], network: true}\n", "needs a network in sandbox.network"),
     ("version: 1\nupstreams:\n  gh: {command: [x], url: 'https://a/mcp'}\n", "give either command"),
     ("version: 1\nupstreams:\n  gh: {url: 'https://a/mcp', env_from: [A]}\n", "env_from: only for a stdio server"),
     ("version: 1\nupstreams:\n  My__Server: {url: 'https://a/mcp'}\n", "no '__'"),

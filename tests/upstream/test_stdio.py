@@ -69,7 +69,7 @@ def test_the_agent_sees_the_gateways_tools_and_the_upstream_tools_it_may_call(gw
     # delete_repo is denied outright; the routing tool is never listed
     assert upstream == {
         "github__create_issue", "github__read_file", "github__whoami", "github__slow", "github__spew",
-        "github__big", "github__inject", "github__crash",
+        "github__big", "github__inject", "github__crash", "github__fetch",
     }  # fmt: skip
     # level 1 asks for upstream tools: github-misc needs level 2; level 0 is refused the family
     assert {n for n in run(listed(gw, "intern")) if "__" in n} == {"github__create_issue", "github__read_file"}
