@@ -7,6 +7,7 @@ and the fields the actions use; `_require` names the field an action is missing.
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -310,7 +311,48 @@ class FormatOutputCall(_Call):
     """Use ANSI colours."""
 
 
+MAX_UPSTREAM_ARGUMENTS = MAX_CONTENT_CHARS
+"""The largest JSON arguments an upstream tool is called with."""
+MAX_JSON_DEPTH = 64
+
+
+def _depth(value: Any, limit: int) -> int:
+    """How deep `value` nests (lists and objects), counting no further than `limit`."""
+    todo, deepest = [(value, 1)], 0
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, dict | list):
+            deepest = max(deepest, d)
+            if d <= limit:
+                todo.extend((x, d + 1) for x in (v.values() if isinstance(v, dict) else v))
+    return deepest
+
+
+class UpstreamCall(_Call):
+    """A tool of an upstream MCP server (the policy's `upstreams`, docs/upstream.md), as the
+    agent called it: `upstream` and `name` come from the namespaced name it called
+    (`github__create_issue`), `arguments` are its JSON arguments, decided by the rules that
+    name the tool and then forwarded."""
+
+    tool: Literal["upstream"] = "upstream"
+    upstream: str = Field(min_length=1, max_length=64)
+    """The upstream, as the policy names it."""
+    name: str = Field(min_length=1, max_length=128)
+    """The upstream's own name for the tool."""
+    arguments: dict[str, Any] = {}
+    """The tool's arguments, as JSON."""
+
+    @model_validator(mode="after")
+    def _bounded(self) -> UpstreamCall:
+        if _depth(self.arguments, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+            raise ValueError(f"arguments: nested deeper than {MAX_JSON_DEPTH}")
+        size = len(json.dumps(self.arguments, ensure_ascii=False, default=str))
+        if size > MAX_UPSTREAM_ARGUMENTS:
+            raise ValueError(f"arguments: {size} characters of JSON, more than {MAX_UPSTREAM_ARGUMENTS}")
+        return self
+
+
 ToolCall = Annotated[
-    RunCall | SessionCall | AskUserCall | EnvCall | FilesCall | ProcessCall | FormatOutputCall,
+    RunCall | SessionCall | AskUserCall | EnvCall | FilesCall | ProcessCall | FormatOutputCall | UpstreamCall,
     Field(discriminator="tool"),
 ]

@@ -350,6 +350,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
+    if args.action == "replay":  # the upstream family's decisions are replayed too
+        from gateway.upstream import replay as _registers  # noqa: F401
     if args.action in ("verify", "repair", "head", "adopt", "replay", "export"):
         return audit_verbs.main(args, directory)
     fmt = "jsonl" if args.json and args.format == "text" else args.format
@@ -560,6 +562,57 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
                 time.sleep(0.25)
     except KeyboardInterrupt:
         return EXIT_OK
+
+
+def _cmd_upstream(args: argparse.Namespace) -> int:
+    """`gateway upstream list|diff|accept`: the pinned definitions of upstream tools, the drift
+    that blocks a tool (with its diff), and accepting it (recorded in the audit log first)."""
+    from gateway.approval import escaped
+    from gateway.audit import AuditUnavailable, open_signed
+    from gateway.upstream.pins import PinError, PinStore, store_dir
+
+    pins = PinStore(store_dir(Path(args.process_dir)))
+    try:
+        if args.action == "list":
+            state = pins.state()["upstreams"]
+            if args.json:
+                pending = [d.to_json() for d in pins.drifts()]
+                pinned = {u: {t: p["sha256"] for t, p in e.get("pinned", {}).items()} for u, e in state.items()}
+                print(json.dumps({"pinned": pinned, "drift": pending}, indent=2, ensure_ascii=False))
+                return EXIT_OK
+            for name, entry in sorted(state.items()):
+                for tool, pin in sorted(entry.get("pinned", {}).items()):
+                    print(f"{escaped(name)}.{escaped(tool)}  pinned  {pin['sha256'][:16]}  by {escaped(pin.get('by'))}")
+            for d in pins.drifts():
+                print(f"{escaped(d.upstream)}.{escaped(d.tool)}  BLOCKED ({d.kind})  {d.seen_sha256[:16]}  since "
+                      f"{d.since}: gateway upstream diff {escaped(d.upstream)} {escaped(d.tool)}")  # fmt: skip
+            if not state:
+                print(f"no upstream pinned yet in {pins.path}")
+            return EXIT_OK
+        if not args.upstream or not args.tool:
+            return _fatal(f"upstream {args.action} needs UPSTREAM TOOL (see: gateway upstream list)")
+        found = [d for d in pins.drifts(args.upstream) if d.tool == args.tool]
+        if not found:
+            return _fatal(f"{args.upstream}.{args.tool}: nothing pending (it is pinned as listed, or unknown)")
+        drift = found[0]
+        print("\n".join(escaped(line) for line in drift.to_json()["diff"].splitlines()))
+        if args.action == "diff":
+            print(
+                f"to accept it: gateway upstream accept {args.upstream} {args.tool} --sha256 {drift.seen_sha256[:16]}"
+            )
+            return EXIT_OK
+        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys))
+        by = _supervisor(args)
+
+        def record(event: str, data: dict[str, Any]) -> None:
+            audit.append(event, tool="upstream", data={**data, "via": "cli"})
+
+        done = pins.accept(args.upstream, args.tool, args.sha256, by, record)
+    except (PinError, AuditUnavailable) as exc:
+        return _fatal(str(exc))
+    print(f"accepted {escaped(done.upstream)}.{escaped(done.tool)} ({done.kind}) as {done.seen_sha256[:16]}, by "
+          f"{escaped(by)}; recorded in {args.audit_dir}")  # fmt: skip
+    return EXIT_OK
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
@@ -790,6 +843,19 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--quickstart", action="store_true",
                     help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip
     sv.set_defaults(func=_cmd_serve)
+    us = sub.add_parser("upstream", help="upstream MCP servers: pinned tool definitions, drift, accepting it")
+    us.add_argument("action", choices=["list", "diff", "accept"])
+    us.add_argument("upstream", nargs="?", help="diff, accept: the upstream (as the policy names it)")
+    us.add_argument("tool", nargs="?", help="diff, accept: the upstream's own name of the tool")
+    us.add_argument("--process-dir", default=DEFAULT_PROCESS_DIR, help="the gateway's state (default: %(default)s)")
+    us.add_argument("--audit-dir", default="audit", help="accept: the audit log (default: %(default)s)")
+    us.add_argument("--audit-keys", default=DEFAULT_AUDIT_KEYS, help="accept: its signing key (default: %(default)s)")
+    us.add_argument(
+        "--sha256", help="accept: the pending definition's digest, as diff printed it (refused if it moved)"
+    )
+    us.add_argument("--by", help="accept: who accepts (default: the login name)")
+    us.add_argument("--json", action="store_true", help="list: as JSON, with each diff")
+    us.set_defaults(func=_cmd_upstream)
     tk = sub.add_parser("token", help="bearer tokens for HTTP clients (each maps to a principal) and supervisors")
     tk.add_argument("action", choices=["create", "list", "revoke"])
     tk.add_argument("token_id", nargs="?", help="for revoke: the token's id (see: gateway token list)")

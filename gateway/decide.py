@@ -192,7 +192,7 @@ def example_decisions(policy: CompiledPolicy, principal: str) -> list[Case]:
     cases: list[Case] = []
     for rule in policy.policy.rules:
         users = [p for p in [principal, *sorted(policy.grants)] if p in policy.grants and policy.may_use(p, rule)]
-        for text in rule.examples.match:
+        for text in rule.examples.match if rule.examples is not None else ():  # an upstream tool's rule has none
             name = f"{rule.id}: {text!r} is {rule.decision.value}"
             if not users:
                 cases.append(Case(name, True, "no principal of the policy may use the rule: checked by its match"))

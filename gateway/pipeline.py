@@ -185,6 +185,8 @@ class Gateway:
         """(principal, client session) -> digests a supervisor approved there -> that supervisor
         (each repeat names them). Dropped when the session ends (`end_client_session`)."""
         self._session_lock = threading.Lock()
+        self.on_close: list[Callable[[], None]] = []
+        """What a tool family keeps for this gateway and ends with it (the upstream connections)."""
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
@@ -285,6 +287,9 @@ class Gateway:
         self.sessions.close()
         if self._processes is not None:
             self._processes.close()
+        for end in self.on_close:
+            with contextlib.suppress(Exception):
+                end()
 
     # --- the gate -------------------------------------------------------------------------
     def private_dirs(self) -> tuple[Path, ...]:

@@ -22,7 +22,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -47,6 +47,13 @@ _FAMILY = {"run": Tool.RUN, "session": Tool.SESSION, "process": Tool.PROCESSES}
 _REPLAYED = frozenset({"decision", "egress_allowed", "egress_connection", "egress_dns_refused"})
 """Command decisions, and the network's: a connection let through, one the policy refused, a
 lookup refused (sandbox/egress/)."""
+
+Redecide = Callable[[CompiledPolicy, str, dict[str, Any], dict[str, Any]], "tuple[Any, str] | str"]
+"""(draft, principal, recorded arguments, the decision record) -> (the draft's Decision, what
+the call was, shown in the report), or why the record cannot be decided again."""
+DECIDERS: dict[str, Redecide] = {}
+"""Tool families whose decisions are not command decisions but can be decided again, by tool:
+each family registers its own (gateway/upstream/replay.py), so this module names none."""
 
 
 class ReplayError(Exception):
@@ -327,6 +334,9 @@ def _replay_one(record: dict[str, Any], drafts: _Drafts, report: ReplayReport) -
         report._skip("hook", "an agent hook's decision (gateway daemon): not replayed", call_id)
         return
     command = arguments.get("command")
+    if tool in DECIDERS:
+        _replay_other(record, drafts, report, DECIDERS[tool])
+        return
     if tool not in _FAMILY or command is None:
         why = f"the {tool or 'unnamed'} tool's decisions are not command decisions"
         report._skip(f"tool:{tool or '?'}", why, call_id)
@@ -430,6 +440,40 @@ def _replay_network(record: dict[str, Any], data: dict[str, Any], drafts: _Draft
         return
     row = ChangedCall(call_id, str(record.get("ts", "")), principal, "network", subject, "", why)
     report._change((old, old_rule, new, new_rule), row)
+
+
+def _replay_other(record: dict[str, Any], drafts: _Drafts, report: ReplayReport, decide: Redecide) -> None:
+    """A decision of a family that registered how to decide it again (`DECIDERS`)."""
+    call_id = str(record.get("call_id") or "")
+    principal, old = record.get("principal"), record.get("decision")
+    arguments = record.get("arguments") if isinstance(record.get("arguments"), dict) else None
+    data = record.get("data") if isinstance(record.get("data"), dict) else {}
+    assert isinstance(data, dict)
+    if old not in ("allow", "ask", "deny") or not isinstance(principal, str) or arguments is None:
+        report._skip("missing_fields", "the record has no decision, principal or arguments", call_id)
+        return
+    context = data.get("context") if isinstance(data.get("context"), dict) else None
+    draft = drafts.load(str(context["workspace"]) if context and "workspace" in context else None)
+    if isinstance(draft, str):
+        report._skip("workspace", draft, call_id)
+        return
+    if principal not in draft.grants:
+        report._skip("principal", f"a principal the draft does not define ({principal})", call_id)
+        return
+    found = decide(draft, principal, arguments, record)
+    if isinstance(found, str):
+        report._skip(f"{record.get('tool')}:unreplayable", found, call_id)
+        return
+    decision, what = found
+    report.replayed += 1
+    new = decision.verdict.label
+    old_rule = record.get("rule") if isinstance(record.get("rule"), str) else None
+    if (old, old_rule) == (new, decision.rule):
+        report.unchanged += 1
+        return
+    first = next((r.message for r in decision.reasons if r.code != "paths_checked"), "")
+    row = ChangedCall(call_id, str(record.get("ts", "")), principal, str(record.get("tool")), what, "", first)
+    report._change((str(old), old_rule, new, decision.rule), row)
 
 
 def _resolve_cwd(policy: CompiledPolicy, cwd: str | None) -> Path:

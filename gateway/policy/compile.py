@@ -146,6 +146,8 @@ class CompiledPolicy:
 
     # decisions made under this policy (pipeline.evaluate): a reloaded policy starts empty
     decisions: DecisionCache = field(default_factory=DecisionCache, init=False, compare=False, repr=False)
+    tool_rules: tuple[Rule, ...] = ()
+    """The rules naming upstream MCP tools (`tool:`), in policy order (docs/upstream.md)."""
 
     def grant(self, principal: str) -> Grant:
         found = self.grants.get(principal)
@@ -228,6 +230,7 @@ def compile_policy(
                 policies.append([f"role:{name}", f"tool:{tool.value}:allow"])
             if access.ask_from is not None and r.level >= access.ask_from:
                 policies.append([f"role:{name}", f"tool:{tool.value}:ask"])
+    _check_upstreams(policy, source)
     by_program: dict[str, list[Rule]] = {}
     for rule in policy.rules:
         for program in rule.programs:
@@ -248,6 +251,7 @@ def compile_policy(
         casbin=Casbin(policies, groupings),
         egress=egress,
         networks=_role_networks(policy, source),
+        tool_rules=tuple(r for r in policy.rules if r.tool is not None),
     )
 
 
@@ -329,6 +333,31 @@ def _network(policy: Policy, setting: bool | NetworkSettings, source: Path) -> E
         )  # fmt: skip
     except (PatternError, PresetError) as exc:
         raise PolicyError(f"{source}: sandbox.network: {exc}") from None
+
+
+def _check_upstreams(policy: Policy, source: Path) -> None:
+    """What only the merged policy can say about `upstreams` and the rules naming their tools."""
+    owner: dict[str, str] = {}
+    for name, upstream in policy.upstreams.items():
+        problem = upstream.problem()
+        if problem:
+            raise PolicyError(f"{source}: upstreams.{name}: {problem}")
+        prefix = upstream.prefix or name
+        if prefix in owner:
+            raise PolicyError(f"{source}: upstreams.{name}: its tools' prefix {prefix!r} is also {owner[prefix]}'s")
+        owner[prefix] = name
+        if upstream.network and policy.sandbox.network is False:
+            raise PolicyError(
+                f"{source}: upstreams.{name}.network: true needs a network in sandbox.network (true, or a "
+                "mapping of hosts, which the upstream's sandbox then reaches through the gateway's proxy)"
+            )
+    for rule in policy.rules:
+        if rule.tool is None:
+            continue
+        named = rule.tool.split(".", 1)[0]
+        if not any(c in named for c in "*?[") and named not in policy.upstreams:
+            known = ", ".join(sorted(policy.upstreams)) or "none"
+            raise PolicyError(f"{source}: rules {rule.id!r}: tool {rule.tool!r} names no upstream (defined: {known})")
 
 
 def _tool_path(policy: Policy, roles: set[str], grant: Grant, ws: Path, source: Path) -> tuple[Path, ...]:

@@ -326,6 +326,7 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
                 wider(("roles", name, "network"), got, ceiling)
     lo_ws = _workspace(lower, workspace)
     hi_ws = _workspace(merged, workspace)
+    _upstream_widenings(lo, hi, lo_ws, hi_ws, wider)
     # roots resolve against the workspace: say so when this layer moved it
     moved = "" if lo_ws == hi_ws else f" (roots resolve against the workspace, which this layer makes {hi_ws})"
     before = len(out)
@@ -348,6 +349,44 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
 
 
 Wider = Callable[[tuple[str, ...], str, str, str | None], None]
+
+_UPSTREAM_SAME = ("command", "url", "env_from", "headers_from", "prefix")
+"""What an upper layer may not change about an upstream a lower layer runs: which server it is,
+and which of the gateway's credentials it gets."""
+_UPSTREAM_CAPS = {"timeout_ms": None, "connect_timeout_ms": None, "result_bytes": None,
+                  "memory_bytes": LIMIT_DEFAULTS["memory_bytes"], "pids": LIMIT_DEFAULTS["pids"]}  # fmt: skip
+"""Upstream settings an upper layer may lower and never raise (None: the field has a default)."""
+
+
+def _upstream_widenings(lo: Policy, hi: Policy, lo_ws: Path, hi_ws: Path, wider: Callable[..., None]) -> None:
+    """An upper layer runs no upstream the lower layers do not, and changes none of theirs but
+    to tighten it: the same server and credentials, roots within theirs, no network they do not
+    give, no higher limit, the injection flag kept."""
+    for name, up in hi.upstreams.items():
+        was = lo.upstreams.get(name)
+        if was is None:
+            wider(("upstreams", name), "running it", f"the upstreams {sorted(lo.upstreams)}", f"upstreams.{name}")
+            continue
+        for key in _UPSTREAM_SAME:
+            if getattr(up, key) != getattr(was, key):
+                wider(("upstreams", name, key), repr(getattr(up, key)), f"{getattr(was, key)!r} (it may not change)")
+        was_write = resolve_roots(was.write_roots, lo_ws)
+        for root in resolve_roots(up.write_roots, hi_ws):
+            if not any(_within(root, r) for r in was_write):
+                wider(("upstreams", name, "write_roots"), f"writing {root}", f"{[str(r) for r in was_write]}")
+        was_read = (*resolve_roots(was.read_roots, lo_ws), *was_write)
+        for root in resolve_roots(up.read_roots, hi_ws):
+            if not any(_within(root, r) for r in was_read):
+                wider(("upstreams", name, "read_roots"), f"reading {root}", f"{[str(r) for r in was_read]}")
+        if up.network and not was.network:
+            wider(("upstreams", name, "network"), "true", "false")
+        if was.injection_flag and not up.injection_flag:
+            wider(("upstreams", name, "injection_flag"), "false", "true")
+        for key, default in _UPSTREAM_CAPS.items():
+            now, before = getattr(up, key), getattr(was, key)
+            now, before = (default if now is None else now), (default if before is None else before)
+            if now is not None and before is not None and now > before:
+                wider(("upstreams", name, key), str(now), str(before))
 
 
 def _reach_widenings(

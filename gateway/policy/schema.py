@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -19,10 +19,13 @@ from pydantic import (
     StrictBool,
     StrictInt,
     Tag,
+    ValidationError,
+    ValidatorFunctionWrapHandler,
     field_validator,
     model_validator,
 )
 
+from gateway.policy.upstreams import TOOL_GLOB, ArgumentCondition, Upstream, UpstreamName
 from gateway.sandbox import masks
 from gateway.sandbox.egress import rules as egress_rules
 
@@ -46,6 +49,8 @@ class Tool(StrEnum):
     PROCESSES = "processes"
     ENV = "env"
     ASK_USER = "ask_user"
+    UPSTREAM = "upstream"
+    """The tools of the policy's `upstreams` (docs/upstream.md): may a principal call them at all."""
 
 
 Level = Annotated[StrictInt, Field(ge=0, le=100)]
@@ -197,9 +202,16 @@ class Rule(_Model):
     decision: RuleDecision
     justification: str = Field(min_length=1)
     """Returned to the agent when this rule denies or asks: say why, and what to do instead."""
-    programs: list[str] = Field(min_length=1)
+    programs: list[str] = []
     """Program names (`git`: found on PATH) or absolute paths (`/usr/bin/git`). A name never
-    matches a path: `./git` and `/tmp/git` do not match `git`."""
+    matches a path: `./git` and `/tmp/git` do not match `git`. A rule names programs, or `tool`."""
+    tool: Annotated[str, Field(pattern=TOOL_GLOB)] | None = None
+    """Instead of `programs`: the tools of the policy's `upstreams` this rule decides, as
+    `UPSTREAM.TOOL`, globs allowed (`github.create_issue`, `github.*`, `*.delete_*`); such a
+    rule takes `arguments` and none of the command fields (docs/upstream.md)."""
+    arguments: list[ArgumentCondition] = []
+    """With `tool`: conditions on the call's JSON arguments, each at a JSON pointer; the rule
+    matches a call only when all of them hold."""
     subcommands: list[str] | None = None
     """The first argument must be one of these (`git status`)."""
     first_arg: list[str] | None = None
@@ -254,7 +266,9 @@ class Rule(_Model):
     min_level: Level = 0
     final: StrictBool = False
     """A later policy layer may not redefine this rule (docs/policy.md, layering)."""
-    examples: Examples
+    examples: Examples | None = None
+    """Required for a rule naming programs; for a `tool` rule, each example is the tool and its
+    JSON arguments: `github.create_issue {"owner": "our-org", "title": "x"}`."""
 
     @field_validator("args", "first_arg")
     @classmethod
@@ -280,6 +294,47 @@ class Rule(_Model):
         `path_options` written)? A rule naming subcommands reads them through the program's
         model of each (git); a program without a model is matched on its words as before."""
         return self.path_args is None and not self.path_options.read and not self.path_options.write
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _subject(cls, data: object, handler: ValidatorFunctionWrapHandler) -> Rule:
+        """A rule names programs (and has examples) or an upstream `tool`: a command rule
+        missing either is told so field by field, with the other errors of the rule."""
+        missing: list[str] = []
+        if isinstance(data, dict) and data.get("tool") is None:
+            missing = [k for k in ("programs", "examples") if k not in data]
+        try:
+            rule: Rule = handler(data)
+        except ValidationError as exc:
+            if not missing:
+                raise
+            kept: list[Any] = [
+                {k: e[k] for k in ("type", "loc", "input", "ctx") if k in e} for e in exc.errors(include_url=False)
+            ]
+            absent: list[Any] = [{"type": "missing", "loc": (k,), "input": data} for k in missing]
+            raise ValidationError.from_exception_data(exc.title, [*kept, *absent]) from None
+        if missing:
+            absent = [{"type": "missing", "loc": (k,), "input": data} for k in missing]
+            raise ValidationError.from_exception_data(cls.__name__, absent)
+        return rule
+
+    @model_validator(mode="after")
+    def _tool_or_programs(self) -> Rule:
+        if self.tool is None:
+            if self.arguments:
+                raise ValueError("arguments: only for a rule naming an upstream tool (tool), not programs")
+            return self
+        command = sorted(
+            {"programs", "subcommands", "first_arg", "args", "forbidden_options", "when_options", "path_args",
+             "path_options", "env", "accept_unknown", "accept_unknown_paths"} & self.model_fields_set
+        )  # fmt: skip
+        if command:
+            raise ValueError(f"{', '.join(command)}: a rule naming an upstream tool takes none of the command fields")
+        if self.approval == "client":
+            raise ValueError(
+                "approval: 'client' is for commands (run, process start); an upstream tool's ask goes to a supervisor"
+            )
+        return self
 
     @model_validator(mode="after")
     def _approval_only_on_ask(self) -> Rule:
@@ -463,6 +518,9 @@ class Policy(_Model):
     shells: list[Literal["bash", "sh"]] = ["bash"]
     """Shells `run` and `session` may use: `bash`, and `sh` (bash in POSIX mode; the analyser
     models bash, so no other shell can be checked)."""
+    upstreams: dict[UpstreamName, Upstream] = {}
+    """MCP servers whose tools the gateway offers its agents beside its own (docs/upstream.md);
+    their tools are decided by the rules that name them (`tool:`) and the `upstream` tool family."""
     rules: list[Rule] = []
     tests: str | None = None
     """A JSONL file of expected decisions run by `gateway policy test` (relative to this file):

@@ -20,6 +20,7 @@ from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Rule, RuleDecision
 from gateway.stages.permissions import match
+from gateway.upstream.rules import example_matches
 
 _ORDER = {RuleDecision.ALLOW: 0, RuleDecision.ASK: 1, RuleDecision.DENY: 2}
 
@@ -32,6 +33,8 @@ class Case:
 
 
 def rule_matches(rule: Rule, text: str) -> bool | str:
+    if rule.tool is not None:  # an upstream tool's rule: `UPSTREAM.TOOL {arguments}`
+        return example_matches(rule, text)
     analysis = analyze(text, second_opinion_enabled=False)
     if analysis.denial is not None:
         return f"the analyser denies it ({analysis.denial.code}: {analysis.denial.message})"
@@ -70,6 +73,8 @@ def rules_decide(policy: CompiledPolicy, rule: Rule, text: str) -> str:
 def example_cases(policy: CompiledPolicy) -> list[Case]:
     cases: list[Case] = []
     for rule in policy.policy.rules:
+        if rule.examples is None:  # a rule naming an upstream tool may go without examples
+            continue
         for text in rule.examples.match:
             got = rule_matches(rule, text)
             if got is True:

@@ -24,8 +24,9 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass, field, replace
 from typing import Annotated, Any
 
 from mcp.server import MCPServer
@@ -40,10 +41,11 @@ from pydantic import BaseModel, Field, ValidationError, create_model
 from gateway import tools
 from gateway.approval import CLIENT_SESSION, Answer, ApprovalRequest, visible
 from gateway.audit import AuditUnavailable, origin
-from gateway.calls import AskUserCall, ProcessCall, RunCall
+from gateway.calls import AskUserCall, ProcessCall, RunCall, UpstreamCall
 from gateway.log import log
 from gateway.pipeline import Gateway, error, evaluate, new_call_id, raw_arguments, tool_decision
 from gateway.policy.schema import Tool
+from gateway.policy.upstreams import SEPARATOR
 from gateway.server.approvals import (
     NO_CHANNEL,
     Attestation,
@@ -55,6 +57,8 @@ from gateway.server.approvals import (
 )
 from gateway.server.specs import BY_NAME, SPECS, AwaitCall, Spec
 from gateway.stages.pathjail import PathRefused
+from gateway.tools import upstream as upstream_tools
+from gateway.upstream.hub import split_name
 
 INSTRUCTIONS = (
     "agent-gateway: shell and file tools behind a security policy. Every call is decided by the "
@@ -72,6 +76,10 @@ KEEP_FINISHED_BYTES = 64 << 20
 bounds (the oldest go first)."""
 WORKER_IDLE_S = 60.0
 _SESSION_KEY = "agent-gateway.client_session"
+UPSTREAM_ROUTE = "_agw__upstream"
+"""The one registered tool every upstream tool's call is routed to (never listed; called by
+this name, it is an unknown upstream `_agw`, denied like any)."""
+_CALLED: ContextVar[str | None] = ContextVar("upstream_called", default=None)
 _FAILED = ("denied", "error", "timeout")
 
 
@@ -194,22 +202,27 @@ class GatewayServer:
         self._workers = Workers()
         if mcp is not None:
             self.mcp: MCPServer[Any] = mcp
-            mcp.middleware.append(self._filter_listing)
+            mcp.middleware.extend([self._filter_listing, self._route_upstream])
         else:
             self.mcp = MCPServer(
                 name,
                 instructions=INSTRUCTIONS,
                 token_verifier=token_verifier,
                 auth=auth,
-                middleware=[self._filter_listing],
+                middleware=[self._filter_listing, self._route_upstream],
                 log_level="WARNING",  # the SDK configures logging; INFO would print every casbin enforce
             )
         self.specs: dict[str, Spec] = {}
         for spec in specs:
             if spec.name in self.specs:
                 raise ValueError(f"two tools named {spec.name!r}: serve profiles whose tool names differ")
+            if SEPARATOR in spec.name:
+                raise ValueError(f"{spec.name!r}: `{SEPARATOR}` in a tool's name is for upstream tools (PREFIX__TOOL)")
             self.specs[spec.name] = spec
             self._register(spec)
+        self._register_upstream_route()
+        if gateway.policy.policy.upstreams:  # their connections start now, not at the agent's first call
+            upstream_tools.hub(gateway).warm(gateway.policy)
 
     # --- who calls ---------------------------------------------------------------------------
     def caller(self) -> str | None:
@@ -239,9 +252,58 @@ class GatewayServer:
             principal = self.caller()
             shown = self.visible_tools(principal) if principal else set()
             # a tool that is not ours (a server register_tools added ours to) is its owner's to list
-            listed = [t for t in result["tools"] if t.get("name") in shown or t.get("name") not in self.specs]
+            listed = [
+                t for t in result["tools"]
+                if (t.get("name") in shown or t.get("name") not in self.specs) and t.get("name") != UPSTREAM_ROUTE
+            ]  # fmt: skip
+            policy = self.gw.policy
+            if principal and policy.policy.upstreams and not (ctx.params or {}).get("cursor"):
+                # the upstream tools this principal may call, each with its pinned definition
+                listed += await asyncio.to_thread(upstream_tools.hub(self.gw).agent_tools, policy, principal)
             result = {**result, "tools": listed}
         return result
+
+    async def _route_upstream(self, ctx: Any, call_next: Any) -> Any:
+        """Every tools/call of a name shaped `PREFIX__TOOL` goes to the upstream family, listed or
+        not, known or not: what is not allowed is decided a denial and recorded, never left to
+        the SDK's "unknown tool". The name the agent called travels beside the request."""
+        params = ctx.params
+        if ctx.method == "tools/call" and isinstance(params, Mapping) and SEPARATOR in str(params.get("name", "")):
+            token = _CALLED.set(str(params["name"]))
+            try:
+                return await call_next(replace(ctx, params={**params, "name": UPSTREAM_ROUTE}))
+            finally:
+                _CALLED.reset(token)
+        return await call_next(ctx)
+
+    def _register_upstream_route(self) -> None:
+        async def upstream_fn(ctx: Context) -> CallToolResult:
+            self._answering += 1  # (the event loop's thread only)
+            try:
+                return await self._upstream_call(ctx)
+            finally:
+                self._answering -= 1
+
+        self.mcp.add_tool(upstream_fn, name=UPSTREAM_ROUTE, description="(the gateway's route to upstream tools)")
+
+    async def _upstream_call(self, ctx: Context) -> CallToolResult:
+        principal = self.caller()
+        called = _CALLED.get() or UPSTREAM_ROUTE
+        if principal is None:
+            return _result(error(new_call_id(), "denied", "UNAUTHENTICATED", "no principal for this connection"))
+        raw = _arguments(ctx)
+        if not self.accepting:
+            closing = error(new_call_id(), "error", "SHUTTING_DOWN", "the gateway is shutting down")
+            return _result(await asyncio.to_thread(self._refused, principal, called, raw, closing))
+        upstream, _, tool = called.partition(SEPARATOR)
+        found = split_name(self.gw.policy, called)
+        if found is not None:
+            upstream, tool = found
+        try:
+            call = UpstreamCall(principal=principal, upstream=upstream, name=tool, arguments=raw)
+        except (ValidationError, ValueError) as exc:
+            return _result(await asyncio.to_thread(self._reject, principal, called, exc, raw))
+        return _result(await self._run(principal, called, call, Ticket(principal)))
 
     # --- registration ------------------------------------------------------------------------
     def _register(self, spec: Spec) -> None:
@@ -714,6 +776,19 @@ def _user_answer(user: ElicitationResult[UserAnswer], principal: str) -> Answer:
 Reply = Callable[[dict[str, Any]], dict[str, Any]]
 
 
+def _upstream_result(envelope: dict[str, Any], shown: dict[str, Any]) -> CallToolResult:
+    """An upstream tool's result as the upstream gave it (redacted and checked: tools/upstream.py),
+    the gateway's call_id in `_meta`, and the heuristic's notice first when there is one."""
+    result = CallToolResult.model_validate(shown)
+    content: list[Any] = list(result.content)
+    if isinstance(envelope.get("notice"), str):
+        content.insert(0, TextContent(type="text", text=envelope["notice"]))
+    meta = {**(result.meta or {}), "agent-gateway/call_id": envelope.get("call_id")}
+    if envelope.get("flags"):
+        meta["agent-gateway/flags"] = envelope["flags"]
+    return result.model_copy(update={"content": content, "meta": meta})
+
+
 def _result(
     envelope: dict[str, Any], reply: Reply | None = None, render: Callable[[dict[str, Any]], str] | None = None
 ) -> CallToolResult:
@@ -728,6 +803,9 @@ def _result(
     `reply`: a profile's tool answers in its seed's shape, as JSON text alone (no summary line),
     or as the text `render` makes of it (seed 001's YAML); `isError` still follows the gateway's
     status."""
+    shown = envelope.get("upstream_result")
+    if isinstance(shown, dict):
+        return _upstream_result(envelope, shown)
     content: list[TextContent | ImageContent] = []
     image = envelope.get("image")
     if isinstance(image, dict) and isinstance(image.get("data"), str):

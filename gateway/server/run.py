@@ -50,6 +50,7 @@ from gateway.server.metrics import PATH as METRICS_PATH
 from gateway.server.metrics import MetricsEndpoint
 from gateway.server.specs import SPECS, Spec
 from gateway.server.tokens import TokenStore
+from gateway.upstream.pins import PinStore, store_dir
 
 SCOPE = "gateway"
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -198,6 +199,7 @@ def make_console(gateway: Gateway, store: TokenStore, host: str, port: int, limi
             max_streams=cap,
             verify_key=audit.key.public if audit.key is not None else None,
             checkpoint=audit.checkpoint,
+            pins=PinStore(store_dir(gateway.state_dir)) if gateway.state_dir is not None else None,
         )
     )
 
@@ -251,7 +253,9 @@ def listen_socket(host: str, port: int, allow_remote: bool) -> socket.socket:
     if host == "localhost":
         family = socket.AF_INET
         host = "127.0.0.1"
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets whose proto says TCP, and the
+    # accepted ones inherit it; with proto 0 every small answer waited for a delayed ACK (40 ms)
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, port))

@@ -10,7 +10,7 @@ import importlib
 from collections.abc import Callable
 from typing import Any
 
-FAMILIES = ("run", "session", "files", "process", "env", "ask_user", "format_output")
+FAMILIES = ("run", "session", "files", "process", "env", "ask_user", "format_output", "upstream")
 
 
 def handler(tool: str) -> Callable[[Any, Any, str], dict[str, Any]]:

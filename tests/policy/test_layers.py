@@ -88,6 +88,23 @@ BASE: dict[str, Any] = {
         }
     ],
     "tests": "base.tests.jsonl",
+    "upstreams": {
+        "gh": {
+            "command": ["python3", "gh.py"],
+            "env_from": ["GH_TOKEN"],
+            "read_roots": ["."],
+            "write_roots": ["src"],
+            "network": False,
+            "prefix": "github",
+            "timeout_ms": 60_000,
+            "connect_timeout_ms": 30_000,
+            "result_bytes": 1 << 20,
+            "injection_flag": True,
+            "memory_bytes": 256 << 20,
+            "pids": 64,
+        },
+        "tk": {"url": "https://tickets.example/mcp", "headers_from": {"Authorization": "TK_TOKEN"}},
+    },
 }
 
 Get = Callable[[Layered], object]
@@ -99,6 +116,10 @@ def _role(**fields: object) -> dict[str, Any]:
 
 def _limit(key: str, value: int) -> dict[str, Any]:
     return _role(limits={key: value})
+
+
+def _upstream(name: str = "gh", **fields: object) -> dict[str, Any]:
+    return {"upstreams": {name: fields}}
 
 
 # (schema field, upper layer's fields that tighten, what the merge must then hold, upper layer's
@@ -273,6 +294,68 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         )
         for part in ("env", "file", "hosts")
     ],
+    # --- upstreams: the same servers with the same credentials, tightened only ------------------
+    *[
+        (
+            f"upstreams.*.{key}",
+            _upstream(timeout_ms=1000),
+            (lambda k, n: lambda m: getattr(m.policy.upstreams[n], k))(key, name),
+            BASE["upstreams"][name][key],
+            (_upstream(name, **{key: other}), f"upstreams.{name}.{key}: {other!r} is wider than"),
+        )
+        for name, key, other in [
+            ("gh", "command", ["python3", "evil.py"]),
+            ("gh", "env_from", ["GH_TOKEN", "AWS_SECRET_ACCESS_KEY"]),
+            ("gh", "prefix", "gh2"),
+            ("tk", "url", "https://evil.example/mcp"),
+        ]
+    ],
+    (
+        "upstreams.*.headers_from",
+        _upstream("tk", headers_from={"Authorization": "TK_TOKEN"}),
+        lambda m: m.policy.upstreams["tk"].headers_from,
+        {"Authorization": "TK_TOKEN"},
+        (_upstream("tk", headers_from={"Cookie": "GH_TOKEN"}), "upstreams.tk.headers_from: {'Authorization'"),
+    ),
+    (
+        "upstreams.*.read_roots",
+        _upstream(read_roots=["src"]),
+        lambda m: m.policy.upstreams["gh"].read_roots,
+        ["src"],
+        (_upstream(read_roots=[".."]), "upstreams.gh.read_roots: reading"),
+    ),
+    (
+        "upstreams.*.write_roots",
+        _upstream(write_roots=["src/pkg"]),
+        lambda m: m.policy.upstreams["gh"].write_roots,
+        ["src/pkg"],
+        (_upstream(write_roots=["."]), "upstreams.gh.write_roots: writing"),
+    ),
+    (
+        "upstreams.*.network",
+        _upstream(network=False),
+        lambda m: m.policy.upstreams["gh"].network,
+        False,
+        (_upstream(network=True), "upstreams.gh.network: true is wider than false"),
+    ),
+    (
+        "upstreams.*.injection_flag",
+        _upstream(injection_flag=True),
+        lambda m: m.policy.upstreams["gh"].injection_flag,
+        True,
+        (_upstream(injection_flag=False), "upstreams.gh.injection_flag: false is wider than true"),
+    ),
+    *[
+        (
+            f"upstreams.*.{key}",
+            _upstream(**{key: value // 2}),
+            (lambda k: lambda m: getattr(m.policy.upstreams["gh"], k))(key),
+            value // 2,
+            (_upstream(**{key: value * 2}), f"upstreams.gh.{key}: {value * 2} is wider than {value}"),
+        )
+        for key, value in BASE["upstreams"]["gh"].items()
+        if key in ("timeout_ms", "connect_timeout_ms", "result_bytes", "memory_bytes", "pids")
+    ],
 ]
 
 IDS = [c[0] for c in CASES]
@@ -328,6 +411,14 @@ def test_a_wider_upper_layer_is_refused(
     assert wider[1] in message, message  # the field, what it got and its ceiling
     assert str(tmp_path / "base.yaml") in message  # where the ceiling comes from
     assert "docs/policy.md" in message
+
+
+def test_an_upper_layer_runs_no_upstream_the_lower_ones_do_not(tmp_path: Path) -> None:
+    """A server the lower layers do not run could be handed credentials or roots they never gave."""
+    top = layers(tmp_path, _upstream("mine", url="https://mine.example/mcp"))
+    with pytest.raises(PolicyError) as exc:
+        load_layers(top)
+    assert "upstreams.mine: running it is wider than the upstreams ['gh', 'tk']" in str(exc.value)
 
 
 # --- the attack from the issue, and the shape of the error an admin reads ---------------------

@@ -59,6 +59,7 @@ from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
 from gateway.server.console.feed import END, Feed
 from gateway.server.console.sessions import COOKIE, Session, Sessions
 from gateway.server.tokens import AGENT, TokenEntry, TokenStore
+from gateway.upstream.pins import PinError, PinStore
 
 PREFIX = "/console"
 CSP = (
@@ -95,6 +96,9 @@ class ConsoleConfig:
     verify_key: VerifyKey | None = None
     checkpoint: Path | None = None
     secure_cookie: bool = False
+    pins: PinStore | None = None
+    """The pinned definitions of upstream tools (gateway/upstream/pins.py): drift is shown and
+    accepted here (None: this server keeps none)."""
 
 
 class Refused(Exception):
@@ -302,6 +306,12 @@ class Console:
             return self._events(who)
         if method == "POST" and route == "replay":
             return await self._replay(request, who)
+        if method == "GET" and route == "upstreams/drift":
+            pins = self.config.pins
+            drift = await run_in_threadpool(pins.drifts) if pins is not None else []
+            return _json({"drift": [d.to_json() for d in drift]})
+        if method == "POST" and route == "upstreams/accept":
+            return await self._accept(request, who)
         raise Refused(404 if method in ("GET", "POST") else 405, f"no such API route: {method} /console/api/{route}")
 
     async def _replay(self, request: Request, who: Who) -> Response:
@@ -338,6 +348,34 @@ class Console:
         except AuditUnavailable:
             raise Refused(503, "the audit log cannot be written: no replay is answered unrecorded") from None
         return _json(out)
+
+    async def _accept(self, request: Request, who: Who) -> Response:
+        """`POST /console/api/upstreams/accept` {"upstream", "tool", "sha256"}: pin the pending
+        definition the supervisor saw (`sha256`, from `GET upstreams/drift`; refused with 409 if
+        the upstream changed it again since). Recorded (`upstream_accepted`) before it is pinned."""
+        body = await self._json_body(request)
+        upstream, tool, sha = body.get("upstream"), body.get("tool"), body.get("sha256")
+        if not all(isinstance(v, str) and 0 < len(v) <= 200 for v in (upstream, tool, sha)):
+            raise Refused(400, "expected upstream, tool and sha256 (the pending definition's, from upstreams/drift)")
+        assert isinstance(upstream, str) and isinstance(tool, str) and isinstance(sha, str)
+        pins = self.config.pins
+        if pins is None:
+            raise Refused(409, "this server keeps no pins of upstream tools")
+
+        def record(event: str, data: dict[str, Any]) -> None:
+            self.config.audit.append(
+                event, tool="upstream",
+                data={**data, "supervisor": who.supervisor, "token_id": who.token_id, "via": who.via},
+            )  # fmt: skip
+
+        try:
+            done = await run_in_threadpool(pins.accept, upstream, tool, sha, who.supervisor, record)
+        except AuditUnavailable as exc:
+            raise Refused(503, f"the acceptance could not be recorded, so nothing changed: {exc}") from None
+        except PinError as exc:
+            raise Refused(409, str(exc)) from None
+        return _json({"upstream": done.upstream, "tool": done.tool, "accepted_sha256": done.seen_sha256,
+                      "by": who.supervisor})  # fmt: skip
 
     def _draft(self, body: dict[str, Any]) -> Path | str:
         """The draft to replay: YAML text, or a file next to the served policy (a name, not a path:
