@@ -7,7 +7,9 @@ widen. Where a lower layer that defines principals sets nothing, the default is 
 ci-runner example sets no `sandbox`, so its includers cannot turn the network on); a lower layer
 without principals (a fragment: shared rules or roles) grants nobody anything, and only what it
 writes is a ceiling. Only rules stay open to an upper layer, as before: it may add rules and
-replace rules by id, except the ones marked `final`.
+replace rules by id, except the ones marked `final`. One ceiling is wider than what its layer
+puts in force: `shells_available` lists shells an upper layer may enable beyond the lower
+`shells` (the shipped policy offers `sh`, which the profiles' layers enable).
 
 Merge, lowest layer first (includes in the order listed, each over the ones before it, then the
 file itself over all of them):
@@ -302,8 +304,11 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
     if _OPEN[hi.second_opinion.unconfirmed] > _OPEN[lo.second_opinion.unconfirmed]:
         was, now = lo.second_opinion.unconfirmed, hi.second_opinion.unconfirmed
         wider(("second_opinion", "unconfirmed"), repr(now.value), repr(was.value))
-    if extra := [s for s in hi.shells if s not in lo.shells]:
-        wider(("shells",), f"{extra}", f"{lo.shells}")
+    offered = [*lo.shells, *(s for s in lo.shells_available if s not in lo.shells)]  # what an upper layer may enable
+    if extra := [s for s in hi.shells if s not in offered]:
+        wider(("shells",), f"{extra}", f"{offered}")
+    if extra := [s for s in hi.shells_available if s not in offered]:
+        wider(("shells_available",), f"{extra}", f"{offered}")
     if extra := [n for n in hi.environment.allow if not any(_covers(p, n) for p in lo.environment.allow)]:
         wider(("environment", "allow"), f"{extra}", f"{lo.environment.allow}")
     if dropped := [p for p in lo.audit.redact if p not in hi.audit.redact]:

@@ -518,6 +518,10 @@ class Policy(_Model):
     shells: list[Literal["bash", "sh"]] = ["bash"]
     """Shells `run` and `session` may use: `bash`, and `sh` (bash in POSIX mode; the analyser
     models bash, so no other shell can be checked)."""
+    shells_available: list[Literal["bash", "sh"]] = []
+    """Shells a layer including this one may add to its `shells` (not in force here): the admin
+    of a lower layer offers them, an upper layer (a profile's) enables them. They are a ceiling
+    like `shells`: an upper layer may drop entries, never add one."""
     upstreams: dict[UpstreamName, Upstream] = {}
     """MCP servers whose tools the gateway offers its agents beside its own (docs/upstream.md);
     their tools are decided by the rules that name them (`tool:`) and the `upstream` tool family."""

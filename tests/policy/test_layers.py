@@ -284,6 +284,13 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         ({"environment": {"allow": ["CI", "APP_*", "PAGER"]}}, "environment.allow: ['PAGER'] is wider"),
     ),
     ("shells", {"shells": []}, lambda m: m.policy.shells, [], ({"shells": ["bash", "sh"]}, "shells: ['sh'] is wider")),
+    (
+        "shells_available",
+        {"shells_available": []},
+        lambda m: m.policy.shells_available,
+        [],
+        ({"shells_available": ["sh"]}, "shells_available: ['sh'] is wider than ['bash']"),
+    ),
     *[
         (
             f"secrets.*.{part}",  # a brokered credential: only a lower layer grants one (docs/sandbox.md)
@@ -464,6 +471,25 @@ def test_a_layer_that_sets_nothing_still_has_ceilings(tmp_path: Path) -> None:
     assert load_layers(layers(tmp_path, _role_r(limits={"timeout_ms": 1000}), base)).policy.roles["r"].limits == Limits(
         timeout_ms=1000
     )
+
+
+def test_a_shell_the_lower_layer_offers_may_be_enabled_above_it(tmp_path: Path) -> None:
+    """`shells_available` is the admin's offer: not in force in its own layer, enabled by the
+    layer above (the shipped policy offers `sh`; the methings and os profiles enable it); an
+    offer the lower layers do not make cannot be enabled, nor extended."""
+    base = {**BASE, "shells_available": ["sh"]}
+    top = layers(tmp_path, {"shells": ["bash", "sh"]}, base)
+    assert load_layers(tmp_path / "base.yaml").policy.shells == ["bash"]  # only offered there
+    assert load_layers(top).policy.shells == ["bash", "sh"]
+    assert load_layers(layers(tmp_path, {"shells": ["sh"], "shells_available": []}, base)).policy.shells == ["sh"]
+    middle = tmp_path / "middle.yaml"  # a layer that withdraws the offer: the one above it cannot enable sh
+    middle.write_text(json.dumps({"version": 1, "include": ["base.yaml"], "shells_available": []}))
+    over = tmp_path / "over.yaml"
+    over.write_text(json.dumps({"version": 1, "include": ["middle.yaml"], "shells": ["bash", "sh"]}))
+    with pytest.raises(PolicyError, match=r"shells: \['sh'\] is wider than \['bash'\]"):
+        load_layers(over)
+    with pytest.raises(PolicyError, match=r"shells: \['sh'\] is wider than \['bash'\]"):
+        load_layers(layers(tmp_path, {"shells": ["bash", "sh"]}, BASE))  # offered by nobody
 
 
 def _role_r(**fields: object) -> dict[str, Any]:
