@@ -103,6 +103,15 @@ _LOGIN = re.compile(r"~[A-Za-z_][A-Za-z0-9_.-]*")
 
 
 _PROC = "/proc"
+PROC_READABLE = frozenset({
+    "/proc/cpuinfo", "/proc/meminfo", "/proc/version", "/proc/uptime", "/proc/loadavg", "/proc/stat",
+    "/proc/filesystems", "/proc/self/status", "/proc/self/stat", "/proc/self/limits", "/proc/self/cgroup",
+})  # fmt: skip
+"""The part of /proc a command may read, each exactly as written (no `.`, `..` or link in between,
+never resolved by the gateway): the machine's counters, and the command's own process as the
+sandbox's /proc shows it (its own PID namespace: `self` is the command, never the gateway). Never
+a write, never a directory listing, nothing that passes through a per-process link (`cwd`,
+`root`, `fd/N`, `exe`) or names another process (`/proc/1/...`)."""
 MAX_LINKS = 40
 RACE_RETRIES = 8
 """How often a resolution is tried again when the tree changes under it (a link that lstat saw
@@ -135,6 +144,8 @@ def real_path(path: str) -> str:
     whatever the gateway has open at N. Devices in ALWAYS are taken as they are written."""
     if os.path.normpath(path) in ALWAYS:
         return os.path.normpath(path)
+    if path in PROC_READABLE:  # as written: the sandbox's /proc resolves it, never the gateway's
+        return path
     return _resolve_links(path, for_command=True)
 
 
@@ -159,7 +170,8 @@ def _resolve_links(path: str, for_command: bool) -> str:
             raise _Refused(
                 "proc_path",
                 f"{path} is, or leads into, /proc: resolved by the gateway it would name the gateway's "
-                "own process, not the command's",
+                f"own process, not the command's (a command may read {', '.join(sorted(PROC_READABLE))}, "
+                "written so)",
                 {"path": path},
             )
         try:
@@ -246,7 +258,7 @@ def check(
                         checked[access] += _check_named(entry, cwds, access, grant, who)
                         continue
                     for p in _resolve(policy, word, cwds, unknown_ok and word not in redirected, budget, grant, who):
-                        _check_path(p, access, grant, who)
+                        _check_path(p, access, grant, who, command=True)
                         checked[access].append(p)
                         if access == "read":
                             mine.append(p)
@@ -562,12 +574,18 @@ def check_path(path: str, access: str, grant: Grant, who: str = "files") -> None
     _check_path(path, access, grant, who)
 
 
-def _check_path(path: str, access: str, grant: Grant, who: str) -> None:
+def _check_path(path: str, access: str, grant: Grant, who: str, command: bool = False) -> None:
+    """`command`: a command's path, which its own shell resolves (in the sandbox, its own /proc:
+    PROC_READABLE); else the gateway opens it itself (the files tool), and no /proc path is its to open."""
     if path in ALWAYS:
         return
     details: dict[str, object] = {"path": path, "access": access}
+    if command and access == "read" and path in PROC_READABLE:
+        return
     if path == _PROC or path.startswith(_PROC + "/"):
-        raise _Refused("proc_path", f"{who}: {path} is inside /proc, which the jail never allows", details)
+        readable = ", ".join(sorted(PROC_READABLE))
+        what = f"of which a command may only read {readable}" if command else "which the jail never allows here"
+        raise _Refused("proc_path", f"{who}: {path} is inside /proc, {what}", details)
     own_output = access == "read" and grant.outputs is not None and inside(path, grant.outputs)
     for p in grant.private:
         if inside(path, p) and not own_output:
