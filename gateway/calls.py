@@ -90,7 +90,8 @@ class RunCall(_Call):
     cwd: PathText | None = None
     """Directory to run in (default: the workspace). Must lie in the principal's roots."""
     env: EnvMap = {}
-    """Variables to set for the command; each name must be allowed by the rules deciding it."""
+    """Variables to set for the command; each name in the policy's environment.allow, or allowed by
+    the rules deciding it."""
     timeout_ms: Millis | None = None
     """Wall-clock limit; capped by the policy's limit."""
     shell: Literal["bash", "sh"] = "bash"
@@ -127,6 +128,9 @@ class SessionCall(_Call):
     """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it."""
     prompt: str | None = Field(default=None, max_length=200)
     """start: text shown after each command in the output (PTY sessions), like PS1."""
+    echo: bool = False
+    """start: each command's output begins with the command, as a terminal echoes what is typed
+    (commands reach the shell by the gateway's own channel, never typed on its terminal)."""
     startup_commands: Annotated[list[ShellText], Field(max_length=MAX_STARTUP_COMMANDS)] = []
     """start: commands run first, each decided like an exec."""
     command: ShellText | None = None

@@ -164,6 +164,7 @@ class Session:
         self.on_end: Callable[[Session], None] | None = None  # the manager forgets it when its shell ends
         self.exiting = False  # the shell reported that it is ending (`exit` in a command)
         self.initial_output = ""  # what the shell printed before its first command (its prompt)
+        self.echo = False  # each command's output begins with the command, as a terminal echoes it
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
         # (a closed number is reused at once by the next open anywhere in the gateway: a second

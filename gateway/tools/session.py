@@ -83,6 +83,7 @@ def _arguments(call: SessionCall) -> dict[str, Any]:
     keep = {"action", "session_id", "cwd", "env", "pty", "rows", "cols", "shell_type", "startup_commands", "command",
             "timeout_ms"}  # fmt: skip
     out = {k: v for k, v in call.model_dump().items() if k in keep and v not in (None, [], {})}
+    out |= {"echo": True} if call.echo else {}
     return out | (_digest(call.input) if call.input is not None else {})
 
 
@@ -144,6 +145,7 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     # what the shell starts with of the variables that make programs load files: bound when a
     # text runs such a program (gateway/runfiles.py); a text that names one makes it unknown
     session.loading_env = {k: v for k, v in env.items() if k in runfiles.LOADER_VARIABLES}
+    session.echo = call.echo
     out: dict[str, Any] = {"status": "ok", **session.describe(), "output": session.initial_output,
                            "sandbox": session.sandbox}  # fmt: skip
     startup = []
@@ -195,7 +197,7 @@ def _exec(
     if gated.git_write:
         # the session's sandbox keeps .git read-only for everything it runs; a command that is
         # git and nothing else runs in a sandbox of its own that may write .git (sandbox/git.py)
-        done = _git_write(gw, call, policy, session, text, cwd, timeout_ms)
+        done = _echoed(session, text, _git_write(gw, call, policy, session, text, cwd, timeout_ms))
         return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, done))
     session.send_command(str(cwd), text)
     cancel = cancellation.current_cancel()
@@ -203,7 +205,7 @@ def _exec(
     if session.exiting:  # the command ended the shell: answer once it is gone, its slot freed
         session.wait_closed(5.0)
         gw.sessions.forget_dead()
-    out = _output(session, finished_only=True)
+    out = _echoed(session, text, _output(session, finished_only=True))
     if cancel is not None and cancel.is_set() and out["running"]:  # the caller left, or the server stops
         out["status"] = "error"
         out["error"] = {
@@ -212,6 +214,15 @@ def _exec(
             "in the session",
         }
     return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, out))
+
+
+def _echoed(session: Session, text: str, out: dict[str, Any]) -> dict[str, Any]:
+    """The output as a terminal shows it when the session echoes (`echo`): the command, then
+    what it printed (a terminal ends each echoed line with CR LF)."""
+    if not session.echo:
+        return out
+    typed = text.replace("\n", "\r\n" if session.pty else "\n") + ("\r\n" if session.pty else "\n")
+    return {**out, "output": typed + out.get("output", "")}
 
 
 def _fit(gw: Gateway, principal: str, call_id: str, policy: CompiledPolicy, out: dict[str, Any]) -> dict[str, Any]:

@@ -127,14 +127,17 @@ def test_sessions_follow_the_seeds_example_flow(tmp_path: Path, ws: Path) -> Non
     echo = out["echo"]
     assert set(echo) == {"output", "alive", "exit_code", "running", "call_id"}
     lines = echo["output"].replace("\r\n", "\n").split("\n")
-    assert lines == ["hello", str(home / "project"), "$ "]  # ~/project is the home's, not a literal "~"
+    # the command first, as a terminal echoes it (seed 000: "echo $MY_VAR\r\nhello\r\n..."); ~/project
+    # is the home's, not a literal "~"
+    assert lines == ["echo $MY_VAR; pwd", "hello", str(home / "project"), "$ "]
+    assert echo["output"].startswith("echo $MY_VAR; pwd\r\nhello\r\n")
     assert (echo["alive"], echo["exit_code"], echo["running"]) == (True, 0, False)
     assert out["prompt"]["running"] is True and out["prompt"]["alive"] is True  # waits for its answer
     assert "action read" in out["prompt"]["notice"] and "session read" not in out["prompt"]["notice"]
     assert out["write"]["ok"] is True and not r["write"].is_error
     assert "got=y" in answered[0]  # the answer reached the program
     assert out["resize"] == {"ok": True, "rows": 50, "cols": 132, "call_id": out["resize"]["call_id"]}
-    assert out["stty"]["output"].startswith("50 132")
+    assert out["stty"]["output"].startswith("stty size\r\n50 132")
     denied = out["denied"]
     assert denied["status"] == "error" and r["denied"].is_error
     assert (denied["error"]["code"], denied["error"]["rule"]) == ("POLICY_DENIED", "no-curl")
@@ -183,7 +186,7 @@ def test_a_sessions_cwd_is_the_home_by_default_and_relative_to_it(tmp_path: Path
             return out
 
     default, relative = asyncio.run(scenario())
-    assert default["output"].replace("\r", "").splitlines()[0] == str(home), default
+    assert default["output"].replace("\r", "").splitlines()[:2] == ["pwd", str(home)], default  # echoed first
     assert relative["output"].splitlines()[0] == str(home / "project"), relative
 
     (tmp_path / "nohome").mkdir()
