@@ -48,6 +48,14 @@ class CheckResult:
         return out
 
 
+def _stored(policy: CompiledPolicy, name: str) -> bool:
+    """Whether the env tool may set `name` (the policy's `environment.allow`, protected names never)."""
+    if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES):
+        return False
+    allowed = policy.policy.environment.allow
+    return any(name == a or (a.endswith("*") and name.startswith(a[:-1])) for a in allowed)
+
+
 UNFINISHED = (OpinionStatus.TIMEOUT, OpinionStatus.FAILED)
 """A second opinion that did not finish: the next decision asks again, so it is not kept."""
 
@@ -109,7 +117,10 @@ def _evaluate(
             decisions.append(family)
         all_matches: list[list[permissions.Match]] = []
         models: list[dict[str, Any] | None] = []
-        extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items())
+        # a call's variable whose name `environment.allow` covers needs no rule's leave: the env
+        # tool could set it for every later call anyway (and a session's `env` is held to that
+        # list alone); any other is decided as `NAME=value` before each command, by the rules
+        extra = tuple(Assignment(k, Word(v, (), v)) for k, v in (env or {}).items() if not _stored(policy, k))
         for name in env or {}:
             if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES) or not name.isidentifier():
                 reason = Reason("parse", "protected_variable", f"env: setting {name} is refused")

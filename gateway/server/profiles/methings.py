@@ -57,7 +57,8 @@ class RunShell(BaseModel):
     timeout_ms: int = Field(default=DEFAULT_TIMEOUT_MS, gt=0, le=MAX_TIMEOUT_MS)
     """Milliseconds before the command is killed (default 60000, at most 300000; the policy may cap it lower)."""
     env: EnvMap = {}
-    """Variables for the command; each must be allowed by the rules deciding it."""
+    """Variables for the command; each named by the policy's environment.allow, or allowed by the
+    rules deciding it."""
 
 
 def _adapter(shell: Literal["bash", "sh"]) -> Any:
@@ -141,7 +142,7 @@ def _session_adapter(pty: bool) -> Any:
         if args.action == "start":
             return SessionCall(
                 **common, cwd=_home_path(args.cwd or "~"), env=args.env, pty=pty, rows=args.rows, cols=args.cols,
-                shell_type="bash" if pty else "sh", prompt=PROMPT,
+                shell_type="bash" if pty else "sh", prompt=PROMPT, echo=pty,
             )  # fmt: skip
         if args.action == "exec":
             return SessionCall(**common, command=args.command, timeout_ms=args.timeout * 1000)

@@ -209,7 +209,8 @@ class Exec(_Sandboxed):
     timeoutMs: int = Field(default=EXEC_DEFAULT_TIMEOUT_MS, ge=100, le=EXEC_MAX_TIMEOUT_MS)
     """Milliseconds before the command is killed (default 30000; the policy may cap it lower)."""
     env: EnvValues = Field(default={}, max_length=256)
-    """Variables for the command; each must be allowed by the rules deciding it."""
+    """Variables for the command; each named by the policy's environment.allow, or allowed by the
+    rules deciding it."""
 
 
 class ProcessStart(_Sandboxed):
@@ -222,7 +223,8 @@ class ProcessStart(_Sandboxed):
     cwd: PathText | None = Field(default=None, min_length=1)
     """Directory to run in (default: the workspace)."""
     env: EnvValues = Field(default={}, max_length=256)
-    """Variables for the command; each must be allowed by the rules deciding it."""
+    """Variables for the command; each named by the policy's environment.allow, or allowed by the
+    rules deciding it."""
     keepAlive: bool = False
     """Restart it when it exits (with backoff) until stopped."""
     permissions: list[str] | None = None

@@ -53,7 +53,8 @@ class Run(_Args):
     cwd: PathText | None = None
     """Directory to run in (default: the workspace; `~`: the policy's home). Must lie in your roots."""
     env: EnvMap = {}
-    """Variables for the command; each must be allowed by the rules deciding it."""
+    """Variables for the command; each named by the policy's environment.allow, or allowed by the
+    rules deciding it."""
 
 
 class AskUser(_Args):
