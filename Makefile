@@ -57,11 +57,13 @@ test: lint $(CLIENTS_STAMP)
 HOST ?= 127.0.0.1
 PORT ?= 8765
 PROFILE ?= gateway
+POLICY ?=
 
-# The gateway on localhost with the shipped policy: creates workspace/ and audit/, issues a
-# fresh token and prints the URL, the token and client configuration to copy.
+# The gateway on localhost with the shipped policy (for PROFILE=NAME, its layer over it:
+# policies/profiles/NAME.yaml; POLICY=FILE chooses another): creates workspace/ and audit/,
+# issues a fresh token and prints the URL, the token and client configuration to copy.
 serve: $(STAMP)
-	$(BIN)/gateway serve --http $(HOST):$(PORT) --quickstart --policy policies/default.yaml --audit-dir audit \
+	$(BIN)/gateway serve --http $(HOST):$(PORT) --quickstart $(if $(POLICY),--policy $(POLICY)) --audit-dir audit \
 		--profile $(PROFILE)
 
 bench: $(STAMP)

@@ -43,6 +43,8 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
 
 
 DEFAULT_POLICY = Path("policies/default.yaml")
+PROFILE_POLICIES = DEFAULT_POLICY.parent / "profiles"
+"""The shipped policy layers of the profiles (`gateway serve --profile NAME`), one per seed."""
 STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agent-gateway"
 DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
 DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
@@ -689,6 +691,20 @@ def _cmd_daemon(args: argparse.Namespace) -> int:
     return daemon.main(args)
 
 
+def _common_options(policy_default: str | None, policy_help: str) -> argparse.ArgumentParser:
+    """The options every policy-reading command takes (a parser of its own each time: argparse
+    shares a parent's option objects between the commands that use it)."""
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--policy", default=policy_default, help=policy_help)
+    common.add_argument("--workspace", help="the jail root relative roots resolve against (default: the policy's)")
+    common.add_argument("--audit-dir", default="audit", help="where audit logs go (default: %(default)s)")
+    common.add_argument(
+        "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the audit signing key and checkpoints (default: %(default)s)"
+    )
+    common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
+    return common
+
+
 def build_parser() -> argparse.ArgumentParser:
     from gateway.server.limits import FrontLimits
 
@@ -699,14 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     an.add_argument("--no-second-opinion", action="store_true", help="skip the bashlex cross-check")
     an.add_argument("command", nargs=argparse.REMAINDER, help="the shell text (after --); stdin if absent")
     an.set_defaults(func=_cmd_analyze)
-    common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--policy", default=str(DEFAULT_POLICY), help="policy file (default: %(default)s)")
-    common.add_argument("--workspace", help="the jail root relative roots resolve against (default: the policy's)")
-    common.add_argument("--audit-dir", default="audit", help="where audit logs go (default: %(default)s)")
-    common.add_argument(
-        "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the audit signing key and checkpoints (default: %(default)s)"
-    )
-    common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
+    common = _common_options(str(DEFAULT_POLICY), "policy file (default: %(default)s)")
     ck = sub.add_parser("check", parents=[common], help="the decision for a command; runs nothing")
     ck.add_argument("--cwd", help="directory the command would run in (default: the workspace)")
     ck.add_argument("--json", action="store_true", help="print the decision as JSON")
@@ -778,7 +787,10 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--max-rows", type=int, default=200, help="replay: changed calls shown (default: %(default)s)")
     au.add_argument("--max-calls", type=int, default=100_000, help="replay: calls replayed at most (%(default)s)")
     au.set_defaults(func=_cmd_audit)
-    sv = sub.add_parser("serve", parents=[common], help="serve the gateway to MCP clients (stdio or HTTP)")
+    serve_common = _common_options(
+        None, f"policy file (default: the profile's layer {PROFILE_POLICIES}/NAME.yaml, else {DEFAULT_POLICY})"
+    )
+    sv = sub.add_parser("serve", parents=[serve_common], help="serve the gateway to MCP clients (stdio or HTTP)")
     how = sv.add_mutually_exclusive_group(required=True)
     how.add_argument("--stdio", action="store_true", help="speak MCP on stdin/stdout (the client spawns the gateway)")
     how.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp")
@@ -837,8 +849,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--profile",
         default="gateway",
         metavar="NAME[,NAME...]",
-        help="the tool set: gateway (default), system-ops, methings: a seed's own tool names and replies, "
-        "over the same gate (docs/tools.md)",
+        help="the tool set: gateway (default), methings, os, shell-plugin, terminal-interface, system-ops: a "
+        "seed's own tool names and replies, over the same gate; without --policy, under the profile's shipped "
+        "policy layer (docs/tools.md)",
     )
     sv.add_argument("--quickstart", action="store_true",
                     help="create the workspace and audit dirs, issue a fresh token, print how to connect")  # fmt: skip

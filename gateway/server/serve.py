@@ -28,8 +28,9 @@ from gateway import approval_queue
 from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
 from gateway.audit import AuditLog, AuditUnavailable, open_signed
 from gateway.audit.metered import meter
-from gateway.cli import DEFAULT_STATE_DIR, DEFAULT_TOKENS
+from gateway.cli import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
 from gateway.pipeline import Gateway
+from gateway.policy.layers import MAX_INCLUDE_DEPTH
 from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.selftest import load_checked
@@ -37,7 +38,7 @@ from gateway.sandbox.identity import IdentityUnavailable, hand_over
 from gateway.server import tokens
 from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
-from gateway.server.profiles import ProfileError, specs_for
+from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
 
 EXIT_USAGE = 2
@@ -48,14 +49,39 @@ def _fail(message: str) -> int:
     return EXIT_USAGE
 
 
-def _workspace_of(policy_file: Path) -> Path | None:
-    """The workspace a policy names (relative to its file), read before the policy is loaded."""
+def _workspace_of(policy_file: Path, depth: int = 0) -> Path | None:
+    """The workspace a policy names (relative to the file that names it: the file itself, else
+    the last of its includes that does, as layering picks it), read before the policy is loaded."""
     try:
         raw = yaml.safe_load(policy_file.read_text(encoding="utf-8"))
     except (OSError, yaml.YAMLError):
         return None  # loading reports it properly
-    where = raw.get("workspace") if isinstance(raw, dict) else None
-    return (policy_file.parent / where).resolve() if isinstance(where, str) else None
+    if not isinstance(raw, dict):
+        return None
+    where = raw.get("workspace")
+    if isinstance(where, str):
+        return (policy_file.parent / where).resolve()
+    includes = raw.get("include")
+    if depth >= MAX_INCLUDE_DEPTH or not isinstance(includes, list):
+        return None
+    found = [_workspace_of(policy_file.parent / str(i), depth + 1) for i in includes]
+    return next((w for w in reversed(found) if w is not None), None)
+
+
+def policy_for(profile: str) -> tuple[Path, str | None]:
+    """The policy `serve --profile` takes when no --policy is given, and a line for the operator:
+    the shipped layer of the one profile served (`policies/profiles/NAME.yaml`, which includes the
+    default policy), else the default policy."""
+    names = [n for n in dict.fromkeys(n.strip() for n in profile.split(",")) if n and n != GATEWAY]
+    shipped = [PROFILE_POLICIES / f"{n}.yaml" for n in names if (PROFILE_POLICIES / f"{n}.yaml").is_file()]
+    if len(names) == 1 and shipped:
+        return shipped[0], None
+    if len(shipped) > 1 or (shipped and len(names) > 1):
+        return DEFAULT_POLICY, (
+            f"the profiles {', '.join(names)} ship a policy layer each ({', '.join(map(str, shipped))}); serving "
+            f"{DEFAULT_POLICY}: pass --policy FILE, a layer that includes the ones you want"
+        )
+    return DEFAULT_POLICY, None
 
 
 def say(message: str) -> None:
@@ -138,6 +164,11 @@ def main(args: argparse.Namespace) -> int:
         specs = specs_for(args.profile)
     except ProfileError as exc:
         return _fail(str(exc))
+    if args.policy is None:
+        chosen, note = policy_for(args.profile)
+        args.policy = str(chosen)
+        if note:
+            say(note)
     policy_file = Path(args.policy)
     workspace = Path(args.workspace) if args.workspace else None
     host, port = "", 0
