@@ -203,8 +203,10 @@ class Rule(_Model):
     justification: str = Field(min_length=1)
     """Returned to the agent when this rule denies or asks: say why, and what to do instead."""
     programs: list[str] = []
-    """Program names (`git`: found on PATH) or absolute paths (`/usr/bin/git`). A name never
-    matches a path: `./git` and `/tmp/git` do not match `git`. A rule names programs, or `tool`."""
+    """Program names (`git`: found on PATH), absolute paths (`/usr/bin/git`), or `./NAME`: the file
+    NAME in the command's directory, whose real path the jail checks as a read (a program built in
+    the workspace; a link out of the roots is refused). A name never matches a path: `./git` and
+    `/tmp/git` do not match `git`. A rule names programs, or `tool`."""
     tool: Annotated[str, Field(pattern=TOOL_GLOB)] | None = None
     """Instead of `programs`: the tools of the policy's `upstreams` this rule decides, as
     `UPSTREAM.TOOL`, globs allowed (`github.create_issue`, `github.*`, `*.delete_*`); such a
@@ -284,8 +286,11 @@ class Rule(_Model):
     @classmethod
     def _programs(cls, programs: list[str]) -> list[str]:
         for p in programs:
-            if not p or ("/" in p and not p.startswith("/")):
-                raise ValueError(f"program {p!r} must be a name or an absolute path")
+            local = p.startswith("./") and "/" not in p[2:] and p[2:] not in ("", ".", "..")
+            if not p or ("/" in p and not p.startswith("/") and not local):
+                raise ValueError(
+                    f"program {p!r} must be a name, an absolute path or ./NAME (in the command's directory)"
+                )
         return programs
 
     @property

@@ -758,6 +758,10 @@ def _answer_form(call: AskUserCall) -> type[BaseModel]:
         shown["enum"] = list(v.allowed_values)
     elif v is not None:
         shown |= {k: val for k, val in (("minLength", v.min_length), ("maxLength", v.max_length)) if val is not None}
+    if call.password:  # a secret: MCP's form schema has no format for one (its formats are email, uri,
+        # date, date-time); JSON Schema's writeOnly says the value is sent and never shown back, and
+        # the form's title says to hide what is typed
+        shown |= {"writeOnly": True, "title": "Password (hidden input)"}
     if shown:
         described["json_schema_extra"] = shown
     if call.default is not None and not call.password:

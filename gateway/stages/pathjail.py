@@ -420,6 +420,8 @@ def _paths_of(cmd: Command, found: list[Match]) -> tuple[list[Word], list[Word],
     reads: list[Word] = []
     writes: list[Word] = []
     argv = cmd.argv
+    if argv and argv[0].value.startswith("./") and found:  # a rule's `./NAME`: the program file is read
+        reads.append(argv[0])
     for m in found:
         if m.reading is not None:  # the program's model says which words are paths (gateway/programs/)
             reads += m.reading.reads
