@@ -3,11 +3,13 @@ as `make serve PROFILE=...` serves it: a real `gateway serve --profile NAME` wit
 so under the profile's shipped layer (`policies/profiles/NAME.yaml` over the default policy),
 driven by the official MCP SDK client, each reply checked against the seed's text.
 
-The seeds' placeholders are given real values, as an agent would: `/path/to/project`,
-`/path/to/repo` and `/project` are directories of the workspace, `/home/user` is the home (the
-workspace, under the default policy), and `12345` is the number of a daemon `shell_cmd`
-started. What a seed shows that cannot work as written is listed in docs/tools.md (each
-profile's "What still differs" paragraph), and checked here as it does work.
+The seeds' placeholders are given real values, as an agent would: `/path/to/project` and
+`/project` are directories of the workspace, `/path/to/repo` is the workspace itself (a git
+repository: one nested in it would be quarantined, docs/sandbox.md), `/home/user` is the home
+(the workspace, under the default policy), and the pid `12345` is the number of a daemon that
+`shell_cmd` started (12345 itself is then `DAEMON_NOT_FOUND`, a code the seed names). What a
+seed shows that cannot work as written is listed in docs/tools.md (each profile's "What still
+differs" paragraph), and checked here as it does work.
 """
 
 from __future__ import annotations
@@ -178,4 +180,162 @@ def test_seed_000_methings_examples(tmp_path: Path, ws: Path) -> None:
     stat = out["fs_stat"]  # -> {is_file, is_dir, is_link, size, mtime, atime, mode}
     assert {"is_file", "is_dir", "is_link", "size", "mtime", "atime", "mode"} <= set(stat) and stat["is_dir"] is True
     assert out["note_bash"]["stdout"] == out["note_sh"]["stdout"] == "one place\n"
+    assert verify(tmp_path / "audit").ok
+
+
+# --- seed 001: os ----------------------------------------------------------------------------------
+STAMP = re.compile(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d")
+
+
+def test_seed_001_os_examples(tmp_path: Path, ws: Path) -> None:
+    made(ws, {"notes.txt": "x\n"})
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        async with Client(serve(tmp_path, ws, "os")) as c:
+            out: dict[str, dict[str, Any]] = {}
+
+            async def call(name: str, tool: str, **args: Any) -> dict[str, Any]:
+                out[name] = reply(await c.call_tool(tool, args))
+                return out[name]
+
+            # shell_cmd({command: 'ls -la /home/user', timeoutSeconds: 10}): the home is the workspace
+            await call("ls", "shell_cmd", command=f"ls -la {ws}", timeoutSeconds=10)
+            await call("sh", "shell_cmd", command="set -o | grep posix", shell="sh")
+            # a daemon to stand for the seed's pid 12345: a command still running after timeoutSeconds
+            pid = (await call("daemon", "shell_cmd", command="echo started; sleep 60", timeoutSeconds=1))["pid"]
+            await call("output", "get_daemon_output", pid=pid)
+            await call("stop", "stop_daemon", pid=pid)
+            await call("stop_again", "stop_daemon", pid=pid)
+            await call("no_daemon", "stop_daemon", pid=12345)
+            await call("path", "env_get", key="PATH")
+            await call("set", "env_set", key="MY_VAR", value="hello")
+            await call("get", "env_get", key="MY_VAR")
+            await call("used", "shell_cmd", command='echo "$MY_VAR"')
+            await call("unset", "env_unset", key="MY_VAR")
+            await call("gone", "env_get", key="MY_VAR")
+            return out
+
+    out = asyncio.run(scenario())
+    assert policy_served(tmp_path).endswith("policies/profiles/os.yaml")
+    ls = out["ls"]  # status, command, exit_code, stdout, stderr, executed_at
+    assert list(ls)[:6] == ["status", "command", "exit_code", "stdout", "stderr", "executed_at"], ls
+    assert (ls["status"], ls["command"], ls["exit_code"]) == ("ok", f"ls -la {ws}", 0)
+    assert " notes.txt\n" in ls["stdout"] and STAMP.fullmatch(ls["executed_at"])
+    assert out["sh"]["status"] == "ok" and "on" in out["sh"]["stdout"]  # sh: bash in POSIX mode, enabled here
+    assert out["daemon"]["status"] == "ok" and out["daemon"]["daemon"] is True
+    got = out["output"]  # status, pid, output, retrieved_at
+    assert list(got)[:4] == ["status", "pid", "output", "retrieved_at"] and got["pid"] == out["daemon"]["pid"]
+    assert "started" in got["output"]
+    stop = out["stop"]  # status, pid, stopped_at
+    assert (
+        list(stop)[:3] == ["status", "pid", "stopped_at"]
+        and stop["status"] == "ok"
+        and STAMP.fullmatch(stop["stopped_at"])
+    )
+    assert (out["stop_again"]["status"], out["stop_again"]["error_code"]) == ("error", "DAEMON_NOT_RUNNING")
+    assert (out["no_daemon"]["status"], out["no_daemon"]["error_code"]) == ("error", "DAEMON_NOT_FOUND")
+    path = out["path"]  # ENV_NOT_FOUND; the hint names only this profile's tools
+    assert (path["status"], path["error_code"]) == ("error", "ENV_NOT_FOUND")
+    assert "env list" not in path["message"] and "env_set" in path["message"], path
+    assert list(out["set"])[:4] == ["status", "key", "value", "set_at"] and out["set"]["status"] == "ok"
+    assert list(out["get"])[:4] == ["status", "key", "value", "retrieved_at"] and out["get"]["value"] == "hello"
+    assert out["used"]["stdout"] == "hello\n"
+    assert list(out["unset"])[:3] == ["status", "key", "unset_at"] and out["unset"]["status"] == "ok"
+    assert out["gone"]["error_code"] == "ENV_NOT_FOUND"
+    for key, r in out.items():  # every hint names a tool of this profile, never the gateway's own
+        text = json.dumps(r)
+        assert not re.search(r"\b(env list|files read|process output|session read)\b", text), (key, text)
+    assert verify(tmp_path / "audit").ok
+
+
+# --- seed 004: System Operations -------------------------------------------------------------------
+def answering(*answers: ElicitResult, asked: list[Any]) -> Any:
+    queue = list(answers)
+
+    async def cb(ctx: Any, params: Any) -> ElicitResult:
+        asked.append(params)
+        return queue.pop(0)
+
+    return cb
+
+
+def test_seed_004_system_ops_examples_wait_for_a_supervisor(tmp_path: Path, ws: Path) -> None:
+    """ "Permission Level: supervisor": each `run` example waits for a supervisor (pending, approved
+    with `gateway approvals approve`), then answers as the seed shows; `ask_user` asks the user,
+    a password in a form field marked secret, and the answer never reaches the audit log."""
+    made(ws, {
+        "package.json": json.dumps({"name": "demo", "version": "1.0.0", "scripts": {"test": "echo tests passed"}}),
+        "script.js": "console.log(process.env.NODE_ENV, process.env.API_KEY.length)\n",
+    })  # fmt: skip
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)  # the workspace is the seed's /path/to/repo
+    hand_over(ws)
+    queue = tmp_path / "approvals"
+    secret = "hunter2-s3cret-pass"
+    asked: list[Any] = []
+    examples: list[dict[str, Any]] = [
+        {"command": "ls -la"},
+        {"command": "npm test", "timeout": 60000},
+        {"command": "git status", "cwd": str(ws)},  # cwd: '/path/to/repo'
+        {"command": "node script.js", "env": {"NODE_ENV": "production", "API_KEY": "secret"}},
+    ]
+    questions: list[dict[str, Any]] = [
+        {"prompt": "Enter your name:"},
+        {"prompt": "Enter port:", "default": "3000"},
+        {"prompt": "Enter email:", "validation": {"pattern": "^[\\w-\\.]+@([\\w-]+\\.)+[\\w-]{2,4}$"}},
+        {"prompt": "Enter password:", "password": True},
+    ]
+    cb = answering(
+        ElicitResult(action="accept", content={"answer": "Ada"}),
+        ElicitResult(action="accept", content={"answer": ""}),
+        ElicitResult(action="accept", content={"answer": "ada@example.com"}),
+        ElicitResult(action="accept", content={"answer": secret}),
+        asked=asked,
+    )
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[dict[str, Any]]]:
+        async with Client(serve(tmp_path, ws, "system-ops"), elicitation_callback=cb) as c:
+            pending, done = [], []
+            for args in examples:
+                first = reply(await c.call_tool("run", args))
+                pending.append(first)
+                await asyncio.to_thread(
+                    gateway_cmd, "approvals", "approve", first["call_id"], "--state-dir", str(queue), "--by", "alice"
+                )
+                done.append(reply(await c.call_tool("await_call", {"call_id": first["call_id"], "wait_ms": 120_000})))
+            answers = [reply(await c.call_tool("ask_user", q)) for q in questions]
+            return pending, done, answers
+
+    pending, done, answers = asyncio.run(scenario())
+    assert policy_served(tmp_path).endswith("policies/profiles/system-ops.yaml")
+    assert approval_queue.pending(queue) == []
+    for first in pending:  # the supervisor level: nothing ran before a supervisor said so
+        assert first["success"] is False and first["data"]["status"] == "pending", first
+        assert first["data"]["approval"]["waiting_for"] == "supervisor"
+    for result in done:  # {success: true, data: {exit_code, stdout, stderr, timed_out}}
+        assert result["success"] is True, result
+        assert list(result["data"])[:4] == ["exit_code", "stdout", "stderr", "timed_out"]
+        assert (result["data"]["exit_code"], result["data"]["timed_out"]) == (0, False)
+    ls, npm, git, node = (r["data"]["stdout"] for r in done)
+    assert ls.startswith("total ") and " package.json\n" in ls
+    assert "tests passed" in npm
+    assert "On branch" in git or "No commits yet" in git
+    assert node == "production 6\n"
+    # ask_user: {success: true, data: {value, validated}}
+    assert [a["data"] for a in answers] == [
+        {"value": "Ada", "validated": False},
+        {"value": "3000", "validated": False},
+        {"value": "ada@example.com", "validated": True},
+        {"value": secret, "validated": False},
+    ]
+    field = asked[3].requested_schema["properties"]["answer"]  # password: true: hide the input
+    assert field.get("writeOnly") is True and "hidden" in field.get("title", "").lower()
+    assert "writeOnly" not in asked[0].requested_schema["properties"]["answer"]
+    assert asked[1].requested_schema["properties"]["answer"]["default"] == "3000"
+    kept = "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and ws not in p.parents)
+    assert secret not in kept  # neither the audit log nor any state the gateway keeps holds the password
+    records = audit_records(tmp_path / "audit")
+    approvals = [r for r in records if r["event"] == "approval"]
+    assert len(approvals) == 4 and {a["data"]["by"] for a in approvals} == {"alice"}
+    node_decision = next(r for r in records if r["event"] == "decision" and r["call_id"] == pending[3]["call_id"])
+    assert "secret" not in json.dumps(node_decision)  # API_KEY's value is redacted
     assert verify(tmp_path / "audit").ok

@@ -28,6 +28,7 @@ reads bash, so no other shell's text can be checked.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections import OrderedDict
 from contextvars import ContextVar
@@ -223,10 +224,34 @@ _Dumper.add_representer(str, _text)
 
 def render(reply: dict[str, Any]) -> str:
     """A reply as the seed's YAML: `status` first, the fields in order (pyyaml's safe dumper: plain
-    YAML types only, so any YAML reader loads it safely)."""
+    YAML types only, so any YAML reader loads it safely). Its hints name this profile's tools."""
     return yaml.dump(
-        reply, Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1 << 16
+        _retold(reply), Dumper=_Dumper, sort_keys=False, allow_unicode=True, default_flow_style=False, width=1 << 16
     )
+
+
+_RETOLD: tuple[tuple[re.Pattern[str], str], ...] = (
+    (re.compile(r" \(env list shows what is\)"), " (env_set sets one; the host's variables are never seen here)"),
+    (
+        re.compile(r"files read with path '[^']*' \(offset/limit in lines, or max_bytes\), or files grep there"),
+        "this profile has no tool that reads it: run the command again with its output redirected to a file "
+        "in the workspace, and read that with shell_cmd (sed -n, tail, grep)",
+    ),
+    (re.compile(r"; the files tool reads, writes, lists and searches files without running a program"), ""),
+)
+"""The gateway's hints that name its own tools (`env list`, `files read`), in this profile's words:
+an agent of seed 001 has shell_cmd, the daemons and env_get/env_set/env_unset only."""
+
+
+def _retold(value: Any, key: str = "") -> Any:
+    if isinstance(value, dict):
+        return {k: _retold(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_retold(v, key) for v in value]
+    if isinstance(value, str) and key in ("message", "notice", "next"):
+        for pattern, here in _RETOLD:
+            value = pattern.sub(here, value)
+    return value
 
 
 def _last_lines(text: str, keep: int) -> tuple[str, int]:
@@ -313,10 +338,10 @@ def shell_reply(keep: int) -> Any:
         if "backgrounded" in envelope:  # ran as a tracked process and ended in time: one merged stream
             out["stdout"], dropped = _last_lines(str(envelope.get("output", "")), keep)
             out["stderr"] = ""
+            out["executed_at"] = _now()  # the seed's fields first, in its order
             out["merged_output"] = True
             if dropped:
                 out["stdout_lines_dropped"] = dropped
-            out["executed_at"] = _now()
         else:
             _tail_fields(out, envelope, keep)
             out["executed_at"] = _stamp(envelope.get("started_at"))
