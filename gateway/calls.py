@@ -258,7 +258,7 @@ class FilesCall(_Call):
     format: Literal["markdown", "json"] = "markdown"
     """write_output: the document's kind."""
     name: str | None = Field(default=None, max_length=100)
-    """write_output: a name for the file (date-prefixed, made unique)."""
+    """write_output: a name for the file (`~/outputs/YYYYMMDDHHMMSS-name.md`, then `-1`, `-2`... when taken)."""
 
     @model_validator(mode="after")
     def _fields(self) -> FilesCall:

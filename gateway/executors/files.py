@@ -57,7 +57,7 @@ import stat
 from collections.abc import Callable, Generator, Iterator
 from contextlib import closing, contextmanager, suppress
 from dataclasses import dataclass
-from datetime import UTC, date, datetime
+from datetime import UTC, datetime
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import IO, Any, NoReturn
@@ -92,7 +92,7 @@ SNIFF_BYTES = 8192  # how much of a file decides "binary" and "image"
 MAX_DEPTH = 100  # walks go no deeper (each level holds one descriptor open)
 MAX_MATCH_CHARS = 500  # grep: longest line text returned per match
 MAX_SKIPPED = 50  # grep: most skipped files named
-MAX_NAME_TRIES = 10_000  # write_output: -2 ... -N
+MAX_NAME_TRIES = 10_000  # write_output: NAME, NAME-1 ... NAME-N
 
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK | os.O_NOCTTY
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -1083,6 +1083,8 @@ def _grep(ctx: _Ctx) -> dict[str, Any]:
             return True
         searched += 1
         lines = data.decode("utf-8", "replace").split("\n")
+        if len(lines) > 1 and not lines[-1]:  # the newline that ends the last line begins no other
+            lines.pop()
         around = call.context
         for number, line in enumerate(lines, 1):
             line = line.removesuffix("\r")
@@ -1247,11 +1249,11 @@ def _write_output(ctx: _Ctx) -> dict[str, Any]:
     out_real = settled_realpath(os.fspath(ctx.outputs_dir))
     ctx.check(out_real, "write")
     _make_dirs(out_real, ctx.grant, True, ctx.show(out_real))
-    stem = f"{date.today().isoformat()}-{_slug(call.name)}"
+    stem = f"{datetime.now().strftime('%Y%m%d%H%M%S')}-{_slug(call.name)}"  # seed 002's names: local time
     ext = ".json" if call.format == "json" else ".md"
     with _open(out_real, _DIR, "write", ctx.grant) as (dfd, dpath):
-        for n in range(1, MAX_NAME_TRIES + 1):
-            fname = f"{stem}{ext}" if n == 1 else f"{stem}-{n}{ext}"
+        for n in range(MAX_NAME_TRIES):
+            fname = f"{stem}{ext}" if n == 0 else f"{stem}-{n}{ext}"
             check_path(os.path.join(dpath, fname), "write", ctx.grant)
             try:
                 fd = os.open(fname, _NEW, 0o666, dir_fd=dfd)

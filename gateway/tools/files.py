@@ -27,7 +27,12 @@ from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
 
-OUTPUTS = "outputs"  # write_output's directory, inside the workspace
+OUTPUTS = "outputs"  # write_output's directory: `~/outputs` (the policy's home; without one, the workspace's)
+
+
+def outputs_dir(policy: CompiledPolicy) -> Path:
+    """Where write_output writes: `~/outputs` (seed 002), in the workspace when the policy has no home."""
+    return (policy.home or policy.workspace) / OUTPUTS
 
 
 READS = frozenset({"read", "read_json", "list", "stat", "grep", "find"})
@@ -54,7 +59,7 @@ def decide(
     """The tool family's decision, then the jail for every path the call touches; a delete is
     also decided as the `rm` that would do it."""
     try:
-        paths = files.paths_of(call, policy.workspace, policy.workspace / OUTPUTS)
+        paths = files.paths_of(call, policy.workspace, outputs_dir(policy))
     except PathRefused as exc:  # a path that would not hold still while it was resolved
         given = call.path or OUTPUTS
         return _refused(exc, given, "read"), [(given, "read")]
@@ -245,7 +250,7 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         call = call.model_copy(update={"path": paths[0][0]})
     try:
         with contextlib.nullcontext() if reading_own else identity.acting_as_sandbox():
-            outcome = files.execute(call, grant, policy.workspace, policy.workspace / OUTPUTS, file_limits)
+            outcome = files.execute(call, grant, policy.workspace, outputs_dir(policy), file_limits)
     except identity.ActAsUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
     return gw.record_result(gated, outcome)

@@ -14,9 +14,10 @@ import base64
 import json
 import os
 import random
+import re
 import threading
 from dataclasses import dataclass
-from datetime import date
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -513,21 +514,38 @@ def test_find(env: Env) -> None:
 # write_output -------------------------------------------------------------------------------------
 
 
+STAMPED = re.compile(r"outputs/(\d{14})-([a-z0-9-]+)\.(md|json)")
+
+
 def test_write_output(env: Env) -> None:
+    """Seed 002's names: `YYYYMMDDHHMMSS-name.md`, then `-1`, `-2`... when taken."""
     assert not env.outputs.exists()
-    day = date.today().isoformat()
     first = env.ok("write_output", content="# Report\n", name="My Report!")
-    second = env.ok("write_output", content="# Again\n", name="My Report!")
-    assert first["path"] == f"outputs/{day}-my-report.md"
-    assert second["path"] == f"outputs/{day}-my-report-2.md"
+    m = STAMPED.fullmatch(first["path"])
+    assert m is not None and m.group(2) == "my-report" and m.group(3) == "md", first
+    assert abs(datetime.strptime(m.group(1), "%Y%m%d%H%M%S") - datetime.now()) < timedelta(days=1)
     assert (env.ws / first["path"]).read_text() == "# Report\n"
-    assert (env.ws / second["path"]).read_text() == "# Again\n"
     r = env.ok("write_output", content='{"a": 1}', format="json")
-    assert r["path"] == f"outputs/{day}-output.json"
+    assert STAMPED.fullmatch(r["path"]) and r["path"].endswith("-output.json")
     assert json.loads((env.ws / r["path"]).read_text()) == {"a": 1}
     assert env.err("write_output", content="{not json", format="json") == "INVALID_JSON"
     env.limits = FileLimits(write_bytes=2)
     assert env.err("write_output", content="too long") == "FILE_TOO_LARGE"
+
+
+def test_write_output_takes_the_next_free_number_when_the_name_is_taken(env: Env) -> None:
+    """The names of this second and the next minutes are taken (whenever the write happens, its
+    own is): it writes NAME-1, then NAME-2."""
+    env.outputs.mkdir(parents=True)
+    now = datetime.now()
+    for s in range(-5, 300):
+        (env.outputs / f"{(now + timedelta(seconds=s)).strftime('%Y%m%d%H%M%S')}-same.md").write_text("old")
+    first = env.ok("write_output", content="a", name="same")
+    second = env.ok("write_output", content="b", name="same")
+    one, two = STAMPED.fullmatch(first["path"]), STAMPED.fullmatch(second["path"])
+    assert one is not None and two is not None
+    assert one.group(2) == "same-1" and two.group(2) in ("same-2", "same-1"), (first, second)
+    assert (env.ws / first["path"]).read_text() == "a" and (env.ws / second["path"]).read_text() == "b"
 
 
 def test_write_output_names_never_collide(env: Env) -> None:

@@ -339,3 +339,57 @@ def test_seed_004_system_ops_examples_wait_for_a_supervisor(tmp_path: Path, ws: 
     node_decision = next(r for r in records if r["event"] == "decision" and r["call_id"] == pending[3]["call_id"])
     assert "secret" not in json.dumps(node_decision)  # API_KEY's value is redacted
     assert verify(tmp_path / "audit").ok
+
+
+# --- seed 002: the shell plugin --------------------------------------------------------------------
+def test_seed_002_shell_plugin_examples(tmp_path: Path, ws: Path) -> None:
+    """The seed shows behaviours rather than calls: write_output's names under ~/outputs, exec's
+    8000-character tails and text block with its notice, process_start's record, grep's rows."""
+    made(ws, {"notes.txt": "a\nb\nTODO one\nc\nTODO two\nd\ne\nf\ng\nh\nTODO three\n"})
+
+    async def scenario() -> dict[str, CallToolResult]:
+        async with Client(serve(tmp_path, ws, "shell-plugin")) as c:
+            out: dict[str, CallToolResult] = {}
+            for key, tool, args in [
+                ("md", "write_output", {"name": "report", "content": "# one\n"}),
+                ("md2", "write_output", {"name": "report", "content": "# two\n"}),
+                ("json", "write_output", {"name": "data", "content": '{"k": 1}', "format": "json"}),
+                ("exec", "exec", {"command": "seq 1 400000; seq 1 3000 >&2"}),
+                ("start", "process_start", {"command": "echo up; sleep 60", "name": "web", "keepAlive": True}),
+                ("grep", "grep", {"pattern": "TODO", "path": "notes.txt", "context": 2}),
+                ("stop_all", "process_stop_all", {}),
+            ]:
+                out[key] = await c.call_tool(tool, args)
+            return out
+
+    r = asyncio.run(scenario())
+    out = {k: reply(v) for k, v in r.items()}
+    assert policy_served(tmp_path).endswith("policies/profiles/shell-plugin.yaml")
+    names = re.compile(r"outputs/(\d{14})-(report|report-1|data)\.(md|json)")  # YYYYMMDDHHMMSS-name.md, -1
+    found = [names.fullmatch(out[k]["path"]) for k in ("md", "md2", "json")]
+    assert all(found), [out[k]["path"] for k in ("md", "md2", "json")]
+    md, md2, js = (m for m in found if m is not None)
+    assert md.group(2) == "report" and md2.group(2) == ("report-1" if md2.group(1) == md.group(1) else "report")
+    assert js.group(2, 3) == ("data", "json") and (ws / out["md2"]["path"]).read_text() == "# two\n"
+
+    text = r["exec"].content[0]
+    assert text.type == "text" and len(text.text) <= 8000  # the seed's safety limit per text block
+    summary = out["exec"]["summary"]
+    assert re.search(r"^stdout:\n\.\.\. \([\d,]+ chars truncated from stdout\)\n", summary), summary[:200]
+    assert "\n399999\n400000\n\nstderr:\n" in summary and "\n2999\n3000" in summary
+
+    start = out["start"]  # the record: pid, the restart policy, the state; the absolute logPath
+    assert {"processId", "name", "pid", "keepAlive", "restartCount", "desiredState", "status", "logPath"} <= set(start)
+    assert (start["name"], start["keepAlive"], start["desiredState"], start["status"]) == ("web", True, "running",
+                                                                                         "running")  # fmt: skip
+    assert isinstance(start["pid"], int) and Path(start["logPath"]).is_absolute()
+    assert start["summary"].split("\n")[:4] == [f"Process started: {start['processId']}", "name: web",
+                                                f"pid: {start['pid']}", "keepAlive: true"]  # fmt: skip
+
+    rows = out["grep"]["summary"].split("\n")  # overlapping context: each line once, a match as a match
+    assert rows == [
+        "notes.txt-1-a", "notes.txt-2-b", "notes.txt:3:TODO one", "notes.txt-4-c", "notes.txt:5:TODO two",
+        "notes.txt-6-d", "notes.txt-7-e", "notes.txt-9-g", "notes.txt-10-h", "notes.txt:11:TODO three",
+    ], rows  # fmt: skip
+    assert out["stop_all"]["count"] == 1
+    assert verify(tmp_path / "audit").ok

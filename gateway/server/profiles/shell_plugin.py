@@ -42,6 +42,8 @@ NAME = "shell-plugin"
 READ_MAX_LINES = 2000
 READ_MAX_BYTES = 50 * 1024
 EXEC_STREAM_CHARS = 8000
+TEXT_BLOCK_CHARS = 8000
+"""The seed's "8000-char tail-biased safety limit per text block": exec's whole reply, as sent."""
 EXEC_DEFAULT_TIMEOUT_MS = 30_000
 EXEC_MAX_TIMEOUT_MS = 300_000
 LISTING_MAX_BYTES = 64 * 1024
@@ -143,7 +145,7 @@ class WriteOutput(_Args):
     """Arguments of `write_output`."""
 
     name: str = Field(min_length=1, max_length=100)
-    """A file name without extension (the file is `outputs/DATE-name.md` or `.json`)."""
+    """A file name without extension (the file is `~/outputs/YYYYMMDDHHMMSS-name.md` or `.json`)."""
     content: Content
     """The document."""
     format: Literal["markdown", "json"] = "markdown"
@@ -503,14 +505,21 @@ def _rows(rows: list[str], total: int, empty: str, more_hint: str) -> tuple[str,
 
 def grep_reply(envelope: dict[str, Any]) -> dict[str, Any]:
     def ok(e: dict[str, Any]) -> dict[str, Any]:
-        rows: list[str] = []
+        # each line once, in order, as rg prints overlapping context: a match as `path:N:text`,
+        # a context line as `path-N-text` (a line that is both is a match)
+        lines: dict[str, dict[int, tuple[str, bool]]] = {}
         for m in e.get("matches", []):
-            line, path = int(m["line"]), m["path"]
+            line, shown = int(m["line"]), lines.setdefault(str(m["path"]), {})
             for i, text in enumerate(m.get("before", []), line - len(m.get("before", []))):
-                rows.append(f"{path}-{i}-{text}")
-            rows.append(f"{path}:{line}:{m['text']}")
+                shown.setdefault(i, (text, False))
+            shown[line] = (m["text"], True)
             for i, text in enumerate(m.get("after", []), line + 1):
-                rows.append(f"{path}-{i}-{text}")
+                shown.setdefault(i, (text, False))
+        rows = [
+            f"{path}{':' if match else '-'}{n}{':' if match else '-'}{text}"
+            for path, shown in lines.items()
+            for n, (text, match) in sorted(shown.items())
+        ]
         count = len(e.get("matches", []))
         full = bool(e.get("truncated"))
         hint = "more matches: narrow pattern, path or glob, or raise limit (at most 500)"
@@ -547,8 +556,8 @@ def ls_reply(envelope: dict[str, Any]) -> dict[str, Any]:
     return _reply("ls", envelope, ok)
 
 
-def _tail(envelope: dict[str, Any], stream: str) -> tuple[str, str | None]:
-    """One stream as the seed shows it: trailing blanks trimmed, the last EXEC_STREAM_CHARS
+def _tail(envelope: dict[str, Any], stream: str, keep: int = EXEC_STREAM_CHARS) -> tuple[str, str | None]:
+    """One stream as the seed shows it: trailing blanks trimmed, the last `keep` (EXEC_STREAM_CHARS)
     characters kept, the cut announced; and where the whole of it is saved, if it was cut."""
     text = str(envelope.get(stream) or "")
     cut = (envelope.get("reply_cut") or {}).get(stream)
@@ -560,19 +569,19 @@ def _tail(envelope: dict[str, Any], stream: str) -> tuple[str, str | None]:
     if lost:  # the executor's own cut: what it dropped, less the marker it put in the stream's place
         dropped += lost - (len(f"\n[... {lost} bytes dropped ...]\n") if cut else 0)
     text = text.rstrip()
-    if len(text) > EXEC_STREAM_CHARS:
-        dropped += len(text) - EXEC_STREAM_CHARS
-        text = text[-EXEC_STREAM_CHARS:]
+    if len(text) > keep:
+        dropped += len(text) - keep
+        text = text[len(text) - keep :]
     if dropped:
         text = f"... ({dropped:,} chars truncated from {stream})\n{text}"
     return text, (cut or {}).get("saved")
 
 
-def exec_output(envelope: dict[str, Any]) -> str:
-    """stdout and stderr as the seed's model reads them."""
+def exec_output(envelope: dict[str, Any], keep: int = EXEC_STREAM_CHARS) -> str:
+    """stdout and stderr as the seed's model reads them (each stream's last `keep` characters)."""
     parts, saved = [], []
     for stream in ("stdout", "stderr"):
-        text, where = _tail(envelope, stream)
+        text, where = _tail(envelope, stream, keep)
         if text.strip():
             parts.append(f"{stream}:\n{text}")
         if where:
@@ -584,11 +593,33 @@ def exec_output(envelope: dict[str, Any]) -> str:
 
 
 def exec_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The seed's exec reply, whose text block (the reply as sent) holds at most TEXT_BLOCK_CHARS:
+    each stream keeps its last EXEC_STREAM_CHARS characters, fewer (the same for both) where the
+    block would be longer, every cut announced in the seed's words."""
+    out = _exec_reply(envelope, EXEC_STREAM_CHARS)
+    if _block(out) <= TEXT_BLOCK_CHARS:
+        return out
+    low, high = 0, EXEC_STREAM_CHARS  # the most each stream may keep for the block to fit
+    while low < high:
+        mid = (low + high + 1) // 2
+        if _block(_exec_reply(envelope, mid)) <= TEXT_BLOCK_CHARS:
+            low = mid
+        else:
+            high = mid - 1
+    return _exec_reply(envelope, low)
+
+
+def _block(reply: dict[str, Any]) -> int:
+    """The characters of a reply's text block, as the server sends it (gateway/server/app.py)."""
+    return len(json.dumps(reply, ensure_ascii=False, default=str))
+
+
+def _exec_reply(envelope: dict[str, Any], keep: int) -> dict[str, Any]:
     ran = "exit_code" in envelope or "stdout" in envelope
     if envelope.get("status") in ("ok", "error", "timeout") and ran:
         code = envelope.get("exit_code")
         out: dict[str, Any] = {
-            "summary": exec_output(envelope),
+            "summary": exec_output(envelope, keep),
             "action": "exec",
             "isError": envelope.get("status") != "ok" or code != 0,
             "cwd": envelope.get("cwd"),
@@ -601,13 +632,13 @@ def exec_reply(envelope: dict[str, Any]) -> dict[str, Any]:
             out["error"] = {k: v for k, v in envelope["error"].items() if k in ("code", "message")}
         out["call_id"] = envelope.get("call_id")
         return out
-    return _reply("exec", envelope, lambda e: {"summary": exec_output(e), "cwd": e.get("cwd")})
+    return _reply("exec", envelope, lambda e: {"summary": exec_output(e, keep), "cwd": e.get("cwd")})
 
 
 def _process(p: dict[str, Any]) -> dict[str, Any]:
     return {
         "id": p.get("id"),
-        "name": p.get("name"),
+        "name": p.get("name") or p.get("id"),  # the seed's plugin names an unnamed process by its id
         "pid": p.get("pid"),
         "status": p.get("state"),
         "keepAlive": p.get("keep_alive"),
@@ -617,16 +648,33 @@ def _process(p: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _shown(value: Any) -> str:
+    """A value in a summary line as the seed's (TypeScript) plugin prints it: true, false, unknown."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "unknown" if value is None else str(value)
+
+
 def process_start_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+    """The seed's summary (id, name, pid, keepAlive, status, logPath), and as fields what its
+    record holds (pid, the restart policy: keepAlive and restartCount, the state: desiredState and
+    status) with the absolute logPath."""
+
     def ok(e: dict[str, Any]) -> dict[str, Any]:
         p = _process(e["process"])
         lines = [f"Process started: {p['id']}"] + [
-            f"{k}: {p[k]}" for k in ("name", "pid", "keepAlive", "status", "logPath")
+            f"{k}: {_shown(p[k])}" for k in ("name", "pid", "keepAlive", "status", "logPath")
         ]
         return {
             "summary": "\n".join(lines),
             "processId": p["id"],
-            **{k: p[k] for k in ("pid", "keepAlive", "status", "logPath")},
+            "name": p["name"],
+            "pid": p["pid"],
+            "keepAlive": p["keepAlive"],
+            "restartCount": p["restartCount"],
+            "desiredState": e["process"].get("desired"),
+            "status": p["status"],
+            "logPath": p["logPath"],
         }
 
     return _reply("start", envelope, ok)
@@ -745,8 +793,8 @@ SPECS: tuple[Spec, ...] = (
         WriteOutput,
         Tool.FILES,
         "Save a report",
-        "Save markdown or JSON under outputs/ with a date-prefixed name that never overwrites "
-        "(outputs/2026-11-25-name.md, -2, -3...). Returns the path: print it.",
+        "Save markdown or JSON under ~/outputs with a time-stamped name that never overwrites "
+        "(outputs/20261125143000-name.md, then -1, -2...). Returns the path: print it.",
         _WRITES,
         _write_output,
         write_output_reply,
