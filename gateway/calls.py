@@ -131,6 +131,9 @@ class SessionCall(_Call):
     echo: bool = False
     """start: each command's output begins with the command, as a terminal echoes what is typed
     (commands reach the shell by the gateway's own channel, never typed on its terminal)."""
+    programs: bool = False
+    """start: also answer `programs`, the programs the policy's rules let this principal run
+    (allowed or asked about): what can be typed in the shell (seed 003's `available_commands`)."""
     startup_commands: Annotated[list[ShellText], Field(max_length=MAX_STARTUP_COMMANDS)] = []
     """start: commands run first, each decided like an exec."""
     command: ShellText | None = None

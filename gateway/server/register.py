@@ -23,21 +23,42 @@ docs/serve.md shows how `gateway serve` builds one). `principal` is who every ca
 this server is, as the policy names principals; or a function returning the principal of the
 current request (e.g. from the server's own authentication), None refusing the call
 (UNAUTHENTICATED). The agent never names it.
+
+Seed 003's own form takes no arguments:
+
+    from gateway.server.register import register_tools
+
+    gated = register_tools()          # the terminal-interface tools, on this module's own server
+    gated.mcp.run("stdio")
+
+It builds what `gateway serve --profile terminal-interface` builds with its defaults (run from
+the directory holding `policies/`): the profile's shipped policy layer, the audit log in
+`audit/` signed with the default keys, the approvals queue and state directory, the policy's
+only principal, and an `MCPServer` of its own. A second call returns the same registration.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from mcp.server import MCPServer
 from mcp.server.lowlevel import Server
 from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult, PaginatedRequestParams, TextContent
 
+from gateway import approval_queue
+from gateway.audit import open_signed
+from gateway.cli import DEFAULT_AUDIT_KEYS, DEFAULT_PROCESS_DIR, DEFAULT_STATE_DIR, DEFAULT_TOKENS
 from gateway.log import log
 from gateway.pipeline import Gateway
+from gateway.policy.loader import PolicyError
+from gateway.policy.reload import PolicyHolder
+from gateway.policy.selftest import load_checked
 from gateway.server.app import PENDING_AFTER_S, GatewayServer
-from gateway.server.profiles import specs_for
+from gateway.server.profiles import GATEWAY, specs_for
+from gateway.server.serve import policy_for
 from gateway.server.specs import Spec
 
 Principal = str | Callable[[], str | None]
@@ -67,21 +88,32 @@ class GatewayTools(GatewayServer):
 
 
 def register_tools(
-    server: MCPServer[Any] | Server[Any],
-    gateway: Gateway,
+    server: MCPServer[Any] | Server[Any] | None = None,
+    gateway: Gateway | None = None,
     *,
-    principal: Principal,
-    profile: str | list[str] = "gateway",
+    principal: Principal | None = None,
+    profile: str | list[str] | None = None,
     pending_after_s: float = PENDING_AFTER_S,
 ) -> GatewayTools:
-    """Register the tools of `profile` (`gateway`, `os`, `terminal-interface`, ...: docs/tools.md)
-    on `server`, an `MCPServer` (the SDK's high-level server, FastMCP's successor) or a low-level
-    `Server`. Returns the registration, whose `shutdown(grace_s)` ends its calls.
+    """Register the tools of `profile` (`gateway`, the default; `os`, `terminal-interface`, ...:
+    docs/tools.md) on `server`, an `MCPServer` (the SDK's high-level server, FastMCP's successor)
+    or a low-level `Server`. Returns the registration, whose `shutdown(grace_s)` ends its calls.
 
     A tool name the server already has is refused (ValueError), so no call meant for the server's
     own tool reaches the gateway, nor the reverse. A principal whose policy denies a tool's
-    family does not see it listed; the server's own tools are listed as before."""
-    specs = specs_for(profile)
+    family does not see it listed; the server's own tools are listed as before.
+
+    With no server, gateway and principal (seed 003's `register_tools()`): the tools of
+    `profile` (default `terminal-interface`) on this module's own server, over a gateway built as
+    `gateway serve` builds it by default (`default_registration`)."""
+    if server is None and gateway is None and principal is None:
+        return default_registration(profile or SEED_PROFILE, pending_after_s)
+    if server is None or gateway is None or principal is None:
+        raise TypeError(
+            "register_tools: give the server, the gateway and the principal, or none of them (seed 003's "
+            "register_tools(): this module's own server and gateway)"
+        )
+    specs = specs_for(profile or GATEWAY)
     if isinstance(server, MCPServer):
         taken = sorted(s.name for s in specs if server._tool_manager.get_tool(s.name) is not None)
         if taken:
@@ -92,6 +124,52 @@ def register_tools(
         _wrap_lowlevel(server, gated)
         return gated
     raise TypeError(f"register_tools: expected an mcp MCPServer or low-level Server, not {type(server).__name__}")
+
+
+SEED_PROFILE = "terminal-interface"
+_DEFAULT: dict[str, GatewayTools] = {}
+_DEFAULT_LOCK = threading.Lock()
+
+
+def default_registration(
+    profile: str | list[str] = SEED_PROFILE, pending_after_s: float = PENDING_AFTER_S
+) -> GatewayTools:
+    """The registration `register_tools()` makes: built once per profile, then the same one. Its
+    server is `.mcp` (run it: `register_tools().mcp.run("stdio")`). Raises PolicyError,
+    AuditUnavailable or OSError, each naming what is wrong, when the defaults cannot be set up."""
+    key = profile if isinstance(profile, str) else ",".join(profile)
+    with _DEFAULT_LOCK:
+        if key not in _DEFAULT:
+            specs = specs_for(profile)
+            policy_file, _ = policy_for(key)
+            first = load_checked(policy_file)
+            audit = open_signed(Path("audit"), Path(DEFAULT_AUDIT_KEYS), redact=first.policy.audit.redact)
+
+            def record(kind: str, data: dict[str, Any]) -> None:  # policy loads and rejections, as serve records them
+                audit.append(kind, data=data)
+
+            holder = PolicyHolder(policy_file, None, on_event=record)
+            policy = holder.current()
+            if len(policy.grants) != 1:
+                names = ", ".join(sorted(policy.grants))
+                raise PolicyError(f"{policy_file}: register_tools() needs a policy of one principal (it has {names})")
+            principal = next(iter(policy.grants))
+            writes = tuple({r for g in policy.grants.values() for r in g.write_roots})
+            try:
+                approver = approval_queue.QueueApprover(Path(DEFAULT_STATE_DIR), writes)
+            except approval_queue.QueueError as exc:
+                raise PolicyError(str(exc)) from None
+            gateway = Gateway(
+                holder.current, audit, approver, hidden=(Path(DEFAULT_TOKENS).parent, Path(DEFAULT_AUDIT_KEYS)),
+                state_dir=Path(DEFAULT_PROCESS_DIR),
+            )  # fmt: skip
+            unsafe = gateway.unsafe_setup(policy, principal)
+            if unsafe:
+                gateway.close()
+                raise PolicyError(unsafe)
+            server: MCPServer[Any] = MCPServer("agent-gateway")
+            _DEFAULT[key] = GatewayTools(gateway, principal, specs, mcp=server, pending_after_s=pending_after_s)
+        return _DEFAULT[key]
 
 
 def _wrap_lowlevel(server: Server[Any], gated: GatewayTools) -> None:
@@ -126,4 +204,4 @@ def _wrap_lowlevel(server: Server[Any], gated: GatewayTools) -> None:
     server.add_request_handler("tools/call", CallToolRequestParams, call_tool)
 
 
-__all__ = ["GatewayTools", "register_tools"]
+__all__ = ["GatewayTools", "default_registration", "register_tools"]

@@ -83,7 +83,7 @@ def _arguments(call: SessionCall) -> dict[str, Any]:
     keep = {"action", "session_id", "cwd", "env", "pty", "rows", "cols", "shell_type", "startup_commands", "command",
             "timeout_ms"}  # fmt: skip
     out = {k: v for k, v in call.model_dump().items() if k in keep and v not in (None, [], {})}
-    out |= {"echo": True} if call.echo else {}
+    out |= {k: True for k in ("echo", "programs") if getattr(call, k)}
     return out | (_digest(call.input) if call.input is not None else {})
 
 
@@ -148,6 +148,8 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     session.echo = call.echo
     out: dict[str, Any] = {"status": "ok", **session.describe(), "output": session.initial_output,
                            "sandbox": session.sandbox}  # fmt: skip
+    if call.programs:
+        out["programs"] = runnable_programs(policy, call.principal)
     startup = []
     for text in call.startup_commands:
         result = _exec(gw, call, new_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
@@ -214,6 +216,17 @@ def _exec(
             "in the session",
         }
     return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, out))
+
+
+def runnable_programs(policy: CompiledPolicy, principal: str) -> list[str]:
+    """The programs a rule allows (or asks about) for `principal`, by name: what can be typed in a
+    shell, as far as the rules say (a rule's arguments, the path jail and the sandbox still decide
+    each command)."""
+    return sorted(
+        program
+        for program, rules in policy.by_program.items()
+        if any(r.decision.value in ("allow", "ask") and policy.may_use(principal, r) for r in rules)
+    )
 
 
 def _echoed(session: Session, text: str, out: dict[str, Any]) -> dict[str, Any]:

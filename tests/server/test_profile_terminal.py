@@ -132,7 +132,7 @@ def test_format_terminal_output_every_format_type(tmp_path: Path, ws: Path) -> N
     results = asyncio.run(scenario())
     out = [reply(r) for r in results]
     seed = ["formatted_content", "format_type", "original_content", "terminal_codes"]  # the seed's output schema
-    for i, (code, mark) in enumerate((("32", "✔"), ("31", "✖"), ("33", "⚠"), ("36", "\u2139"))):
+    for i, (code, mark) in enumerate((("32", "✔"), ("31", "❌"), ("33", "⚠"), ("36", "\u2139"))):  # ❌: the seed's
         assert list(out[i]) == ["success", *seed, "call_id"], out[i]
         assert out[i]["success"] is True and out[i]["terminal_codes"] == [f"{code}m", "0m"]
         assert out[i]["formatted_content"] == f"\x1b[{code}m{mark} {calls[i]['content']}\x1b[0m"
@@ -203,7 +203,11 @@ def test_interactive_shell_every_line_decided(tmp_path: Path, ws: Path) -> None:
     assert start["status"] == "started" and start["shell_type"] == "bash"
     assert start["working_directory"] == str(ws / "sub")
     assert start["startup_commands_executed"] == 2 and [s["status"] for s in start["startup_results"]] == ["ok", "ok"]
-    assert start["available_commands"] == list(terminal.SHELL_TOOLS) and start["output"] == "$ "
+    # what can be typed in it: the programs the policy's rules allow (or ask about) for this principal
+    # (curl is only denied: not there)
+    assert start["available_commands"] == ["cat", "cd", "echo", "exit", "export", "false", "nosuchprogram",
+                                           "printenv", "printf", "pwd", "rm", "sleep", "touch", "true"]  # fmt: skip
+    assert start["shell_tools"] == list(terminal.SHELL_TOOLS) and start["output"] == "$ "
     assert {"shell_id", "call_id"} <= set(start)
 
     ran = out["exec"]

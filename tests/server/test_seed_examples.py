@@ -17,7 +17,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import shutil
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -393,3 +395,107 @@ def test_seed_002_shell_plugin_examples(tmp_path: Path, ws: Path) -> None:
     ], rows  # fmt: skip
     assert out["stop_all"]["count"] == 1
     assert verify(tmp_path / "audit").ok
+
+
+# --- seed 003: terminal_interface ------------------------------------------------------------------
+def test_seed_003_terminal_interface_examples(tmp_path: Path, ws: Path) -> None:
+    made(ws, {"project/Makefile": "all:\n\t@echo built\n", "README.md": "demo\n"})
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    hand_over(ws)
+    project = ws / "project"  # the seed's /path/to/project and /project
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        async with Client(serve(tmp_path, ws, "terminal-interface")) as c:
+            out: dict[str, dict[str, Any]] = {}
+
+            async def call(name: str, tool: str, **args: Any) -> dict[str, Any]:
+                out[name] = reply(await c.call_tool(tool, args))
+                return out[name]
+
+            await call(
+                "run", "run_terminal_command", command="ls -la", working_directory=str(project), timeout_seconds=30,
+                capture_output=True,
+            )  # fmt: skip
+            await call("error", "format_terminal_output", content="Error: Connection failed", format_type="error")
+            await call(
+                "table", "format_terminal_output", content="files", format_type="table",
+                table_headers=["Name", "Status", "Size"], table_rows=[["file1.txt", "active", "1.2MB"]],
+            )  # fmt: skip
+            shell = await call(
+                "shell", "start_interactive_shell", shell_type="codomyrmex", working_directory=str(project),
+                prompt="codomyrmex> ", startup_commands=[f"cd {project}", "git status"],
+            )  # fmt: skip
+            sid = shell["shell_id"]
+            for word in ("help", "analyze", "build", "deploy"):
+                await call(word, "execute_in_shell", shell_id=sid, command=word if word != "build" else "build all")
+            await call("pwd", "execute_in_shell", shell_id=sid, command="pwd")
+            await call("bash", "start_interactive_shell", shell_type="bash")
+            for kind in ("zsh", "python"):
+                await call(kind, "start_interactive_shell", shell_type=kind)
+            return out
+
+    out = asyncio.run(scenario())
+    assert policy_served(tmp_path).endswith("policies/profiles/terminal-interface.yaml")
+    run = out["run"]  # command, return_code, stdout, stderr, execution_time, working_directory
+    assert [k for k in run if k not in ("success", "call_id")] == [
+        "command", "return_code", "stdout", "stderr", "execution_time", "working_directory"]  # fmt: skip
+    assert (run["command"], run["return_code"], run["stderr"], run["working_directory"]) == (
+        "ls -la", 0, "", str(project))  # fmt: skip
+    assert run["stdout"].startswith("total ") and isinstance(run["execution_time"], float)
+    assert out["error"] == {  # the seed's example, exactly
+        "success": True, "formatted_content": "\u001b[31m❌ Error: Connection failed\u001b[0m", "format_type": "error",
+        "original_content": "Error: Connection failed", "terminal_codes": ["31m", "0m"],
+        "call_id": out["error"]["call_id"],
+    }  # fmt: skip
+    assert "file1.txt  active  1.2MB" in out["table"]["formatted_content"]
+
+    shell = out[
+        "shell"
+    ]  # {shell_id, shell_type, status, working_directory, startup_commands_executed, available_commands}
+    assert shell["success"] is True and shell["shell_id"]
+    assert (shell["shell_type"], shell["status"], shell["working_directory"]) == ("codomyrmex", "started", str(project))
+    assert shell["startup_commands_executed"] == 2 and shell["output"] == "codomyrmex> "
+    assert shell["available_commands"] == ["analyze", "build", "deploy", "help"]
+    assert "analyze" in out["help"]["output"] and out["help"]["output"].endswith("codomyrmex> ")
+    assert out["analyze"]["success"] is True and out["analyze"]["return_code"] == 0
+    assert out["build"]["success"] is True and "built\r\n" in out["build"]["output"]  # build all: make all
+    assert out["deploy"]["success"] is False and out["deploy"]["error_code"] == "INVALID_INPUT"
+    assert "no network" in out["deploy"]["error"]
+    assert out["pwd"]["output"].startswith(str(project))
+    bash = out["bash"]["available_commands"]  # what can be typed there: the programs the policy's rules allow
+    assert {"git", "ls", "cat", "make", "rm"} <= set(bash) and not {"curl", "sudo", "bash"} & set(bash)
+    for kind in ("zsh", "python"):
+        assert out[kind]["success"] is False and out[kind]["error_code"] == "INVALID_INPUT"
+        assert f"'{kind}' is refused: " in out[kind]["error"], out[kind]
+    assert verify(tmp_path / "audit").ok
+
+
+def test_seed_003_register_tools_without_arguments(tmp_path: Path) -> None:
+    """`from ... import register_tools; register_tools()`: the terminal-interface tools on the
+    module's own server, over the gateway `gateway serve --profile terminal-interface` would build
+    with its defaults (run here from a copy of the repository's policies)."""
+    home = tmp_path / "home"
+    shutil.copytree(REPO / "policies", home / "policies")
+    (home / "workspace").mkdir(parents=True)
+    hand_over(home / "workspace")
+    script = (
+        "from gateway.server.register import register_tools\n"
+        "gated = register_tools()\n"
+        "assert register_tools() is gated\n"
+        "gated.mcp.run('stdio')\n"
+    )
+    params = StdioServerParameters(
+        command=sys.executable, args=["-c", script], cwd=str(home), env=env_without_state(tmp_path)
+    )
+
+    async def scenario() -> tuple[set[str], dict[str, Any]]:
+        async with Client(params) as c:
+            names = {t.name for t in (await c.list_tools()).tools}
+            return names, reply(await c.call_tool("run_terminal_command", {"command": "pwd"}))
+
+    names, ran = asyncio.run(scenario())
+    assert {"run_terminal_command", "format_terminal_output", "start_interactive_shell"} <= names
+    assert ran["success"] is True and ran["stdout"] == f"{home / 'workspace'}\n"
+    assert verify(home / "audit").ok
+    loaded = [r for r in audit_records(home / "audit") if r["event"] == "policy_loaded"]
+    assert str(loaded[0]["data"]["path"]).endswith("policies/profiles/terminal-interface.yaml")

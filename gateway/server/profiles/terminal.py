@@ -22,6 +22,8 @@ with `status: pending` and a `call_id` for `await_call`.
 
 from __future__ import annotations
 
+import shlex
+from collections import OrderedDict
 from contextvars import ContextVar
 from typing import Annotated, Any, Literal
 
@@ -39,13 +41,29 @@ from gateway.calls import (
 )
 from gateway.policy.schema import Tool
 from gateway.server.specs import READS, RUNS, Spec
+from gateway.tools.format_output import STYLES
+
+ERROR_STYLE = STYLES["error"][0]
 
 NAME = "terminal-interface"
 DEFAULT_TIMEOUT_S = 30
 MAX_TIMEOUT_S = 3600
-SHELL_TYPES = ("bash", "sh")
+SHELL_TYPES = ("bash", "sh", "codomyrmex")
 SHELL_TOOLS = ("execute_in_shell", "send_shell_input", "read_shell_output", "close_shell", "list_shells")
-"""What `available_commands` lists: the tools that use a started shell."""
+"""The tools that use a started shell."""
+CODOMYRMEX = "codomyrmex"
+CODOMYRMEX_PROMPT = "codomyrmex> "
+CODOMYRMEX_COMMANDS = ("analyze", "build", "deploy", "help")
+"""The seed's `available_commands` of a codomyrmex shell; each becomes a shell command (`_codomyrmex`)."""
+ERROR_SYMBOL = "\u274c"
+"""The seed's symbol for an error message (its example: `\\u001b[31m\u274c Error: ...`)."""
+REFUSED_SHELLS = {
+    "zsh": "zsh reads some lines otherwise than bash (unquoted $x is not split, `*(e:...:)` runs code, a "
+    "function named TRAPEXIT or chpwd runs later on its own), and the gateway decides lines as bash reads them",
+    "python": "a Python line is no shell text for the gateway to decide; run python3 SCRIPT (or python3 -c) with "
+    "run_terminal_command, decided by the policy",
+}
+"""shell_types refused, and why (docs/tools.md, terminal-interface: what still differs)."""
 
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
 ShellId = Annotated[str, Field(min_length=1, max_length=100)]
@@ -92,7 +110,8 @@ class StartInteractiveShell(_Args):
     """Arguments of seed 003's `start_interactive_shell`."""
 
     shell_type: str = Field(default="bash", max_length=100)
-    """`bash` (default) or `sh`. zsh, fish, python and other shells are refused: the gateway can only check bash."""
+    """`bash` (default), `sh`, or `codomyrmex` (a bash whose own commands are analyze, build, deploy
+    and help). zsh, fish, python and other shells are refused, with the reason: the gateway checks bash."""
     working_directory: PathText | None = None
     """Directory the shell starts in (default: the workspace)."""
     prompt: str | None = Field(default=None, max_length=200)
@@ -163,21 +182,64 @@ def _format(args: FormatTerminalOutput, principal: str) -> FormatOutputCall:
 
 def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
     if args.shell_type not in SHELL_TYPES:
+        why = REFUSED_SHELLS.get(args.shell_type, "the gateway decides every line a shell runs as bash reads it")
         raise ValueError(
-            f"shell_type: {args.shell_type!r} is refused: the gateway decides every command a shell runs, and "
-            "its analyser reads bash only (sh is bash in POSIX mode); a zsh, fish or python line could not be "
-            "checked, so it is not run unchecked either. Use bash"
+            f"shell_type: {args.shell_type!r} is refused: {why}; so it is not run unchecked either. Use bash "
+            f"(or sh, or codomyrmex)"
         )
     _SHELL.set(args.shell_type)
+    codomyrmex = args.shell_type == CODOMYRMEX
     return SessionCall(
-        principal=principal, action="start", pty=True, shell_type=args.shell_type,  # type: ignore[arg-type]
-        cwd=args.working_directory, prompt=args.prompt, startup_commands=list(args.startup_commands),
+        principal=principal, action="start", pty=True, shell_type="sh" if args.shell_type == "sh" else "bash",
+        cwd=args.working_directory, prompt=args.prompt or (CODOMYRMEX_PROMPT if codomyrmex else None),
+        startup_commands=[_codomyrmex(c) if codomyrmex else c for c in args.startup_commands],
+        programs=not codomyrmex,
     )  # fmt: skip
 
 
+def _codomyrmex(line: str) -> str:
+    """A line for a codomyrmex shell: its own commands as the shell commands they stand for (each
+    then decided by the policy like any line), anything else as it is.
+
+        help             the commands, and that any other line is a shell command
+        analyze [PATH]   what changed in the project: git status --short, git diff --stat
+        build [TARGET]   make [TARGET]
+        deploy           refused: the sandbox has no network, and a deployment is a supervisor's act
+    """
+    word, _, rest = line.strip().partition(" ")
+    rest = rest.strip()
+    if word == "help":
+        lines = [
+            "analyze [PATH]  what changed in the project (git status, git diff --stat)",
+            "build [TARGET]  make [TARGET]",
+            "deploy          not available here: the sandbox has no network",
+            "help            this list; any other line is a shell command, decided by the policy",
+        ]
+        return "printf '%s\\n' " + " ".join(shlex.quote(x) for x in lines)
+    if word == "analyze":
+        where = f" -- {rest}" if rest else ""
+        return f"git status --short{where} && git diff --stat{where}"
+    if word == "build":
+        return f"make {rest}".rstrip()
+    if word == "deploy":
+        raise ValueError(
+            "deploy is not available through the gateway: the sandbox has no network, and a deployment is a "
+            "supervisor's act (build, analyze and shell commands are)"
+        )
+    return line
+
+
+_KINDS: OrderedDict[tuple[str, str], str] = OrderedDict()
+"""(principal, shell_id) -> a shell_type the gateway's session does not know by itself
+(codomyrmex), so execute_in_shell can read that shell's own commands. Bounded: the oldest go."""
+MAX_KINDS = 10_000
+
+
 def _exec(args: ExecuteInShell, principal: str) -> SessionCall:
+    kind = _KINDS.get((principal, args.shell_id))
     return SessionCall(
-        principal=principal, action="exec", session_id=args.shell_id, command=args.command,
+        principal=principal, action="exec", session_id=args.shell_id,
+        command=_codomyrmex(args.command) if kind == CODOMYRMEX else args.command,
         timeout_ms=max(1, round(args.timeout_seconds * 1000)),
     )  # fmt: skip
 
@@ -245,8 +307,11 @@ def format_reply(envelope: dict[str, Any]) -> dict[str, Any]:
     asked = _FORMAT.get()
     codes = envelope.get("ansi_codes")
     used = [f"{c}m" for c in codes] + ["0m"] if codes else ([] if codes is not None else None)
+    text = envelope.get("text")
+    if asked is not None and asked[0] == "error" and isinstance(text, str):  # the seed's symbol
+        text = text.replace(f"{ERROR_STYLE} ", f"{ERROR_SYMBOL} ", 1)
     return _shaped(envelope, {
-        "formatted_content": envelope.get("text"),
+        "formatted_content": text,
         "format_type": asked[0] if asked else None,
         "original_content": asked[1] if asked else None,
         "terminal_codes": used,
@@ -264,18 +329,27 @@ def _startup(envelope: dict[str, Any]) -> list[dict[str, Any]]:
     return done
 
 
-def start_reply(envelope: dict[str, Any]) -> dict[str, Any]:
+def start_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
+    """`available_commands` as the seed means them, what can be typed in the shell: a codomyrmex
+    shell's own commands; for bash and sh, the programs the policy lets this principal run."""
     shell_id = envelope.get("session_id")
     startup = _startup(envelope)
+    kind = _SHELL.get()
+    if shell_id and kind == CODOMYRMEX:
+        _KINDS[(principal, str(shell_id))] = kind
+        while len(_KINDS) > MAX_KINDS:
+            _KINDS.popitem(last=False)
+    commands = list(CODOMYRMEX_COMMANDS) if kind == CODOMYRMEX else envelope.get("programs")
     return _shaped(envelope, {
         "shell_id": shell_id,
-        "shell_type": (envelope.get("shell_type") or _SHELL.get()) if shell_id else None,
+        "shell_type": (kind or envelope.get("shell_type")) if shell_id else None,
         "status": ("started" if envelope.get("alive") else "closed") if shell_id else None,
         "working_directory": envelope.get("cwd"),
         "output": envelope.get("output") if shell_id else None,
         "startup_commands_executed": sum(1 for s in startup if s["status"] == "ok") if shell_id else None,
         "startup_results": startup or None,
-        "available_commands": list(SHELL_TOOLS) if shell_id else None,
+        "available_commands": commands if shell_id else None,
+        "shell_tools": list(SHELL_TOOLS) if shell_id else None,
     })  # fmt: skip
 
 
@@ -379,7 +453,7 @@ SPECS: tuple[Spec, ...] = (
         "or sh only." + _GATE,
         _RUNS,
         adapt=_start,
-        reply=start_reply,
+        reply_for=start_reply,
     ),
     Spec(
         "execute_in_shell",
