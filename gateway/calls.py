@@ -124,8 +124,10 @@ class SessionCall(_Call):
     """start, resize: terminal rows (PTY only)."""
     cols: int = Field(default=80, ge=10, le=1000)
     """start, resize: terminal columns (PTY only)."""
-    shell_type: Literal["bash", "sh"] = "bash"
-    """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it."""
+    shell_type: Literal["bash", "sh", "python"] = "bash"
+    """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it; or `python`,
+    a Python REPL (PTY only) where the policy's rules allow `python3` with no arguments: its lines
+    are recorded in full, not decided one by one (the sandbox is their boundary)."""
     prompt: str | None = Field(default=None, max_length=200)
     """start: text shown after each command in the output (PTY sessions), like PS1."""
     echo: bool = False

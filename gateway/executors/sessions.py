@@ -101,6 +101,12 @@ done
 """
 
 
+_PYTHON_SETUP = "import sys; sys.ps1 = {prompt!r} + '\\x1eGW{nonce}:0\\x1e'; sys.ps2 = '... '; del sys"
+"""A Python session's REPL: the prompt it prints before reading each statement (`>>> `), then the
+end marker (so the gateway knows the statement before it is done, its prompt ending its output,
+as a shell session's does; a statement reports no status: 0)."""
+
+
 @dataclass
 class Buffer:
     """Unread output, bounded: the oldest bytes go first, counted in `dropped`."""
@@ -165,6 +171,7 @@ class Session:
         self.exiting = False  # the shell reported that it is ending (`exit` in a command)
         self.initial_output = ""  # what the shell printed before its first command (its prompt)
         self.echo = False  # each command's output begins with the command, as a terminal echoes it
+        self.python = False  # a Python REPL: its lines are input (send_line), not records of the loop
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
         # (a closed number is reused at once by the next open anywhere in the gateway: a second
@@ -290,6 +297,18 @@ class Session:
                 raise SessionError("SESSION_NOT_FOUND", "the session has ended")
             os.write(self.control_fd, record.encode() + b"\0")
 
+    def send_line(self, text: str, timeout_s: float = 5.0) -> int:
+        """A Python session: `text` (one statement, newline-ended) typed to the REPL, which prints
+        its prompt, and so the end marker, when it is done. The bytes written."""
+        with self.cond:
+            self.outstanding += 1
+            self.done_at = None
+        sent = self.send_input(text, timeout_s)
+        if sent < len(text.encode()):
+            with self.cond:
+                self.outstanding = max(0, self.outstanding - 1)
+        return sent
+
     def send_input(self, text: str, timeout_s: float = 5.0) -> int:
         """Write `text` to the program; the bytes written. A program that does not read its
         input fills the pipe or the terminal's queue: waiting is bounded, never a hung call."""
@@ -362,12 +381,13 @@ class Session:
         }
 
 
-def _find_shell(root: int) -> int | None:
-    """The loop's bash, the first `bash` below bubblewrap: found before any command runs."""
+def _find_shell(root: int, name: str = "bash") -> int | None:
+    """The loop's bash (or a Python session's python3), the first below bubblewrap: found before
+    any command runs."""
     todo = [root]
     while todo:
         p = todo.pop(0)
-        if p != root and comm(p) == "bash":
+        if p != root and comm(p) == name:
             return p
         todo += children(p)
     return None
@@ -420,6 +440,7 @@ class SessionManager:
         max_sessions: int,
         idle_seconds: float,
         buffer_bytes: int,
+        python: bool = False,
     ) -> Session:
         if prompt and any(ord(c) < 0x20 or ord(c) == 0x7F for c in prompt):
             raise SessionError("INVALID_INPUT", "prompt: control characters are not allowed")
@@ -432,24 +453,29 @@ class SessionManager:
                 )
             self._starting[principal] = self._starting.get(principal, 0) + 1
         try:
-            return self._start(principal, cwd, env, profile, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes)
+            return self._start(
+                principal, cwd, env, profile, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes, python
+            )
         finally:
             with self._lock:
                 self._starting[principal] -= 1
 
     def _start(
         self, principal: str, cwd: Path, env: dict[str, str], profile: sandbox.Profile, pty: bool, rows: int, cols: int,
-        posix: bool, prompt: str | None, idle_seconds: float, buffer_bytes: int,
+        posix: bool, prompt: str | None, idle_seconds: float, buffer_bytes: int, python: bool = False,
     ) -> Session:  # fmt: skip
         if not cwd.is_dir():
             raise SessionError("INVALID_INPUT", f"cwd {cwd} is not a directory")
         nonce = secrets.token_hex(8)
         control_r, control_w = os.pipe()
-        quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
-        ready = "stty -isig 2>/dev/null; " if pty else ""
-        ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
-        loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
-        shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
+        if python:  # a Python REPL: its prompt carries the marker (the lines are its input, not records)
+            shell = ["python3", "-q", "-i", "-c", _PYTHON_SETUP.format(nonce=nonce, prompt=prompt or ">>> ")]
+        else:
+            quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
+            ready = "stty -isig 2>/dev/null; " if pty else ""
+            ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
+            loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
+            shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
         base_env = scrubbed_env(env)
         base_env["TERM"] = "xterm-256color" if pty else "dumb"
@@ -501,8 +527,13 @@ class SessionManager:
             session.kill()
             output, _ = session.take_output()
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
-        session.shell_pid = _find_shell(proc.pid)
-        if session.shell_pid is None or not _undumpable(session.shell_pid, plan.uid):
+        session.python = python
+        session.shell_pid = _find_shell(proc.pid, "python3" if python else "bash")
+        if python:  # no loop to protect: its lines are input, recorded, and the sandbox is their boundary
+            if session.shell_pid is None:
+                session.kill()
+                raise SessionError("SANDBOX_UNAVAILABLE", "the session's python3 did not start")
+        elif session.shell_pid is None or not _undumpable(session.shell_pid, plan.uid):
             session.kill()  # its commands could ptrace the loop and feed it records of their own
             raise SessionError(
                 "SANDBOX_UNAVAILABLE",

@@ -108,7 +108,11 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     cwd = gw.resolve_cwd(policy, call.cwd)
     decisions = [tool_decision(policy, call.principal, Tool.SESSION)]
     problems = [envstore.refusal(policy, k, v) for k, v in call.env.items()]
-    if call.shell_type not in policy.policy.shells:
+    if call.shell_type == "python":  # the interpreter is decided as the command that starts it
+        decisions.append(gw.decide_command(call.principal, "session", PYTHON_REPL, cwd, {}, policy).decision)
+        if not call.pty:
+            problems.append("shell_type 'python' needs pty: true (the REPL reads a terminal)")
+    elif call.shell_type not in policy.policy.shells:
         problems.append(f"shell {call.shell_type!r} is not in the policy's shells {policy.policy.shells}")
     try:
         real = real_path(str(cwd))
@@ -119,12 +123,13 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
         if p:
             decisions.append(Decision(Verdict.DENY, None, (Reason("session", "start_refused", p),)))
     decision = Decision.merge(decisions)
-    if decision.verdict is Verdict.ALLOW:
+    if decision.verdict is Verdict.ALLOW and call.shell_type == "python":  # the rule that allows the interpreter
+        decision = Decision(Verdict.ALLOW, decisions[1].rule, decisions[1].reasons)
+    elif decision.verdict is Verdict.ALLOW:
         decision = Decision(Verdict.ALLOW, None, ())
     else:  # only the reasons of the strictest verdict
-        decision = Decision(
-            decision.verdict, None, tuple(r for d in decisions if d.verdict is decision.verdict for r in d.reasons)
-        )
+        strictest = tuple(r for d in decisions if d.verdict is decision.verdict for r in d.reasons)
+        decision = Decision(decision.verdict, decision.rule, strictest)
     gated = _gate_action(gw, call, call_id, policy, decision)
     if not isinstance(gated, Gated):
         return gated
@@ -136,7 +141,7 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
             pty=call.pty, rows=call.rows, cols=call.cols, posix=call.shell_type == "sh", prompt=call.prompt,
             max_sessions=lim.get("sessions", DEFAULT_SESSIONS),
             idle_seconds=lim.get("session_idle_seconds", DEFAULT_SESSION_IDLE_S),
-            buffer_bytes=lim.get("output_bytes") or (1 << 20),
+            buffer_bytes=lim.get("output_bytes") or (1 << 20), python=call.shell_type == "python",
         )  # fmt: skip
     except sandbox.SandboxUnavailable as exc:
         return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
@@ -151,7 +156,9 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
     if call.programs:
         out["programs"] = runnable_programs(policy, call.principal)
     startup = []
-    for text in call.startup_commands:
+    if call.startup_commands and session.python:
+        startup.append(error(new_call_id(), "error", "INVALID_INPUT", "a python session takes no startup_commands"))
+    for text in call.startup_commands if not session.python else ():
         result = _exec(gw, call, new_call_id(), policy, session, text, DEFAULT_EXEC_TIMEOUT_MS)
         startup.append(result)
         if result["status"] != "ok":
@@ -180,6 +187,8 @@ def _exec(
             "a command is still running: read its output, write input to it, or kill the session",
         )  # fmt: skip
         return gw.refuse(call_id, call.principal, "session", arguments, busy)
+    if session.python:
+        return _python_line(gw, call, call_id, policy, session, text, timeout_ms, arguments)
     # the policy's timeout bounds the wait, and the git write's own sandbox (red team O3: a day)
     timeout_ms = min(timeout_ms, limits(policy, call.principal).get("timeout_ms") or 120_000)
     cwd = Path(session.cwd() or policy.workspace)
@@ -216,6 +225,35 @@ def _exec(
             "in the session",
         }
     return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, out))
+
+
+PYTHON_REPL = "python3"
+"""The command a Python session is decided as: the interpreter with no script, reading its input."""
+
+
+def _python_line(
+    gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session, text: str,
+    timeout_ms: int, arguments: dict[str, Any],
+) -> dict[str, Any]:  # fmt: skip
+    """A statement for a Python session: recorded in full as the REPL's input (the interpreter was
+    decided when the session started; Python is no text the analyser reads, and the sandbox is its
+    boundary), typed to it, and answered when the REPL prompts again."""
+    reason = Reason("session", "python_line", "a line of the Python session's REPL: recorded, run in its sandbox")
+    decision = tool_decision(policy, call.principal, Tool.SESSION)
+    if decision.verdict is Verdict.ALLOW:
+        decision = Decision(Verdict.ALLOW, None, (reason,))
+    gated = gw.authorize(
+        call_id, call.principal, "session", text, Path(session.cwd() or policy.workspace), {}, decision,
+        {**arguments, "as": "python"}, policy,
+    )  # fmt: skip
+    if not isinstance(gated, Gated):
+        return gated
+    line = text if text.endswith("\n") else text + "\n"
+    if session.send_line(line) < len(line.encode()):
+        out = error(call_id, "error", "INPUT_NOT_READ", "the REPL is not reading: read its output, or kill the session")
+        return gw.record_result(gated, out)
+    session.wait_idle(timeout_ms / 1000, cancellation.current_cancel())
+    return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, _output(session, finished_only=True)))
 
 
 def runnable_programs(policy: CompiledPolicy, principal: str) -> list[str]:
@@ -291,7 +329,7 @@ def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy,
     assert call.input is not None
     if not session.alive:
         return error(call_id, "error", "SESSION_ENDED", f"session {session.id} has ended: start a new one")
-    if session.busy:  # all of it is input to the running program
+    if session.busy or session.python:  # all of it is input to the running program (the REPL)
         result = _input(gw, call, call_id, policy, session, call.input)
         if result["status"] != "ok":
             return result
@@ -346,13 +384,15 @@ def _input(
     decision = tool_decision(policy, call.principal, Tool.SESSION)
     if decision.verdict is Verdict.ALLOW:
         decision = Decision(Verdict.ALLOW, None, (reason,))
+    # a Python session's input is its code: kept in full (other input may be a password: its digest)
+    typed = {"as": "python", "input": text} if session.python else {"as": "input", **_digest(text)}
     gated = gw.authorize(
         call_id, call.principal, "session", "session input", policy.workspace, {}, decision,
-        {"action": "write", "session_id": session.id, "as": "input", **_digest(text)}, policy,
+        {"action": "write", "session_id": session.id, **typed}, policy,
     )  # fmt: skip
     if not isinstance(gated, Gated):
         return gated
-    if text == INTERRUPT:
+    if text == INTERRUPT and not session.python:  # (a REPL's terminal turns ^C into its SIGINT itself)
         n = session.interrupt()
         return gw.record_result(gated, {"status": "ok", "interrupted": n})
     sent = session.send_input(text)

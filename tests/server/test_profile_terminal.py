@@ -10,13 +10,16 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from mcp import Client
+from mcp import Client, StdioServerParameters
 from mcp.types import CallToolResult
 
 from gateway.audit import verify
+from gateway.sandbox.identity import hand_over, sandbox_identity
 from gateway.server.profiles import terminal
 from tests.server.conftest import audit_records
 from tests.server.test_profiles import profile_policy, reply, serve
+from tests.server.test_seed_examples import REPO
+from tests.server.test_seed_examples import serve as seed_serve
 
 
 def shell_policy(tmp_path: Path, ws: Path) -> Path:
@@ -190,10 +193,12 @@ def test_interactive_shell_every_line_decided(tmp_path: Path, ws: Path) -> None:
 
     r = asyncio.run(scenario())
     out = {k: reply(v) for k, v in r.items()}
-    for kind in ("zsh", "fish", "python"):
+    for kind in ("zsh", "fish"):
         refused = out[kind]
         assert refused["success"] is False and refused["error_code"] == "INVALID_INPUT" and r[kind].is_error
         assert f"'{kind}' is refused" in refused["error"] and "bash" in refused["error"] and "shell_id" not in refused
+    python = out["python"]  # the interpreter is decided as `python3`: this policy names no rule for it
+    assert python["success"] is False and python["error_code"] == "POLICY_DENIED" and "python3" in python["error"]
     assert out["none"] == {"success": True, "shells": [], "call_id": out["none"]["call_id"]}  # nothing started
 
     start = out["start"]
@@ -239,5 +244,67 @@ def test_interactive_shell_every_line_decided(tmp_path: Path, ws: Path) -> None:
     assert ("curl x", "deny") in decided and ("curl https://x", "deny") in decided
     assert ("echo no", "allow") not in decided and ("echo no", "deny") not in decided
     rejected = {r["call_id"] for r in records if r["event"] == "rejected"}
-    assert {out[k]["call_id"] for k in ("zsh", "fish", "python")} <= rejected
+    assert {out[k]["call_id"] for k in ("zsh", "fish")} <= rejected
     assert verify(tmp_path / "audit").ok
+
+
+def test_a_python_shell_where_the_policy_allows_the_interpreter(tmp_path: Path, ws: Path) -> None:
+    """shell_type python is the interpreter the policy decides as `python3` (no script: it reads
+    its input). Under the shipped layer the rule interpreter-repl refuses it, with its reason; a
+    layer over it that allows the bare interpreter gets a real REPL on a terminal, whose every line
+    is recorded in full and runs in the sandbox (its boundary: the sandbox's account, no file
+    outside the roots)."""
+    hand_over(ws)
+    layer = tmp_path / "python-shell.yaml"
+    layer.write_text(yaml.safe_dump({
+        "version": 1,
+        "include": [str(REPO / "policies" / "profiles" / "terminal-interface.yaml")],
+        "rules": [
+            {"id": "interpreter-repl", "decision": "deny", "justification": "no REPL but python3's",
+             "programs": ["node", "perl", "ruby", "php", "lua", "irb"], "args": [],
+             "examples": {"match": ["node"]}},
+            {"id": "python-script", "decision": "ask", "justification": "node scripts only, here",
+             "programs": ["node"], "first_arg": ["[\\w./-]+\\.js"], "examples": {"match": ["node a.js"]}},
+            {"id": "python-shell", "decision": "allow", "justification": "a Python shell, in the sandbox",
+             "programs": ["python3"], "args": [], "examples": {"match": ["python3"], "not_match": ["python3 x.py"]}},
+        ],
+    }))  # fmt: skip
+
+    async def scenario(policy: list[str]) -> dict[str, dict[str, Any]]:
+        params = seed_serve(tmp_path / policy[0], ws, "terminal-interface")
+        params = StdioServerParameters(command=params.command, args=[*params.args, *policy[1:]], env=params.env,
+                                       cwd=params.cwd)  # fmt: skip
+        async with Client(params) as c:
+            out: dict[str, dict[str, Any]] = {}
+            out["start"] = reply(await c.call_tool("start_interactive_shell", {"shell_type": "python"}))
+            sid = out["start"].get("shell_id")
+            if sid:
+                for key, line in (("set", "x = 6 * 7"), ("print", "print(x)"), ("uid", "import os; print(os.getuid())"),
+                                  ("shadow", "open('/etc/shadow').read()")):  # fmt: skip
+                    out[key] = reply(await c.call_tool("execute_in_shell", {"shell_id": sid, "command": line}))
+                out["close"] = reply(await c.call_tool("close_shell", {"shell_id": sid}))
+            return out
+
+    (tmp_path / "shipped").mkdir()
+    (tmp_path / "allowed").mkdir()
+    refused = asyncio.run(scenario(["shipped"]))["start"]
+    assert refused["success"] is False and refused["error_code"] == "POLICY_DENIED", refused
+    assert refused["rule"] == "interpreter-repl"
+    out = asyncio.run(scenario(["allowed", "--policy", str(layer)]))
+    start = out["start"]
+    assert start["success"] is True and start["shell_type"] == "python", start
+    assert start["available_commands"] == []
+    assert start["output"] == ">>> ", start
+    assert out["set"]["output"] == "x = 6 * 7\r\n>>> "  # the terminal echoes the line, then the prompt
+    assert out["print"]["output"] == "print(x)\r\n42\r\n>>> "
+    assert out["uid"]["output"].splitlines()[1] == str(sandbox_identity().uid)
+    assert "PermissionError" in out["shadow"]["output"] or "FileNotFoundError" in out["shadow"]["output"]
+    assert out["close"]["success"] is True
+    records = audit_records(tmp_path / "allowed" / "audit")
+    lines = [
+        r["arguments"]["command"] for r in records if r["event"] == "decision" and r["arguments"].get("as") == "python"
+    ]
+    assert lines == ["x = 6 * 7", "print(x)", "import os; print(os.getuid())", "open('/etc/shadow').read()"]
+    started = next(r for r in records if r["event"] == "decision" and r["arguments"].get("action") == "start")
+    assert started["rule"] == "python-shell"
+    assert verify(tmp_path / "allowed" / "audit").ok

@@ -464,9 +464,10 @@ def test_seed_003_terminal_interface_examples(tmp_path: Path, ws: Path) -> None:
     assert out["pwd"]["output"].startswith(str(project))
     bash = out["bash"]["available_commands"]  # what can be typed there: the programs the policy's rules allow
     assert {"git", "ls", "cat", "make", "rm"} <= set(bash) and not {"curl", "sudo", "bash"} & set(bash)
-    for kind in ("zsh", "python"):
-        assert out[kind]["success"] is False and out[kind]["error_code"] == "INVALID_INPUT"
-        assert f"'{kind}' is refused: " in out[kind]["error"], out[kind]
+    zsh, python = out["zsh"], out["python"]  # docs/tools.md: what still differs
+    assert zsh["success"] is False and zsh["error_code"] == "INVALID_INPUT" and "'zsh' is refused: " in zsh["error"]
+    # a python shell is the interpreter, decided as `python3`: the shipped policy's interpreter-repl refuses it
+    assert (python["success"], python["error_code"], python["rule"]) == (False, "POLICY_DENIED", "interpreter-repl")
     assert verify(tmp_path / "audit").ok
 
 

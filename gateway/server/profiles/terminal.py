@@ -48,7 +48,7 @@ ERROR_STYLE = STYLES["error"][0]
 NAME = "terminal-interface"
 DEFAULT_TIMEOUT_S = 30
 MAX_TIMEOUT_S = 3600
-SHELL_TYPES = ("bash", "sh", "codomyrmex")
+SHELL_TYPES = ("bash", "sh", "codomyrmex", "python")
 SHELL_TOOLS = ("execute_in_shell", "send_shell_input", "read_shell_output", "close_shell", "list_shells")
 """The tools that use a started shell."""
 CODOMYRMEX = "codomyrmex"
@@ -58,10 +58,9 @@ CODOMYRMEX_COMMANDS = ("analyze", "build", "deploy", "help")
 ERROR_SYMBOL = "\u274c"
 """The seed's symbol for an error message (its example: `\\u001b[31m\u274c Error: ...`)."""
 REFUSED_SHELLS = {
-    "zsh": "zsh reads some lines otherwise than bash (unquoted $x is not split, `*(e:...:)` runs code, a "
-    "function named TRAPEXIT or chpwd runs later on its own), and the gateway decides lines as bash reads them",
-    "python": "a Python line is no shell text for the gateway to decide; run python3 SCRIPT (or python3 -c) with "
-    "run_terminal_command, decided by the policy",
+    "zsh": "zsh reads some lines otherwise than bash (`*(e:...:)` runs code, `set -A path ...` or `path=(...)` "
+    "changes which program a name runs, a function named TRAPEXIT or chpwd runs later on its own), and the "
+    "gateway decides lines as bash reads them",
 }
 """shell_types refused, and why (docs/tools.md, terminal-interface: what still differs)."""
 
@@ -189,11 +188,12 @@ def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
         )
     _SHELL.set(args.shell_type)
     codomyrmex = args.shell_type == CODOMYRMEX
+    shell: Literal["bash", "sh", "python"] = args.shell_type if args.shell_type in ("sh", "python") else "bash"  # type: ignore[assignment]
     return SessionCall(
-        principal=principal, action="start", pty=True, shell_type="sh" if args.shell_type == "sh" else "bash",
+        principal=principal, action="start", pty=True, shell_type=shell,
         cwd=args.working_directory, prompt=args.prompt or (CODOMYRMEX_PROMPT if codomyrmex else None),
         startup_commands=[_codomyrmex(c) if codomyrmex else c for c in args.startup_commands],
-        programs=not codomyrmex,
+        programs=shell != "python" and not codomyrmex,
     )  # fmt: skip
 
 
@@ -339,7 +339,8 @@ def start_reply(envelope: dict[str, Any], principal: str) -> dict[str, Any]:
         _KINDS[(principal, str(shell_id))] = kind
         while len(_KINDS) > MAX_KINDS:
             _KINDS.popitem(last=False)
-    commands = list(CODOMYRMEX_COMMANDS) if kind == CODOMYRMEX else envelope.get("programs")
+    # (a python shell has no commands of its own: each line is Python)
+    commands = list(CODOMYRMEX_COMMANDS) if kind == CODOMYRMEX else [] if kind == "python" else envelope.get("programs")
     return _shaped(envelope, {
         "shell_id": shell_id,
         "shell_type": (kind or envelope.get("shell_type")) if shell_id else None,
