@@ -199,7 +199,10 @@ def example_decisions(policy: CompiledPolicy, principal: str) -> list[Case]:
     is decided for `principal`, and where that fails or `principal` may not use the rule, for
     each other principal of the policy that may: an example shows what the rule does for
     someone. A rule nobody may use (a fragment of a policy) is checked by its match alone
-    (`selftest.example_cases`)."""
+    (`selftest.example_cases`). Where the `run` family itself asks for a principal (`tools: {run:
+    {ask_from: N}}`: seed 004's supervisor level), a supervisor hears every command of that
+    principal: an allow rule's example is then asked about, as the rule and the family say
+    together."""
     cases: list[Case] = []
     for rule in policy.policy.rules:
         users = [p for p in [principal, *sorted(policy.grants)] if p in policy.grants and policy.may_use(p, rule)]
@@ -212,7 +215,10 @@ def example_decisions(policy: CompiledPolicy, principal: str) -> list[Case]:
             for who in dict.fromkeys(users):
                 got = evaluate(policy, text, who).decision
                 named = {got.rule} | {r.rule for r in got.reasons if r.rule}
-                if got.verdict.label == rule.decision.value and (got.verdict is Verdict.ALLOW or rule.id in named):
+                family = tool_decision(policy, who, Tool.RUN).verdict
+                expected = max(Verdict.parse(rule.decision.value), family)
+                by_family = expected is not Verdict.parse(rule.decision.value)  # the family's ask names no rule
+                if got.verdict is expected and (got.verdict is Verdict.ALLOW or by_family or rule.id in named):
                     cases.append(Case(f"{name} for {who}", True))
                     break
                 why = "; ".join(r.message for r in got.reasons)[:300]

@@ -19,6 +19,7 @@ import pytest
 import yaml
 from mcp import Client, StdioServerParameters
 
+from gateway import decide
 from gateway.audit import verify
 from gateway.policy import selftest
 from gateway.policy.compile import load_policy
@@ -35,7 +36,7 @@ def test_each_profile_ships_a_layer_over_the_default_whose_examples_and_tests_pa
     assert yaml.safe_load(path.read_text())["include"] == ["../default.yaml"]
     policy = load_policy(path, REPO / "workspace")
     selftest.check_examples(policy)
-    cases = selftest.test_cases(policy, "agent")
+    cases = decide.example_decisions(policy, "agent") + decide.test_cases(policy, "agent")
     assert cases and all(c.passed for c in cases), [c.name + ": " + c.detail for c in cases if not c.passed]
 
 
@@ -187,3 +188,26 @@ def test_the_supervisor_level_runs_nothing_before_a_supervisor_answers(tmp_path:
     assert not (ws / "before-approval").exists()
     decision = next(r for r in audit_records(tmp_path / "audit") if r["event"] == "decision")
     assert decision["decision"] == "ask" and json.dumps(decision).count("supervisor") >= 1
+
+
+def test_a_family_that_asks_makes_every_example_asked_and_still_catches_a_broken_one(tmp_path: Path) -> None:
+    """Seed 004's level (`tools: {run: {ask_from: 1}}`): an allow rule's example is asked about, as
+    rule and family say together; an example another rule denies still fails the policy's test."""
+    base = {
+        "version": 1, "principals": {"agent": {"roles": ["dev"]}},
+        "roles": {"dev": {"level": 1, "read_roots": ["."], "write_roots": ["."]}},
+        "tools": {"run": {"ask_from": 1}},
+        "rules": [
+            {"id": "echo", "decision": "allow", "justification": "printing", "programs": ["echo"],
+             "accept_unknown": True, "examples": {"match": ["echo hi"]}},
+            {"id": "touch", "decision": "allow", "justification": "files", "programs": ["touch"],
+             "path_args": {"write": "all"}, "examples": {"match": ["touch ../outside"]}},
+        ],
+    }  # fmt: skip
+    (tmp_path / "ws").mkdir()
+    f = tmp_path / "p.yaml"
+    f.write_text(yaml.safe_dump({**base, "workspace": "ws"}))
+    cases = {c.name: c for c in decide.example_decisions(load_policy(f, tmp_path / "ws"), "agent")}
+    assert cases["echo: 'echo hi' is allow for agent"].passed
+    broken = cases["touch: 'touch ../outside' is allow"]  # the jail denies it: not what the rule says
+    assert not broken.passed and "deny" in broken.detail
