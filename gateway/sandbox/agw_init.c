@@ -10,11 +10,14 @@
  *   agw-init inner [--verify-ro-root] [--expect PATH DEV INO ro|rw]...
  *                  [--landlock required|optional|off] [--allow PATH ACCESS]... [--no-tcp]
  *                  [--scope] [--rlimit NAME=VALUE]... [--keep-fd N]... [--hold FD]
- *                  -- program args...
+ *                  [--init [--lifeline FD]] -- program args...
  *       Inside the sandbox, after bwrap built the mounts: prove the mounts are the ones the
- *       gateway asked for, set resource limits, restrict the process with Landlock, (with
- *       --hold) wait for the gateway's go as in hold mode, close every inherited descriptor,
- *       exec the command. The gateway builds the sandbox while it makes the call's decision
+ *       gateway asked for (and nosuid), set resource limits, restrict the process with
+ *       Landlock and a seccomp filter that refuses set-id modes, (with --hold) wait for the
+ *       gateway's go as in hold mode, close every inherited descriptor, exec the command.
+ *       With --init (bwrap --as-pid-1) the helper stays as the sandbox's PID 1 and runs the
+ *       command as its child: the sandbox ends with the command, and (--lifeline) with the
+ *       gateway. The gateway builds the sandbox while it makes the call's decision
  *       record durable, and says go only once it is: the sandbox's setup overlaps the fsync,
  *       and still no command runs that the audit log does not name.
  *
@@ -47,8 +50,10 @@
 #include <fcntl.h>
 #include <grp.h>
 #include <limits.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -56,11 +61,16 @@
 #include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <sys/syscall.h>
 #include <sys/types.h>
+#include <sys/wait.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
 #include <netinet/in.h>
 #include <sched.h>
 #include <unistd.h>
@@ -441,6 +451,9 @@ static void verify_expectation(const struct expectation *e) {
     if (fstatvfs(fd, &sv) != 0) {
         fail_errno(errno, "mount check %s: fstatvfs", e->path);
     }
+    if ((sv.f_flag & ST_NOSUID) == 0) { /* a set-id file in a root must not work inside either */
+        fail_because("mounted without nosuid", "mount check %s", e->path);
+    }
     if (e->read_only && (sv.f_flag & ST_RDONLY) == 0) {
         fail_because("mounted read-write, expected read-only", "mount check %s", e->path);
     }
@@ -600,6 +613,163 @@ static void apply_landlock(enum landlock_mode mode, const struct allowance *allo
     close(ruleset);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Seccomp: no set-user-ID or set-group-ID file is made inside the sandbox                   */
+
+/* A write root is the host's directory: a set-id bit set inside (chmod 6755 on a copy of a
+ * shell) stays on the host file, where any local user could run it as the sandbox's account.
+ * Mounts are nosuid, which stops it working inside only. So every call that sets a file's mode
+ * is refused (EPERM) when the mode holds S_ISUID or S_ISGID: chmod, fchmod, fchmodat,
+ * fchmodat2, and the mode of open, openat and creat (with O_CREAT or O_TMPFILE), mkdir,
+ * mkdirat, mknod and mknodat. openat2 takes its mode in a structure a filter cannot read, and
+ * io_uring opens files without system calls a filter sees: both answer ENOSYS (programs fall
+ * back to openat). System calls of another ABI than the helper's own (i386 or x32 calls made
+ * by an x86_64 process) are refused whole. */
+
+/* The architecture the helper is built for, as seccomp reports it (linux/audit.h). */
+#if defined(__x86_64__) && defined(__ILP32__)
+#define AGW_AUDIT_ARCH 0 /* x32: not supported, refused at run time */
+#elif defined(__x86_64__)
+#define AGW_AUDIT_ARCH AUDIT_ARCH_X86_64
+#elif defined(__i386__)
+#define AGW_AUDIT_ARCH AUDIT_ARCH_I386
+#elif defined(__aarch64__) && defined(__AARCH64EB__)
+#define AGW_AUDIT_ARCH 0
+#elif defined(__aarch64__)
+#define AGW_AUDIT_ARCH AUDIT_ARCH_AARCH64
+#elif defined(__riscv) && __riscv_xlen == 64
+#define AGW_AUDIT_ARCH AUDIT_ARCH_RISCV64
+#elif defined(__powerpc64__) && __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define AGW_AUDIT_ARCH AUDIT_ARCH_PPC64LE
+#elif defined(__s390x__)
+#define AGW_AUDIT_ARCH AUDIT_ARCH_S390X
+#else
+#define AGW_AUDIT_ARCH 0
+#endif
+
+/* Newer system calls an older <sys/syscall.h> may lack: their numbers in the table every
+ * architecture above shares for them. */
+#if !defined(__NR_fchmodat2)
+#define __NR_fchmodat2 452
+#endif
+#if !defined(__NR_openat2)
+#define __NR_openat2 437
+#endif
+#if !defined(__NR_io_uring_setup)
+#define __NR_io_uring_setup 425
+#define __NR_io_uring_enter 426
+#define __NR_io_uring_register 427
+#endif
+
+#define AGW_SETID_BITS (S_ISUID | S_ISGID)
+#define AGW_CREATE_FLAGS (O_CREAT | (O_TMPFILE & ~O_DIRECTORY))
+#define AGW_X32_BIT 0x40000000U
+
+/* The low 32 bits of argument n of struct seccomp_data (a mode or flags fits in them; the
+ * kernel reads no more of it). */
+#if __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__
+#define AGW_ARG_LOW(n) (offsetof(struct seccomp_data, args) + 8 * (n))
+#else
+#define AGW_ARG_LOW(n) (offsetof(struct seccomp_data, args) + 8 * (n) + 4)
+#endif
+
+#define AGW_LOAD(offset) BPF_STMT(BPF_LD | BPF_W | BPF_ABS, (offset))
+#define AGW_RETURN(value) BPF_STMT(BPF_RET | BPF_K, (value))
+#define AGW_ALLOW AGW_RETURN(SECCOMP_RET_ALLOW)
+#define AGW_ERRNO(e) AGW_RETURN(SECCOMP_RET_ERRNO | ((e) & SECCOMP_RET_DATA))
+
+struct agw_filter {
+    struct sock_filter code[128];
+    unsigned short len;
+};
+
+static void emit(struct agw_filter *f, struct sock_filter insn) {
+    if (f->len >= sizeof f->code / sizeof f->code[0]) {
+        fail_because("the program is too long", "seccomp filter");
+    }
+    f->code[f->len++] = insn;
+}
+
+/* nr -> refuse with EPERM when argument mode_arg holds a set-id bit (and, for the open family,
+ * only when argument flags_arg asks to create: otherwise the mode is not used). */
+static void emit_mode_check(struct agw_filter *f, long nr, int mode_arg, int flags_arg) {
+    /* if (nr != this) skip the block: 5 instructions, 7 with the flags test
+     *   [ld flags; jset CREATE ? next : allow;] ld mode; jset SETID ? next : allow; EPERM; allow */
+    int extra = flags_arg >= 0 ? 2 : 0;
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, (uint8_t)(4 + extra)));
+    if (flags_arg >= 0) {
+        emit(f, (struct sock_filter)AGW_LOAD(AGW_ARG_LOW(flags_arg)));
+        emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, AGW_CREATE_FLAGS, 0, 3));
+    }
+    emit(f, (struct sock_filter)AGW_LOAD(AGW_ARG_LOW(mode_arg)));
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JSET | BPF_K, AGW_SETID_BITS, 0, 1));
+    emit(f, (struct sock_filter)AGW_ERRNO(EPERM));
+    emit(f, (struct sock_filter)AGW_ALLOW);
+}
+
+static void emit_refuse(struct agw_filter *f, long nr, int err) {
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, (uint32_t)nr, 0, 1));
+    emit(f, (struct sock_filter)AGW_ERRNO(err));
+}
+
+static void build_setid_filter(struct agw_filter *f) {
+    memset(f, 0, sizeof *f);
+    emit(f, (struct sock_filter)AGW_LOAD(offsetof(struct seccomp_data, arch)));
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, AGW_AUDIT_ARCH, 1, 0));
+    emit(f, (struct sock_filter)AGW_ERRNO(ENOSYS)); /* another ABI's system call */
+    emit(f, (struct sock_filter)AGW_LOAD(offsetof(struct seccomp_data, nr)));
+#if defined(__x86_64__)
+    emit(f, (struct sock_filter)BPF_JUMP(BPF_JMP | BPF_JGE | BPF_K, AGW_X32_BIT, 0, 1));
+    emit(f, (struct sock_filter)AGW_ERRNO(ENOSYS)); /* x32 */
+#endif
+#ifdef __NR_chmod
+    emit_mode_check(f, __NR_chmod, 1, -1);
+#endif
+    emit_mode_check(f, __NR_fchmod, 1, -1);
+    emit_mode_check(f, __NR_fchmodat, 2, -1);
+    emit_mode_check(f, __NR_fchmodat2, 2, -1);
+#ifdef __NR_open
+    emit_mode_check(f, __NR_open, 2, 1);
+#endif
+    emit_mode_check(f, __NR_openat, 3, 2);
+#ifdef __NR_creat
+    emit_mode_check(f, __NR_creat, 1, -1);
+#endif
+#ifdef __NR_mkdir
+    emit_mode_check(f, __NR_mkdir, 1, -1);
+#endif
+    emit_mode_check(f, __NR_mkdirat, 2, -1);
+#ifdef __NR_mknod
+    emit_mode_check(f, __NR_mknod, 1, -1);
+#endif
+    emit_mode_check(f, __NR_mknodat, 2, -1);
+    emit_refuse(f, __NR_openat2, ENOSYS);
+    emit_refuse(f, __NR_io_uring_setup, ENOSYS);
+    emit_refuse(f, __NR_io_uring_enter, ENOSYS);
+    emit_refuse(f, __NR_io_uring_register, ENOSYS);
+    emit(f, (struct sock_filter)AGW_ALLOW);
+}
+
+/* Install the filter for this process and everything it starts (no way to remove it). There
+ * is no sandbox without it: a kernel without seccomp filters fails the start. */
+static void apply_setid_filter(void) {
+    struct agw_filter f;
+    struct sock_fprog prog;
+
+    if (AGW_AUDIT_ARCH == 0) {
+        fail_because("this architecture is not known to the helper", "seccomp: refuse set-id modes");
+    }
+    build_setid_filter(&f);
+    prog.len = f.len;
+    prog.filter = f.code;
+    if (prctl(PR_SET_NO_NEW_PRIVS, 1L, 0L, 0L, 0L) != 0) {
+        fail_errno(errno, "prctl(PR_SET_NO_NEW_PRIVS)");
+    }
+    if (prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog, 0L, 0L) != 0) {
+        fail_errno(errno, "seccomp: refuse set-id modes (a kernel with seccomp filters is required)");
+    }
+}
+
 static int compare_ints(const void *a, const void *b) {
     int x = *(const int *)a, y = *(const int *)b;
     return (x > y) - (x < y);
@@ -658,14 +828,28 @@ static void close_inherited(const int *keep, size_t nkeep) {
 }
 
 /* Wait for the byte "g" on `fd` (the gateway's go) and close it; end-of-file or any other
- * byte means the gateway is gone or refused: fail, so the command never runs. */
+ * byte means the gateway is gone or refused: fail, so the command never runs. The gateway holds
+ * a non-blocking read end of the same pipe, to take the byte back when the sandbox ends before
+ * it was taken here (then it knows for sure the command never ran, nor ever will). */
 static void wait_for_go(int fd, const char *mode) {
     char go = 0;
     ssize_t r;
 
-    do {
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN, .revents = 0};
+        if (poll(&p, 1, -1) < 0) {
+            if (errno == EINTR) {
+                continue;
+            }
+            fail_errno(errno, "%s: poll descriptor %d", mode, fd);
+        }
         r = read(fd, &go, 1);
-    } while (r < 0 && errno == EINTR);
+        if (r >= 0 || (errno != EINTR && errno != EAGAIN)) {
+            break;
+        }
+        /* EAGAIN: the pipe is non-blocking and the byte was taken back (the gateway ended the
+         * sandbox before its go was taken): end-of-file follows */
+    }
     if (r < 0) {
         fail_errno(errno, "%s: read descriptor %d", mode, fd);
     }
@@ -675,6 +859,106 @@ static void wait_for_go(int fd, const char *mode) {
     close(fd);
 }
 
+/* ---------------------------------------------------------------------------------------- */
+/* Init: the sandbox's PID 1, whose end is the end of everything in the sandbox             */
+
+/* Nothing is left to run when the init of a PID namespace ends: the kernel kills every other
+ * process in it. With --init the helper is that init (bwrap --as-pid-1) and stays, with the
+ * command as its only child, so that:
+ *   - when the command ends, the sandbox ends: what it left behind (`setsid nohup x &`) dies
+ *     with it, also for a durable process that outlives the gateway;
+ *   - with --lifeline FD (a pipe whose write end only the gateway holds), when the gateway ends
+ *     or closes it, the sandbox ends: whenever the gateway dies, even while bwrap was still
+ *     building the sandbox and no parent-death signal was armed yet (checked once before the
+ *     command starts, then watched).
+ * The commands cannot end it before its time: an init gets no signal from inside its namespace
+ * that it has no handler for (SIGKILL included), and it is not dumpable, so they cannot ptrace
+ * it either. Signals from the gateway go to the command's processes; SIGKILL from outside ends
+ * the init, and so the sandbox. The init exits with the command's status (128 + N for a
+ * command killed by signal N, as bwrap reports it). */
+
+static int gateway_gone(int lifeline) {
+    struct pollfd p = {.fd = lifeline, .events = POLLIN, .revents = 0};
+    int r;
+    do {
+        r = poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        fail_errno(errno, "inner --lifeline: poll descriptor %d", lifeline);
+    }
+    return p.revents != 0; /* end-of-file (all write ends closed), or anything written: the end */
+}
+
+static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep, int lifeline) {
+    sigset_t chld, old;
+    pid_t command;
+    int sfd;
+
+    if (getpid() != 1) {
+        fail_because("not the first process of its PID namespace", "inner --init");
+    }
+    if (prctl(PR_SET_DUMPABLE, 0L, 0L, 0L, 0L) != 0) {
+        fail_errno(errno, "prctl(PR_SET_DUMPABLE)");
+    }
+    if (lifeline >= 0) {
+        if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0L, 0L, 0L) != 0) { /* and with bwrap */
+            fail_errno(errno, "prctl(PR_SET_PDEATHSIG)");
+        }
+        if (gateway_gone(lifeline)) {
+            fail_because("the gateway is gone or ended the sandbox", "inner --lifeline");
+        }
+    }
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (sigprocmask(SIG_BLOCK, &chld, &old) != 0) {
+        fail_errno(errno, "block SIGCHLD");
+    }
+    command = fork();
+    if (command < 0) {
+        fail_errno(errno, "fork the command");
+    }
+    if (command == 0) {
+        if (sigprocmask(SIG_SETMASK, &old, NULL) != 0) {
+            fail_errno(errno, "restore the signal mask");
+        }
+        close_inherited(keep, nkeep);
+        execvp(program[0], program);
+        fail_errno(errno, "exec %s", program[0]);
+    }
+    {
+        int mine[1] = {lifeline};
+        close_inherited(mine, lifeline >= 0 ? 1 : 0);
+    }
+    sfd = signalfd(-1, &chld, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) {
+        fail_errno(errno, "signalfd"); /* the init's end ends the command too */
+    }
+    for (;;) {
+        struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN, .revents = 0},
+                                {.fd = lifeline, .events = POLLIN, .revents = 0}};
+        struct signalfd_siginfo info;
+        int status;
+        pid_t done;
+
+        while ((done = waitpid(-1, &status, WNOHANG)) > 0) {
+            if (done == command) {
+                _exit(WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status));
+            }
+        }
+        if (done < 0 && errno != EINTR) {
+            fail_errno(errno, "inner --init: wait"); /* ECHILD: the command is gone unseen */
+        }
+        if (poll(fds, lifeline >= 0 ? 2 : 1, -1) < 0 && errno != EINTR) {
+            fail_errno(errno, "inner --init: poll");
+        }
+        if (lifeline >= 0 && fds[1].revents != 0) {
+            _exit(128 + SIGKILL); /* the gateway is gone, or ended the sandbox */
+        }
+        while (read(sfd, &info, sizeof info) > 0) {
+        }
+    }
+}
+
 static int run_inner(int argc, char **argv) {
     struct expectation *expects = allocate((size_t)argc, sizeof *expects);
     struct allowance *allows = allocate((size_t)argc, sizeof *allows);
@@ -682,7 +966,7 @@ static int run_inner(int argc, char **argv) {
     int *keep = allocate((size_t)argc, sizeof *keep);
     size_t nexpects = 0, nallows = 0, nlimits = 0, nkeep = 0;
     enum landlock_mode mode = LANDLOCK_UNSET;
-    int ro_root = 0, no_tcp = 0, scope = 0, hold = -1;
+    int ro_root = 0, no_tcp = 0, scope = 0, hold = -1, init = 0, lifeline = -1;
     int i = 2;
 
     for (; i < argc; i++) {
@@ -744,6 +1028,15 @@ static int run_inner(int argc, char **argv) {
                 fail_errno(EINVAL, "--hold %llu: out of range", fd);
             }
             hold = (int)fd;
+        } else if (strcmp(opt, "--init") == 0) {
+            init = 1;
+        } else if (strcmp(opt, "--lifeline") == 0) {
+            need_values(argc, argv, i, 1);
+            unsigned long long fd = number(opt, argv[++i]);
+            if (fd < 3 || fd > INT_MAX) {
+                fail_errno(EINVAL, "--lifeline %llu: out of range", fd);
+            }
+            lifeline = (int)fd;
         } else {
             fail_errno(EINVAL, "inner: unknown option %s", opt);
         }
@@ -753,6 +1046,9 @@ static int run_inner(int argc, char **argv) {
     }
     if (i + 1 >= argc) {
         fail_errno(EINVAL, "inner: no program after \"--\"");
+    }
+    if (lifeline >= 0 && !init) {
+        fail_errno(EINVAL, "inner: --lifeline needs --init (the init watches it)");
     }
     /* Rules asked for are never dropped silently: without --landlock they are required. */
     if (mode == LANDLOCK_UNSET) {
@@ -773,12 +1069,16 @@ static int run_inner(int argc, char **argv) {
         }
     }
     apply_landlock(mode, allows, nallows, no_tcp, scope);
+    apply_setid_filter();
     if (hold >= 0) {
         wait_for_go(hold, "inner --hold");
     }
-    close_inherited(keep, nkeep);
 
     char **program = argv + i + 1;
+    if (init) {
+        run_as_init(program, keep, nkeep, lifeline);
+    }
+    close_inherited(keep, nkeep);
     execvp(program[0], program);
     fail_errno(errno, "exec %s", program[0]);
 }

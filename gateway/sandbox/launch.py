@@ -1,17 +1,22 @@
 """Apply a `SandboxPlan`: open every source by descriptor, and build the argv that starts it.
 
     agw-init outer --join CGROUP... --uid U --gid G --parent GATEWAY_PID
-      -> bwrap <mounts by descriptor> --unshare-all ... --
+      -> bwrap <mounts by descriptor> --unshare-all --as-pid-1 ... --
          -> /run/agent-gateway/init inner --verify-ro-root --expect ... --allow ... --rlimit ...
+                                          --init [--lifeline FD]          (the sandbox's PID 1)
             -> the command
 
 The outer helper puts itself in the call's cgroup and drops to the sandbox uid before bwrap
 exists, so every process of the sandbox is counted and none is root; for a sandbox that dies
 with the gateway it then arms the parent-death signal and checks the gateway is still its
-parent, so a gateway killed at any moment around a spawn leaves nothing running (bwrap's own
---die-with-parent is armed only once bwrap runs). The inner helper checks
-that `/` is read-only and that every bound object is the one opened here, applies Landlock and
-rlimits, closes every descriptor but 0-2 (and the ones the caller keeps), and runs the command.
+parent, so bwrap never outlives a gateway killed around a spawn. The inner helper checks
+that `/` is read-only and that every bound object is the one opened here, applies Landlock,
+rlimits and the seccomp filter against set-id modes, closes every descriptor but 0-2 (and the
+ones the caller keeps), and runs the command as its child: it is the PID namespace's init, so
+the sandbox ends when the command does (whatever it left running), and, for a sandbox that dies
+with the gateway, when the lifeline's write end closes: the gateway's death, at any moment
+(bwrap's own parent-death signal is armed only after it has built the sandbox, too late when the
+gateway died meanwhile), or `finished()`.
 
 `prepare()` returns a `Launch`: pass `argv` and `pass_fds` to Popen, then call `started()`
 (closes our copies of the descriptors) and, when the sandbox has ended, `finished()`. A launch
@@ -22,17 +27,14 @@ durable while bwrap builds the mounts, and says go once it is.
 
 from __future__ import annotations
 
-import array
 import contextlib
 import errno
-import fcntl
 import functools
 import os
 import queue
 import secrets
 import stat
 import subprocess
-import termios
 import threading
 import time
 from collections.abc import Callable
@@ -74,6 +76,13 @@ class Launch:
     fallback: str
     """How quotas are held: "cgroup v1", "cgroup v2" or "rlimits" (audited)."""
     _fds: list[int] = field(default_factory=list)
+    _lifeline: int | None = None
+    """The write end of the lifeline (a sandbox that dies with the gateway): its init ends the
+    sandbox when it closes, with `finished()` or the gateway's death."""
+    _take: int | None = None
+    """A non-blocking read end of the hold pipe: takes the go byte back when the sandbox ended
+    before its init took it (`never_ran`)."""
+    _never_ran: bool | None = None
     _hold: int | None = None
     """The write end of the hold pipe (`hold=True`): one byte "g" lets the command run."""
     _sent: int | None = None
@@ -93,7 +102,7 @@ class Launch:
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
-        open until the sandbox ends, so `never_ran()` can tell whether the byte was taken."""
+        open until the sandbox ends, so `never_ran()` can take the byte back if it was not taken."""
         if self.network_error is not None:
             return  # withheld: its network could not be attached (never_ran says so)
         fd, self._hold = self._hold, None
@@ -106,30 +115,39 @@ class Launch:
             self._gone = True  # the sandbox ended before its go: the command never ran
 
     def never_ran(self) -> bool:
-        """After a held launch has ended: whether its command never started, because the sandbox
-        failed before the inner helper took the go byte (bwrap's own setup, say, which exits 1
-        like a command could). False for a launch that was not held."""
+        """After a held launch has ended (or been killed): whether its command never started,
+        because the sandbox ended before the inner helper took the go byte (bwrap's own setup
+        failed, say, which exits 1 like a command could, or a timeout came first). The byte is
+        taken back here if it is still in the pipe, so the answer holds for good: a helper
+        still setting up (bwrap killed before it armed its parent-death signal) can no longer
+        take it and run the command after this said it never did. False for a launch that was
+        not held, or whose helper took the byte (the command may have run)."""
+        if self._never_ran is None:
+            self._never_ran = self._take_back()
+        return self._never_ran
+
+    def _take_back(self) -> bool:
         if self.network_error is not None:
             return True  # withheld: its network could not be attached
         if self._sent is None:
             return False
         if self._gone:
             return True
-        waiting = array.array("i", [0])
-        try:
-            fcntl.ioctl(self._sent, termios.FIONREAD, waiting)
-        except OSError:
+        if self._take is None:
             return False
-        return waiting[0] > 0
+        try:
+            return os.read(self._take, 1) == b"g"  # only one reader gets the byte: us or the helper
+        except BlockingIOError:
+            return False  # the helper took it
 
     def withhold(self) -> None:
         """The command must never run: the inner helper reads end-of-file and exits (status 125)."""
-        fd, self._hold = self._hold, None
-        if fd is not None:
-            os.close(fd)
-        sent, self._sent = self._sent, None
-        if sent is not None:
-            os.close(sent)
+        self.never_ran()  # a go byte still in the pipe is taken back: nobody can take it later
+        for name in ("_hold", "_sent", "_take"):
+            fd = getattr(self, name)
+            setattr(self, name, None)
+            if fd is not None:
+                os.close(fd)
 
     def started(self) -> None:
         """Popen has forked: close our copies of the descriptors. A sandbox whose network is a
@@ -168,9 +186,13 @@ class Launch:
         self.network = service().attach(sockets, plan.egress, hooks, owner)
 
     def finished(self) -> dict[str, bool]:
-        """The sandbox has ended: what the quotas stopped, and the cgroup removed."""
+        """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
+        whatever still runs in it (the lifeline closes here)."""
         self.started()
         self.withhold()
+        lifeline, self._lifeline = self._lifeline, None
+        if lifeline is not None:
+            os.close(lifeline)
         network, self.network = self.network, None
         if network is not None:
             self.network_summary = network.close()
@@ -282,20 +304,29 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
     held: list[int] = []
     auto_go = plan.egress is not None and not hold
     hold = hold or plan.egress is not None  # the network is attached before the command may run
+    # every pipe's ends are close-on-exec: only this launch's child gets the ends in pass_fds
+    hold_r = hold_w = take = info_r = info_w = life_r = life_w = None
     try:
-        if hold:  # both ends close-on-exec: only this launch's child gets the read end (pass_fds)
-            r, w = os.pipe()
-            fds.append(r)
-            held.append(w)
-        info_r = None
+        if hold:  # non-blocking: the gateway's own read end takes the byte back (never_ran)
+            hold_r, hold_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+            fds.append(hold_r)
+            held.append(hold_w)
+            take = os.dup(hold_r)
+            held.append(take)
         if plan.egress is not None:
             info_r, info_w = os.pipe()
             held.append(info_r)
             fds.append(info_w)
+        if plan.die_with_parent:  # the write end lives in this process only: its death closes it
+            life_r, life_w = os.pipe()
+            fds.append(life_r)
+            held.append(life_w)
         _CLEANER.touch()
-        launch = _prepare(plan, bwrap, fds, fds[0] if hold else None, fds[-1] if info_r is not None else None)
-        launch._hold = held[0] if hold else None
+        launch = _prepare(plan, bwrap, fds, hold_r, info_w, life_r)
+        launch._hold = hold_w
+        launch._take = take
         launch._info = info_r
+        launch._lifeline = life_w
         launch._plan = plan
         launch._auto_go = auto_go
         metrics.SANDBOX_STARTS.inc()
@@ -307,7 +338,9 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         raise
 
 
-def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None, info_fd: int | None) -> Launch:
+def _prepare(
+    plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None, info_fd: int | None, lifeline: int | None
+) -> Launch:
     args: list[str] = []
     expects: list[str] = []
     roots: dict[str, Opened] = {}
@@ -388,7 +421,7 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None,
     for target in reversed(late_ro):
         args += ["--remount-ro", target]
     args += ["--remount-ro", "/", "--chdir", plan.cwd, "--unshare-all", "--unshare-user", "--disable-userns",
-             "--new-session", "--cap-drop", "ALL"]  # fmt: skip
+             "--new-session", "--cap-drop", "ALL", "--as-pid-1"]  # fmt: skip
     if plan.network and plan.egress is None:
         args.append("--share-net")
     if info_fd is not None:  # the sandbox's pid and network namespace, for its resolver and proxy
@@ -412,6 +445,9 @@ def _prepare(plan: SandboxPlan, bwrap: str, fds: list[int], hold_fd: int | None,
         inner += ["--keep-fd", str(fd)]
     if hold_fd is not None:
         inner += ["--hold", str(hold_fd)]
+    inner.append("--init")  # PID 1 (--as-pid-1): the sandbox ends with the command, and with the lifeline
+    if lifeline is not None:
+        inner += ["--lifeline", str(lifeline)]
     cgroup, how = _cgroup(plan)
     if cgroup is None and q.memory_bytes:
         inner += ["--rlimit", f"as={q.memory_bytes}"]
@@ -521,7 +557,7 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
     if plan.die_with_parent:
         group = _CLEANER.take(plan.quotas) or quotas.Cgroup.create(quotas.owned_name(secrets.token_hex(6)), plan.quotas)
     else:
-        group = quotas.Cgroup.create(f"d-{secrets.token_hex(6)}", plan.quotas)
+        group = quotas.Cgroup.create(f"{quotas.DURABLE_PREFIX}{secrets.token_hex(6)}", plan.quotas)
     if group is None:
         return None, "rlimits"
     return group, f"cgroup v{support.version}"
