@@ -10,7 +10,11 @@ write, and exits at end-of-file if the gateway dies first.
 The process runs in its own session (`start_new_session`), so its pid is also its process group
 and session id; stopping it signals the whole group (SIGTERM, SIGKILL after a grace period). In
 the gateway the argv from `build` is the sandbox (bwrap without `--die-with-parent`), whose PID
-namespace takes every descendant with it.
+namespace takes every descendant with it: its init is the sandbox helper, which ends when the
+command does, so nothing the command left running (`setsid nohup x &`) outlives it, with or
+without a gateway. The sandbox's cgroup (`cgroup` in the record) is killed and removed too once
+the process is seen to have ended or been stopped, and, when the gateway starts, for every record
+that has ended (what a gateway stopped in between left).
 
 Processes outlive the gateway on purpose. On start the gateway calls `rehydrate()`: a record
 from an earlier boot is `lost`; a pid that is still the same process (same start time in
@@ -46,7 +50,7 @@ from typing import Any
 
 from gateway.executors import proctree
 from gateway.log import log
-from gateway.sandbox import helper, reaper
+from gateway.sandbox import helper, quotas, reaper
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
@@ -81,6 +85,8 @@ class Spawnable:
     """Where Popen starts it (the sandbox changes into the call's cwd itself, by its own view)."""
     summary: dict[str, Any] = field(default_factory=dict)
     """What holds it (Landlock, quotas, uid): on its started/restarted records."""
+    cgroup: str | None = None
+    """The name of its sandbox's cgroup (gateway.sandbox.quotas), when it has one: killed when it ends."""
     config: dict[str, Any] = field(default_factory=dict)
     """The sandbox configuration it is launched with (mounts, Landlock, quotas, network, argv):
     written to the process folder's `sandbox.json` before it starts."""
@@ -129,6 +135,9 @@ class ProcessRecord:
     """The principal's own number for it: 1, 2, 3... in the order its processes were started,
     never reused (the os profile's daemon `pid`; `daemon-N` names it in the process tool).
     None on records from before numbers."""
+    cgroup: str | None = None
+    """The cgroup of its last start's sandbox (None: it has none, or a record from before): everything
+    left in it is killed once the process has ended."""
 
 
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -151,6 +160,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "state": (str,),
     "failures": (int,),
     "number": (int, type(None)),
+    "cgroup": (str, type(None)),
 }
 _STATES = ("running", "exited", "stopped", "backoff", "failed", "lost")
 
@@ -165,7 +175,7 @@ def _parse_record(data: Any) -> ProcessRecord:
     values: dict[str, Any] = {}
     for name, types in _TYPES.items():
         if name not in data:
-            if name in ("failures", "number"):
+            if name in ("failures", "number", "cgroup"):
                 continue
             raise ValueError(f"missing field {name}")
         value = data[name]
@@ -322,6 +332,8 @@ class ProcessManager:
         self._numbers: dict[str, int] = {}  # the last number given, per principal
         self._stop_monitor = threading.Event()
         self._monitor: threading.Thread | None = None
+        self._ended_groups: list[str] = []
+        """Cgroups of sandboxes whose process ended: killed and removed off the lock (`_end_groups`)."""
 
     # --- persistence -------------------------------------------------------------------------
 
@@ -457,6 +469,7 @@ class ProcessManager:
         rec.exit_code = None
         rec.next_restart_at = None
         rec.state = "running"
+        rec.cgroup = spawn.cgroup
         try:
             self._persist(rec)
         except OSError as exc:  # no record, no run: the held process is told nothing and ends
@@ -658,6 +671,7 @@ class ProcessManager:
                     details["still_running"] = True
                 events.append(("process_stopped", replace(rec), details))
             self._emit(events)
+        self._end_groups()
         return was_live
 
     @staticmethod
@@ -667,11 +681,11 @@ class ProcessManager:
             # pids are handed out cyclically: a just-freed one is not reused within milliseconds)
             if proc is None and not _same_process(pid, ticks):
                 continue  # adopted and gone (or the pid now belongs to someone else): never signal
-            # bubblewrap's PID-namespace init and the command run in a session of their own
-            # (--new-session), so the group of `pid` is not enough. SIGTERM goes to the command's
-            # processes (below the init) and leaves bwrap standing, so the SIGKILL round still
-            # finds the init: killing it ends the whole namespace.
-            direct = {c for c in proctree.children(pid) if proctree.comm(c) == "bwrap"}  # the namespace's init
+            # the sandbox's PID-namespace init (the helper, bwrap --as-pid-1) and the command run
+            # in a session of their own (--new-session), so the group of `pid` is not enough.
+            # SIGTERM goes to the command's processes (below the init) and leaves bwrap standing,
+            # so the SIGKILL round still finds the init: killing it ends the whole namespace.
+            direct = set(proctree.namespace_inits(pid))
             # each pinned by a pidfd and seen still below `pid` before it is signalled (a pid freed
             # after the listing may name another process by then)
             proctree.signal_descendants(pid, sig, spare=frozenset() if sig == signal.SIGKILL else frozenset(direct))
@@ -717,7 +731,10 @@ class ProcessManager:
     # --- the monitor -------------------------------------------------------------------------
 
     def _finish(self, rec: ProcessRecord, exit_code: int | None) -> dict[str, Any]:
-        """Record an exit (the lock is held). Returns the details of the exit event."""
+        """Record an exit (the lock is held). Returns the details of the exit event. Its sandbox's
+        cgroup is killed once the lock is released (`_end_groups`)."""
+        if rec.cgroup is not None:
+            self._ended_groups.append(rec.cgroup)
         rec.ended_at = _now_iso()
         rec.exit_code = exit_code
         self._children.pop(rec.id, None)
@@ -735,6 +752,17 @@ class ProcessManager:
         else:
             rec.state = "exited"
         return details
+
+    def _end_groups(self) -> None:
+        """Kill what is left in the cgroups of processes that ended and remove the groups, off the
+        lock (a kill waits for its group to empty). A group already gone costs nothing."""
+        with self._lock:
+            names, self._ended_groups = self._ended_groups, []
+        for name in names:
+            try:
+                quotas.end_group(name)
+            except (OSError, ValueError) as exc:
+                log.warning("process_cgroup_not_ended", cgroup=name, error=str(exc))
 
     def _reap(self, ids: _Ids | None = None) -> _Events:
         """Notice exits among running processes; emits their events."""
@@ -760,6 +788,7 @@ class ProcessManager:
                     events.append(("process_exited", replace(rec), details))
             self._load_numbers()
             self._emit(events)
+        self._end_groups()
         return events
 
     def _restart_due(self) -> None:
@@ -883,6 +912,9 @@ class ProcessManager:
                     events.append(("process_record_corrupt", stub, {"path": str(folder), "error": str(exc)}))
                     continue
                 self._records[rec.id] = rec
+                ended = rec.state not in LIVE_STATES or rec.state == "backoff"
+                if ended and rec.cgroup is not None and rec.boot_id == self._boot_id:  # nothing of it may run
+                    self._ended_groups.append(rec.cgroup)
                 if rec.state not in LIVE_STATES:
                     continue
                 if rec.boot_id != self._boot_id:
@@ -903,6 +935,7 @@ class ProcessManager:
                     events.append(("process_exited", replace(rec), details))
             self._load_numbers()
             self._emit(events)
+        self._end_groups()
 
     @staticmethod
     def _interrupted_start(folder: Path) -> bool | None:

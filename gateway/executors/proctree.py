@@ -29,6 +29,27 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
+def namespace_inits(pid: int) -> list[int]:
+    """The children of `pid` that are the first process of a PID namespace below its own (a
+    sandbox's init, when `pid` is its bwrap): their NSpid lists more ids than that of `pid`."""
+    mine = nspid_depth(pid)
+    if mine is None:
+        return []
+    return [c for c in children(pid) if (depth := nspid_depth(c)) is not None and depth > mine]
+
+
+def nspid_depth(pid: int) -> int | None:
+    """How many PID namespaces (from /proc's down to the process's) give `pid` an id; None: gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            for line in f:
+                if line.startswith(b"NSpid:"):
+                    return len(line.split()) - 1
+    except OSError:
+        return None
+    return None
+
+
 def comm(pid: int) -> str:
     """The process's name, or "" when it is gone."""
     try:

@@ -43,6 +43,9 @@ SUBTREE = "agent-gateway"
 SELF_LEAF = "agent-gateway-self"  # v2: where the gateway moves itself (no internal processes)
 WANTED = ("memory", "pids")
 SWEEP_MIN_AGE = 60.0
+DURABLE_PREFIX = "d-"
+"""The names of durable processes' groups (`d-<random>`): never judged by an owner (`kill_abandoned`);
+the process manager ends each once its process has (`end_group`)."""
 _NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
@@ -631,6 +634,25 @@ def kill_abandoned() -> int:
         group.kill()
         group.remove()
     return len(names)
+
+
+def end_group(name: str) -> bool:
+    """Kill whatever runs in the group `name` (a durable process's, which outlives the gateway
+    and so carries no owner) and remove it. Returns whether there was such a group. Raises
+    ValueError for a name that is not a durable group's."""
+    if not _NAME.fullmatch(name) or not name.startswith(DURABLE_PREFIX):
+        raise ValueError(f"not a durable process's cgroup name: {name!r}")
+    layout = _layout()
+    if layout is None:
+        return False
+    groups = tuple((os.path.join(base, name), served) for base, served in layout.bases)
+    groups = tuple(g for g in groups if os.path.isdir(g[0]))
+    if not groups:
+        return False
+    group = Cgroup(name, layout.version, groups)
+    group.kill()
+    group.remove()
+    return True
 
 
 def sweep(min_age: float = SWEEP_MIN_AGE) -> int:

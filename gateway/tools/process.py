@@ -76,7 +76,10 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
         "held_by": summary,
         "policy_sha256": policy.sha256,
     }
-    return Spawnable(launch.argv, plan.env, launch.pass_fds, launch.started, summary=summary, config=config)
+    group = launch.cgroup.name if launch.cgroup is not None else None
+    return Spawnable(
+        launch.argv, plan.env, launch.pass_fds, launch.started, summary=summary, config=config, cgroup=group
+    )
 
 
 def _gate(gw: Gateway, rec: ProcessRecord, why: str) -> str | None:
