@@ -1,20 +1,26 @@
 """Crashes that leave nothing behind: a gateway killed with SIGKILL at random moments around
-spawns, many times over, leaves no sandbox running once a gateway runs again.
+spawns, many times over, leaves no sandbox running, whether or not a gateway runs again.
 
 `run` sandboxes: the helper arms the parent-death signal before bwrap exists (and notices a
-parent already gone), and the groups of sandboxes that were to die with a gateway that is gone
-are killed when the next one starts (what bwrap's own window let through)."""
+parent already gone), and the sandbox's init (the helper again) ends the sandbox when its
+lifeline, a pipe only the gateway holds open, closes: bwrap's own parent-death signal is armed
+only once it has built the sandbox, too late when the gateway died meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import functools
 import json
 import os
 import random
 import secrets
 import signal
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -23,13 +29,15 @@ from gateway.calls import ProcessCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox import quotas
 from tests import crashload
 from tests.conftest import eventually
-from tests.server.conftest import POLICY
+from tests.server.conftest import GATEWAY, POLICY, env_without_state
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/cmdline").exists(), reason="needs /proc")
 
 ITERATIONS = 25
+KILL_TRIES = 60
 
 
 def _marker() -> str:
@@ -134,3 +142,118 @@ def test_a_restarted_gateway_revives_a_keep_alive_service_without_any_call(
             second.close()
     finally:
         crashload.kill_all(crashload.with_marker(marker))
+
+
+@contextlib.contextmanager
+def _cgroup_of_its_own() -> Iterator[list[str]]:
+    """The `cgroup.procs` files of a cgroup made for this test below its own (one per cgroup v1
+    hierarchy of memory and pids, or one in v2; none where it cannot be made). A server started
+    in it puts its sandboxes' groups below it, where no other gateway on this host looks: every
+    gateway that starts kills what runs in the groups of gateways that are gone (quotas.
+    kill_abandoned), and the gateways of other tests on the host would hide a leak here."""
+    made: list[str] = []
+    own = quotas._own_cgroups()
+    name = f"agw-kill-test-{secrets.token_hex(4)}"
+    for mount in quotas._mounts():
+        served = [c for c in quotas.WANTED if c in mount.options] if mount.fstype == "cgroup" else [""]
+        if not served or served[0] not in own:
+            continue
+        where = quotas._dir_in(mount, own[served[0]])
+        if where is not None and os.path.join(where, name) not in made:
+            with contextlib.suppress(OSError):
+                os.mkdir(os.path.join(where, name))
+                made.append(os.path.join(where, name))
+    try:
+        yield [os.path.join(d, "cgroup.procs") for d in made]
+    finally:
+        for top in made:
+            for where, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+                with contextlib.suppress(OSError):
+                    os.rmdir(where)
+
+
+class _StdioGateway:
+    """A real `gateway serve --stdio`, spoken to in raw JSON-RPC lines (no client library between
+    the call and the kill: the kill lands where the test says), started in the cgroups `join`."""
+
+    def __init__(self, tmp_path: Path, policy_file: Path, ws: Path, join: list[str]) -> None:
+        argv = [GATEWAY, "serve", "--stdio", "--principal", "agent", "--policy", str(policy_file),
+                "--workspace", str(ws), "--audit-dir", str(tmp_path / "audit"),
+                "--state-dir", str(tmp_path / "approvals"), "--process-dir", str(tmp_path / "state")]  # fmt: skip
+        joining = 'while [ "$1" != -- ]; do echo $$ > "$1" || exit 125; shift; done; shift; exec "$@"'
+        argv = ["/bin/sh", "-c", joining, "sh", *join, "--", *argv]
+        tmp_path.mkdir(parents=True, exist_ok=True)
+        with (tmp_path / "serve.err").open("w") as err:
+            self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True,
+                                         env=env_without_state(tmp_path))  # fmt: skip
+        hello = {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "killer", "version": "1"}}
+        self.send({"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello})
+        assert self.proc.stdout is not None
+        answer = self.proc.stdout.readline()  # bounded: the server answers or dies (EOF)
+        assert '"id":1' in answer.replace(" ", ""), (answer, (tmp_path / "serve.err").read_text())
+        self.send({"jsonrpc": "2.0", "method": "notifications/initialized"})
+
+    def send(self, message: dict[str, Any]) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(json.dumps(message) + "\n")
+        self.proc.stdin.flush()
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def test_kill_9_of_a_real_server_right_after_a_run_starts_leaves_nothing_running(
+    tmp_path: Path, ws: Path, policy_file: Path
+) -> None:
+    """A real server killed 0-40 ms after a run's sandbox starts, 60 times: nothing of any sandbox
+    runs on, with no gateway started again (bwraps ran on before: the namespace's init, re-parented
+    to the host's init before it armed its parent-death signal, then ran the command)."""
+    base = _marker()  # each try's command is `sleep <base><try>`
+    rng = random.Random()
+    leaked: list[str] = []
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: crashload.kill_all(crashload.with_marker(base)))
+        join = stack.enter_context(_cgroup_of_its_own())
+        for i in range(KILL_TRIES):
+            server = _StdioGateway(tmp_path / f"try{i}", policy_file, ws, join)
+            mine = f"{base}{i:03d}"
+            try:
+                server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                             "params": {"name": "run", "arguments": {"command": f"sleep {mine}"}}})  # fmt: skip
+                if i % 2 == 0:  # 0-40 ms after its sandbox appears: built, or running its command
+                    assert eventually(functools.partial(crashload.with_marker, mine), every=0.001), "no run"
+                    time.sleep(rng.uniform(0.0, 0.04))
+                else:  # 0-10 ms after bwrap forked the namespace's first process: mid-build, the window
+                    assert eventually(functools.partial(_building, mine), every=0.001), "no sandbox was built"
+                    time.sleep(rng.uniform(0.0, 0.01))
+            finally:
+                server.kill()
+            # looked for before the next server starts: a gateway that starts kills what runs in the
+            # cgroups of gateways that are gone, which would hide the leak
+            found = crashload.survivors(mine, settle_s=5.0)
+            leaked += _described(found)
+            crashload.kill_all(found)
+        assert not leaked, f"{len(leaked)} sandbox processes outlived their killed gateway: {leaked}"
+
+
+def _building(marker: str) -> bool:
+    """Whether bwrap is building the sandbox of the command holding `marker` (its monitor and its
+    namespace's first process both run, until that one execs the helper), or has built it."""
+    names = []
+    for pid in crashload.with_marker(marker):
+        with contextlib.suppress(OSError):
+            names.append(Path(f"/proc/{pid}/comm").read_text().strip())
+    return names.count("bwrap") >= 2 or "init" in names or "sleep" in names
+
+
+def _described(pids: list[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            uid = os.stat(f"/proc/{pid}").st_uid
+            args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            out.append(f"{pid} uid {uid}: {args[0].decode(errors='replace')}")
+        except OSError:
+            continue
+    return out
