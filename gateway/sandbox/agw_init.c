@@ -36,6 +36,10 @@
  *       SOCKET_FD. The gateway's resolver and proxy serve them from outside the sandbox: no
  *       process of ours runs inside, and nothing inside can reach another network.
  *
+ *   agw-init seccomp-check
+ *       Install the set-id filter of inner mode in this process and check that it refuses a
+ *       set-id mode and allows another (gateway doctor: whether this kernel enforces it).
+ *
  * Any failure prints one line, "agent-gateway sandbox: <what failed>: <why>", on stderr and
  * exits with status 125; the command is never run after a failure (fail closed).
  *
@@ -1084,6 +1088,28 @@ static int run_inner(int argc, char **argv) {
 }
 
 /* ---------------------------------------------------------------------------------------- */
+/* Seccomp-check mode: does this kernel enforce the set-id filter? (gateway doctor)          */
+
+static int run_seccomp_check(void) {
+    int fd = (int)syscall(SYS_memfd_create, "agw-seccomp-check", 0U);
+    if (fd < 0) {
+        fail_errno(errno, "seccomp-check: memfd_create");
+    }
+    apply_setid_filter();
+    if (fchmod(fd, 0755) != 0) {
+        fail_errno(errno, "seccomp-check: fchmod 0755 (must be allowed)");
+    }
+    if (fchmod(fd, 04755) == 0 || errno != EPERM) {
+        fail_because("a set-user-ID mode was not refused", "seccomp-check: fchmod 04755");
+    }
+    if (fchmod(fd, 02755) == 0 || errno != EPERM) {
+        fail_because("a set-group-ID mode was not refused", "seccomp-check: fchmod 02755");
+    }
+    printf("seccomp: set-id modes refused\n");
+    return 0;
+}
+
+/* ---------------------------------------------------------------------------------------- */
 /* Hold mode: run only once the gateway says so                                              */
 
 static int run_hold(int argc, char **argv) {
@@ -1236,5 +1262,8 @@ int main(int argc, char **argv) {
     if (argc >= 2 && strcmp(argv[1], "netns") == 0) {
         return run_netns(argc, argv);
     }
-    fail_errno(EINVAL, "usage: agw-init outer|inner|hold|netns [options] -- program [args]");
+    if (argc == 2 && strcmp(argv[1], "seccomp-check") == 0) {
+        return run_seccomp_check();
+    }
+    fail_errno(EINVAL, "usage: agw-init outer|inner|hold|netns|seccomp-check [options] -- program [args]");
 }

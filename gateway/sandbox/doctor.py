@@ -1,8 +1,8 @@
 """`gateway doctor`: what this host enforces, one item at a time.
 
 Each item says yes or no and why. Some items are required (without them no command can run
-sandboxed: bubblewrap, unprivileged user namespaces, an unprivileged uid, the C helper, and
-what a given policy demands); the others (Landlock, cgroups) say how strong the sandbox is and
+sandboxed: bubblewrap, unprivileged user namespaces, an unprivileged uid, the C helper, seccomp
+filters, and what a given policy demands); the others (Landlock, cgroups) say how strong the sandbox is and
 what stands in when they are missing. `Report.ok` is false when a required item fails.
 
 Doctor looks and never changes the host's configuration, with two exceptions that the gateway
@@ -80,7 +80,9 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     bwrap = _bubblewrap()
     account = _identity()
     items = [bwrap, _user_namespaces(bwrap.facts.get("path"), account), account, _landlock(policy), _cgroups(account)]
-    items.append(_helper())
+    helper_item = _helper()
+    items.append(helper_item)
+    items.append(_seccomp(helper_item))
     items.append(_nested())
     items.append(_hook_mode(bwrap.ok and account.ok))
     if policy is not None:
@@ -268,6 +270,23 @@ def _helper() -> Item:
     except module.HelperUnavailable as exc:
         return Item("helper", label, False, str(exc), True, {"path": None})
     return Item("helper", label, True, f"built: {path}", True, {"path": path})
+
+
+def _seccomp(helper_item: Item) -> Item:
+    """The helper refuses set-id modes inside every sandbox with a seccomp filter (a set-id file
+    made in a write root stays on the host), and runs no command where the kernel cannot filter:
+    the helper installs the filter in a process of its own and checks that it holds."""
+    label = "seccomp"
+    path = helper_item.facts.get("path")
+    if not isinstance(path, str):
+        return Item("seccomp", label, False, "not tried: no helper; without it no command runs", True)
+    status, said = _run([path, "seccomp-check"])
+    if status != 0:
+        why = said or f"status {status}"
+        detail = f"the set-id filter does not hold here ({why}): no command runs (a set-id file would reach the host)"
+        return Item("seccomp", label, False, detail, True, {"setid_refused": False})
+    detail = "a filter refuses set-user-ID and set-group-ID modes (chmod, open, mkdir, mknod) in every sandbox"
+    return Item("seccomp", label, True, detail, True, {"setid_refused": True})
 
 
 def _nested() -> Item:

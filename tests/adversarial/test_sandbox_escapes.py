@@ -991,3 +991,70 @@ def test_nested_repositories_never_reach_the_humans_git(lab: Lab, name: str, kin
     assert not (lab.ws / "sub" / ".git").exists() or not (lab.ws / "sub" / ".git" / "config").exists()
     quarantined = quarantines()
     assert quarantined and quarantined[0]["data"]["path"].endswith("/.git"), quarantined
+
+
+# --- set-id files ---------------------------------------------------------------------------------
+
+SETID = """
+import ctypes, errno, os, shutil, stat, subprocess, tarfile
+print("setid-ran", flush=True)
+libc = ctypes.CDLL(None, use_errno=True)
+def call(name, fn):
+    try:
+        fn()
+        print("DONE", name, flush=True)
+    except OSError as e:
+        print("REFUSED", name, errno.errorcode.get(e.errno, e.errno), flush=True)
+def raw(nr, *args):
+    if libc.syscall(nr, *args) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, os.strerror(e))
+shutil.copy("/bin/sh", "sh-copy")
+call("control-chmod-755", lambda: os.chmod("sh-copy", 0o755))
+subprocess.run(["chmod", "6755", "sh-copy"])
+call("chmod", lambda: os.chmod("sh-copy", 0o6755))
+call("chmod-g", lambda: os.chmod("sh-copy", 0o2755))
+fd = os.open("sh-copy", os.O_RDONLY)
+call("fchmod", lambda: os.fchmod(fd, 0o4755))
+call("fchmodat2", lambda: raw(452, -100, b"sh-copy", 0o4755, 0))
+call("open-creat", lambda: os.close(os.open("made-by-open", os.O_WRONLY | os.O_CREAT, 0o4755)))
+call("open-tmpfile", lambda: os.close(os.open(".", os.O_WRONLY | os.O_TMPFILE, 0o4755)))
+call("creat", lambda: raw(85, b"made-by-creat", 0o4755) if os.uname().machine == "x86_64" else None)
+call("mknod", lambda: os.mknod("made-by-mknod", stat.S_IFREG | 0o4755))
+call("mkdir", lambda: os.mkdir("made-by-mkdir", 0o2755))
+call("openat2", lambda: raw(437, -100, b"made-by-openat2", ctypes.create_string_buffer(24), 24))
+call("io_uring_setup", lambda: raw(425, 8, ctypes.create_string_buffer(120)))
+info = tarfile.TarInfo("from-tar")
+info.mode, info.size = 0o6755, 0
+with tarfile.open("setid.tar", "w") as t:
+    t.addfile(info)
+subprocess.run(["tar", "-xpf", "setid.tar"])
+subprocess.run(["install", "-m", "4755", "/bin/sh", "from-install"])
+subprocess.run(["cp", "--preserve=mode", "/usr/bin/passwd", "from-cp"])
+print("setid-done", flush=True)
+"""
+
+
+def test_set_id_files_never_reach_the_host(lab: Lab) -> None:
+    """A recipe copies a shell into the workspace and makes it set-user-ID and set-group-ID every
+    way it knows: chmod, fchmod, fchmodat2, the mode of open (O_CREAT, O_TMPFILE), creat, mknod
+    and mkdir, openat2, io_uring, tar -p, install -m, cp --preserve of a set-id program. The
+    workspace is the host's directory: before, `chmod 6755` left a set-id binary there that any
+    local user could run as the sandbox's account. Must hold: no file in the workspace has a
+    set-id bit on the host, every such call is refused, and a plain mode change still works."""
+    setid = lab.script("setid.py", SETID)
+    lab.makefile({"setid": [f"-@{setid}"]})
+    out = lab.make("setid")
+    shown = text_of(out)
+    assert "setid-ran" in shown and "setid-done" in shown, shown
+    assert "DONE control-chmod-755" in shown, shown
+    for name in ("chmod", "chmod-g", "fchmod", "fchmodat2", "open-creat", "open-tmpfile", "mknod", "mkdir"):
+        assert f"REFUSED {name} EPERM" in shown, (name, shown)
+    assert "REFUSED openat2 ENOSYS" in shown and "REFUSED io_uring_setup ENOSYS" in shown, shown
+    setid_files = []
+    for dirpath, dirnames, filenames in os.walk(lab.ws):
+        for name in dirnames + filenames:
+            st = os.lstat(os.path.join(dirpath, name))
+            if st.st_mode & (stat.S_ISUID | stat.S_ISGID):
+                setid_files.append(f"{os.path.join(dirpath, name)} {stat.filemode(st.st_mode)}")
+    assert not setid_files, f"set-id files the sandbox made, on the host: {setid_files}\n{shown}"

