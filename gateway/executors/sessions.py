@@ -9,6 +9,15 @@ writes, and only after the pipeline allowed the command:
            eval TEXT          (with the control pipe closed for it)
            print the end marker with the exit status
 
+The loop itself comes the same way: the shell's command line only reads the first record of the
+control pipe and runs it. The end marker holds a random value per session, and a program the
+commands run could read any command line in the sandbox (/proc/*/cmdline): one that found the
+marker there could print it and make the gateway answer "finished" while it runs on. So the
+marker is only in the loop's code, in the shell's memory (non-dumpable, below), never in an
+argv or an environment. The loop's own variables (`__gw_*`) are not the commands' to set: a text
+naming one is refused before it is decided (`names_the_loop`), the prompt is read-only, and the
+others are cleared (namerefs too) before each record is read.
+
 The loop's bash is a copy the sandbox's account may execute but not read (sandbox.LOOP_SHELL),
 so the kernel keeps it non-dumpable: the commands it runs (that account, that sandbox) cannot
 ptrace it or open its /proc/PID/mem or fd/ to feed it a record (checked before the session is
@@ -76,10 +85,11 @@ CANCEL_POLL_S = 0.1
 # the shell exits with (marked `x`: the shell is ending), so the reply says 3, not the previous
 # command's status, and the gateway waits for the end before it answers.
 _LOOP = r"""
-__gw_prompt={prompt}
+builtin unset -v __gw_loop
+builtin readonly __gw_prompt={prompt}
 {ready}
 while :; do
-  unset -v __gw_rec __gw_cwd __gw_cmd || break
+  builtin unset -n __gw_rec __gw_cwd __gw_cmd __gw_status || break
   IFS= read -r -d '' __gw_rec <&{fd} || break
   case $__gw_rec in
     $'\x1d'*$'\x1f'*) ;;
@@ -104,7 +114,37 @@ done
 _PYTHON_SETUP = "import sys; sys.ps1 = {prompt!r} + '\\x1eGW{nonce}:0\\x1e'; sys.ps2 = '... '; del sys"
 """A Python session's REPL: the prompt it prints before reading each statement (`>>> `), then the
 end marker (so the gateway knows the statement before it is done, its prompt ending its output,
-as a shell session's does; a statement reports no status: 0)."""
+as a shell session's does; a statement reports no status: 0). It comes through the control pipe,
+as a shell's loop does (`_PYTHON_BOOT`): the marker is in no argv."""
+
+_PYTHON_BOOT = (
+    "import os\n"
+    "_gw = b''\n"
+    "while not _gw.endswith(b'\\0'):\n"
+    "    _gw_part = os.read({fd}, 4096)\n"
+    "    if not _gw_part:\n"
+    "        raise SystemExit('agent-gateway: no setup on the control pipe')\n"
+    "    _gw += _gw_part\n"
+    "exec(_gw[:-1].decode())\n"
+    "del os, _gw, _gw_part\n"
+)
+"""The Python session's whole command line: read its setup (the control pipe's first record) and run it."""
+
+_BOOT = "IFS= read -r -d '' __gw_loop <&{fd} && eval \"$__gw_loop\""
+"""The loop shell's whole command line: read the loop (the control pipe's first record) and run it."""
+
+_RESERVED = re.compile(r"__gw_[A-Za-z0-9_]*")
+
+
+def names_the_loop(text: str) -> str | None:
+    """The first of the loop's own names (`__gw_*`) that `text` holds, or None. A command naming
+    one could set it (`__gw_prompt=X` put agent text into later replies) or clear it."""
+    found = _RESERVED.search(text)
+    return found.group(0) if found else None
+
+
+def reserved_message(name: str) -> str:
+    return f"{name}: names beginning with __gw_ belong to the session's own loop; a command may not use them"
 
 
 @dataclass
@@ -286,6 +326,9 @@ class Session:
         record = "\x1d" + cwd + "\x1f" + text
         if any(ord(c) < 0x20 and c not in "\t\n" for c in cwd + text) or record.count("\x1f") != 1:
             raise SessionError("INVALID_INPUT", "a command or cwd holding control characters is not sent")
+        name = names_the_loop(text)
+        if name is not None:  # the tool refuses it before it is decided; never sent, whoever calls
+            raise SessionError("INVALID_INPUT", reserved_message(name))
         with self.cond:
             self.outstanding += 1
             self.done_at = None
@@ -469,13 +512,15 @@ class SessionManager:
         nonce = secrets.token_hex(8)
         control_r, control_w = os.pipe()
         if python:  # a Python REPL: its prompt carries the marker (the lines are its input, not records)
-            shell = ["python3", "-q", "-i", "-c", _PYTHON_SETUP.format(nonce=nonce, prompt=prompt or ">>> ")]
+            first = _PYTHON_SETUP.format(nonce=nonce, prompt=prompt or ">>> ")
+            shell = ["python3", "-q", "-i", "-c", _PYTHON_BOOT.format(fd=control_r)]
         else:
             quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
             ready = "stty -isig 2>/dev/null; " if pty else ""
             ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
-            loop = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
-            shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", loop]
+            first = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
+            boot = _BOOT.format(fd=control_r)  # the loop comes through the pipe: its marker is in no argv
+            shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", boot]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
         base_env = scrubbed_env(env)
         base_env["TERM"] = "xterm-256color" if pty else "dumb"
@@ -520,6 +565,8 @@ class SessionManager:
             finally:
                 os.close(control_r)
                 launch.started()
+        with contextlib.suppress(OSError):  # a shell already gone fails to start below
+            os.write(control_w, first.encode() + b"\0")  # well under a pipe's capacity: never blocks
         session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
         session.launch = launch
         session.sandbox = launch.summary(plan)

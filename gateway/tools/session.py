@@ -14,7 +14,7 @@ from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import env as envstore
 from gateway.executors import shell
-from gateway.executors.sessions import Session, SessionError
+from gateway.executors.sessions import Session, SessionError, names_the_loop, reserved_message
 from gateway.pipeline import (
     DEFAULT_SESSION_IDLE_S,
     DEFAULT_SESSIONS,
@@ -189,6 +189,10 @@ def _exec(
         return gw.refuse(call_id, call.principal, "session", arguments, busy)
     if session.python:
         return _python_line(gw, call, call_id, policy, session, text, timeout_ms, arguments)
+    reserved = names_the_loop(text)
+    if reserved is not None:  # the loop's own variables are not the commands' to set or clear
+        return gw.refuse(call_id, call.principal, "session", arguments,
+                         error(call_id, "error", "INVALID_INPUT", reserved_message(reserved)))  # fmt: skip
     # the policy's timeout bounds the wait, and the git write's own sandbox (red team O3: a day)
     timeout_ms = min(timeout_ms, limits(policy, call.principal).get("timeout_ms") or 120_000)
     cwd = Path(session.cwd() or policy.workspace)
