@@ -223,16 +223,16 @@ def test_a_timeout_that_ends_before_the_sandbox_is_up_is_a_timeout(policy: Compi
 
 
 def test_a_timeout_that_says_the_command_never_started_is_true(policy: CompiledPolicy, tmp_path: Path) -> None:
-    """Timeouts of 1-40 ms end runs while their sandbox is built, just before or just after the
+    """Timeouts of 8-47 ms end runs while their sandbox is built, just before or just after the
     command starts. A reply said "before the command started" for commands that had run and made
-    their file (6 of 80 here): bwrap killed before it armed its parent-death signal let the helper
+    their file (2-5 of 120 here): bwrap killed before it armed its parent-death signal let the helper
     take the go byte still in the pipe and run the command after the answer. Must hold: whenever
     the reply says so, the command never runs, then or later (the gateway takes the byte back)."""
     gw = gateway(policy, tmp_path)
     ws = Path(str(policy.workspace))
     said_never: list[str] = []
-    for i in range(80):
-        out = run(gw, f"echo ran > ran-{i}.txt", timeout_ms=1 + i % 40)
+    for i in range(120):
+        out = run(gw, f"echo ran > ran-{i}.txt", timeout_ms=8 + i % 40)
         if "before the command started" in str(out.get("error", {})):
             said_never.append(f"ran-{i}.txt")
     assert said_never, "no timeout came before a command started: nothing was tried"
