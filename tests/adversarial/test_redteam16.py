@@ -71,7 +71,7 @@ def the_loop():
                 cmd = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
             except OSError:
                 continue
-            found = re.search(r"__gw_rec <&(\d+)", cmd)
+            found = re.search(r"__gw_(?:rec|loop) <&(\d+)", cmd)  # the loop, or what reads it in
             if found and cmd.split("\0")[0].endswith("bash"):
                 return int(pid), int(found.group(1))
     return None, None
