@@ -87,7 +87,6 @@ class Launch:
     """The write end of the hold pipe (`hold=True`): one byte "g" lets the command run."""
     _sent: int | None = None
     """The same write end once the byte is sent, kept to see whether it was taken."""
-    _gone: bool = False
     _info: int | None = None
     """The read end of bwrap's --info-fd (a sandbox whose network is a policy): its pid and
     network namespace, to attach the resolver and proxy to before the command runs."""
@@ -109,10 +108,7 @@ class Launch:
         if fd is None:
             raise ValueError("this launch is not held, or was already released or withheld")
         self._sent = fd
-        try:
-            os.write(fd, b"g")
-        except BrokenPipeError:
-            self._gone = True  # the sandbox ended before its go: the command never ran
+        os.write(fd, b"g")  # never EPIPE: our own read end (`_take`) stays open until the end
 
     def never_ran(self) -> bool:
         """After a held launch has ended (or been killed): whether its command never started,
@@ -131,8 +127,6 @@ class Launch:
             return True  # withheld: its network could not be attached
         if self._sent is None:
             return False
-        if self._gone:
-            return True
         if self._take is None:
             return False
         try:
