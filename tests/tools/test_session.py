@@ -390,6 +390,15 @@ def test_a_program_cannot_find_the_end_marker_to_forge_command_finished(gw: Gate
     assert "still-running" in out["output"] and out["running"] is False and out["exit_code"] == 0, out
 
 
+def test_a_program_a_python_session_starts_cannot_find_its_marker_either(gw: Gateway, ws: Path) -> None:
+    """A Python session's prompt carries the marker; its setup was on python3's command line."""
+    (ws / "forge.py").write_text(FORGE)
+    sid = start(gw, pty=True, shell_type="python")
+    out = call(gw, "exec", session_id=sid, command="import subprocess; subprocess.run(['python3', 'forge.py'])")
+    assert "forger-looked 0" in out["output"], out
+    assert "still-running" in out["output"] and out["running"] is False, out
+
+
 def test_the_loops_own_names_are_not_the_commands(gw: Gateway) -> None:
     """`__gw_prompt=X` put agent text into every later reply (the loop prints its prompt before
     each end marker). Must hold: a text naming one of the loop's names is refused before it is
