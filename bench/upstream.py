@@ -160,13 +160,14 @@ async def drive(
             http = await stack.enter_async_context(httpx2.AsyncClient(headers=headers, timeout=60))
             sessions.append(await stack.enter_async_context(Client(streamable_http_client(url, http_client=http))))
         latencies: list[float] = []
+        errors: list[str] = []
 
         async def one(c: Client, n: int, timed: bool) -> None:
             for _ in range(n):
                 t0 = time.perf_counter()
                 r = await c.call_tool(tool, args)
                 if r.is_error:
-                    raise RuntimeError(f"{tool}: {r.content}")
+                    errors.append(str(r.content)[:300])
                 if timed:
                     latencies.append(time.perf_counter() - t0)
 
@@ -177,6 +178,8 @@ async def drive(
         await asyncio.gather(*(one(c, calls, True) for c in sessions))
         wall = time.perf_counter() - t0
         after = (time.process_time(), cpu_s(server), cpu_s(upstream))
+    if errors:  # a bench of failures would mean nothing: say what failed
+        raise RuntimeError(f"{len(errors)} of the calls to {tool} failed, the first: {errors[0]}")
     n = clients * calls
     cpu = tuple((a - b) / n * 1000 for a, b in zip(after, before, strict=True))
     return Run(n / wall, statistics.median(latencies) * 1000, (cpu[0], cpu[1], cpu[2]))

@@ -20,7 +20,7 @@ from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Rule, RuleDecision
 from gateway.stages.permissions import match
-from gateway.upstream.rules import example_matches
+from gateway.upstream.rules import example_decides, example_matches
 
 _ORDER = {RuleDecision.ALLOW: 0, RuleDecision.ASK: 1, RuleDecision.DENY: 2}
 
@@ -45,6 +45,8 @@ def rules_decide(policy: CompiledPolicy, rule: Rule, text: str) -> str:
     """Why the rules of `policy` do not decide `text` as `rule` does, for a principal of the
     rule's level ("" when they do): the strictest decision over the text's commands must be the
     rule's, and the rule among the ones making it. A command no rule matches is denied."""
+    if rule.tool is not None:  # an upstream tool's rule: the tool rules matching the example
+        return example_decides(policy.tool_rules, rule, text)
     analysis = analyze(text, second_opinion_enabled=False)
     if analysis.denial is not None:
         return f"the analyser denies it ({analysis.denial.code}: {analysis.denial.message})"

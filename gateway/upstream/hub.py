@@ -57,6 +57,8 @@ LIST_FRESH_S = 2.0
 RELIST_S = 60.0
 """Every connection lists its tools again this often (a server that changes a definition
 without saying so is noticed within this time)."""
+RELIST_MIN_S = 1.0
+"""A server's `list_changed` notifications make it listed again at most this often."""
 MAX_TOOLS = 10_000
 MAX_PAGES = 100
 STOP_GRACE_S = 2.0
@@ -173,6 +175,7 @@ class Connection:
         self._watch = Watch()
         self._lock: asyncio.Lock | None = None
         self._relisting: asyncio.Task[None] | None = None
+        self._relist_due = False
         self._task: asyncio.Task[None] | None = None
         self._closed = False
 
@@ -349,15 +352,20 @@ class Connection:
             cursor = page.next_cursor
             if not cursor:
                 break
-        self.verified = False
-        self.listing, self.listed_at = found, time.monotonic()
-        self.hashes = {name: fingerprint(defined) for name, defined in found.items()}
+        hashes = {name: fingerprint(defined) for name, defined in found.items()}
         try:
             await asyncio.to_thread(self.hub.observe, self.name, found)
-            self.verified = True
+            verified = True
         except Exception as exc:  # the pins or their records failed: nothing of this listing is callable
             self.failure = f"its tools could not be checked against their pins: {_describe(exc)}"
             log.error("upstream_pins_failed", upstream=self.name, error=self.failure)
+            verified = False
+        # the new listing replaces the old one at once, once checked: calls made meanwhile are
+        # decided on the old one (whose tools the pins checked), never refused for the listing's sake
+        if not verified:
+            self.verified = False
+        self.listing, self.hashes, self.listed_at = found, hashes, time.monotonic()
+        self.verified = verified
 
     async def relist(self) -> None:
         """List the tools again (one listing at a time; a caller during one waits for it)."""
@@ -379,8 +387,18 @@ class Connection:
             asyncio.get_running_loop().create_task(self._relist_quietly())
 
     async def _relist_quietly(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.relist()
+        """A server's `list_changed`: listed again, at most once a second however often it says so
+        (the notifications that come meanwhile are one listing)."""
+        if self._relist_due:
+            return
+        self._relist_due = True
+        try:
+            await asyncio.sleep(max(0.0, self.listed_at + RELIST_MIN_S - time.monotonic()))
+            self._relist_due = False
+            with contextlib.suppress(Exception):
+                await self.relist()
+        finally:
+            self._relist_due = False
 
     async def fresh(self, within_s: float) -> None:
         """Connected, and listed within the last `within_s` seconds. Raises Unavailable."""
@@ -686,7 +704,13 @@ class Hub:
             conns, self._connections = list(self._connections.values()), {}
             loop = self._loop
         if loop is None:
+            with _HUBS_LOCK:
+                if _HUBS.get(self.host) is self:
+                    del _HUBS[self.host]
             return
+        with _HUBS_LOCK:
+            if _HUBS.get(self.host) is self:
+                del _HUBS[self.host]  # the hub holds its host: the entry would keep both alive
         future = asyncio.run_coroutine_threadsafe(_close_all(conns), loop)
         with contextlib.suppress(Exception):
             future.result(30)

@@ -31,6 +31,8 @@ from typing import Any
 
 PINNED_FIELDS = ("name", "title", "description", "inputSchema", "outputSchema", "annotations")
 """What of a listed tool is pinned: everything the agent is shown of it."""
+MAX_DRIFT_RECORDS = 20
+"""Drift records one listing writes one by one; the rest are one record with their count."""
 FILE = "pins.json"
 LOCK = "pins.lock"
 
@@ -221,6 +223,7 @@ class PinStore:
             pinned: dict[str, Any] = entry.setdefault("pinned", {})
             pending: dict[str, Any] = entry.setdefault("drift", {})
             fresh: list[Drift] = []
+            unrecorded: list[str] = []
             now_pending: dict[str, Any] = {}
             for tool, (sha, defined) in sorted(hashed.items()):
                 pin = pinned.get(tool)
@@ -233,13 +236,18 @@ class PinStore:
                     continue
                 drift = Drift(upstream, tool, kind, pin.get("definition") if pin else None,
                               pin.get("sha256") if pin else None, defined, sha, _now())  # fmt: skip
-                record(
-                    "upstream_drift",
-                    {"upstream": upstream, "tool": tool, "kind": kind, "pinned_sha256": drift.pinned_sha256,
-                     "seen_sha256": sha},
-                )  # fmt: skip
+                if len(fresh) < MAX_DRIFT_RECORDS:
+                    record(
+                        "upstream_drift",
+                        {"upstream": upstream, "tool": tool, "kind": kind, "pinned_sha256": drift.pinned_sha256,
+                         "seen_sha256": sha},
+                    )  # fmt: skip
+                else:
+                    unrecorded.append(tool)
                 now_pending[tool] = {"sha256": sha, "definition": defined, "since": drift.since, "kind": kind}
                 fresh.append(drift)
+            if unrecorded:  # a server changing everything at once gets one record more, not thousands
+                record("upstream_drift", {"upstream": upstream, "more": len(unrecorded), "tools": unrecorded[:100]})
             entry["drift"] = now_pending  # drift that went away (back as pinned, or gone) is no longer pending
             return Observed({}, fresh, False)
 

@@ -333,6 +333,26 @@ def visible(policy: CompiledPolicy, principal: str, upstream: str, tool: str) ->
     return shown
 
 
+def example_decides(tool_rules: tuple[Rule, ...], rule: Rule, text: str) -> str:
+    """Why the tool rules do not decide the example `text` as `rule` does, for a principal of the
+    rule's level ("" when they do): the strictest of the rules matching it must be the rule's
+    decision, and the rule among the ones making it."""
+    name, _, rest = text.strip().partition(" ")
+    arguments = json.loads(rest) if rest.strip() else {}
+    found = [
+        r for r in tool_rules
+        if r.min_level <= rule.min_level and r.tool is not None and fnmatchcase(name, r.tool)
+        and not rule_matches(r, arguments, None, name)[0]
+    ]  # fmt: skip
+    if not found:
+        return "no rule allows it"
+    worst = max(Verdict.parse(r.decision.value) for r in found)
+    deciders = sorted(r.id for r in found if Verdict.parse(r.decision.value) is worst)
+    if worst is Verdict.parse(rule.decision.value) and rule.id in deciders:
+        return ""
+    return f"the policy decides it {worst.label} ({', '.join(deciders)}), not {rule.decision.value} by this rule"
+
+
 def example_matches(rule: Rule, text: str) -> bool | str:
     """A `tool` rule's example, `UPSTREAM.TOOL {json arguments}`: True when the rule matches it,
     else why not (path conditions only need a string: whoever the principal)."""

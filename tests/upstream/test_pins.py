@@ -117,3 +117,12 @@ def test_a_corrupt_pins_file_is_an_error_not_an_empty_store(tmp_path: Path) -> N
     pins.path.write_text("{not json")
     with pytest.raises(PinError, match="not JSON"):
         pins.pinned_sha256("gh", "a")
+
+
+def test_a_server_changing_everything_at_once_does_not_flood_the_ledger(tmp_path: Path) -> None:
+    pins, ledger = PinStore(tmp_path), Ledger()
+    pins.observe("gh", listing(**{f"t{i}": "A" for i in range(100)}), ledger)
+    pins.observe("gh", listing(**{f"t{i}": "rug pulled" for i in range(100)}), ledger)
+    drift = [d for e, d in ledger.records if e == "upstream_drift"]
+    assert len(drift) == 21 and drift[-1]["more"] == 80  # 20 one by one, then one for the rest
+    assert len(pins.drifts()) == 100  # every one of them is blocked all the same

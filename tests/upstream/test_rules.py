@@ -229,3 +229,14 @@ def test_the_issues_example_loads_and_its_examples_are_checked(tmp_path: Path) -
         "      not_match: ['github.create_issue " + json.dumps({"owner": "them", "title": "x"}) + "']\n",
     )
     assert [r.id for r in policy.tool_rules] == ["issues-in-our-repo"]
+
+
+def test_an_example_a_stricter_rule_decides_otherwise_fails_the_load(tmp_path: Path) -> None:
+    """As for commands: an allow rule's example that a deny rule catches is not an example of it."""
+    with pytest.raises(PolicyError, match="decides it deny"):
+        load(
+            tmp_path,
+            HEAD
+            + "  - {id: a, decision: allow, justification: j, tool: gh.x, examples: {match: ['gh.x {\"o\": 1}']}}\n"
+            "  - {id: b, decision: deny, justification: j, tool: '*.x', arguments: [{at: /o, equals: 1}]}\n",
+        )

@@ -330,3 +330,28 @@ def test_many_calls_at_once_share_one_upstream(gw: Gateway, tmp_path: Path) -> N
     assert not any(r.is_error for r in results)
     assert sorted(r.structured_content["number"] for r in results) == list(range(1, 25))  # type: ignore[index]
     threading.Event().wait(0)
+
+
+def test_calls_made_while_the_tools_are_listed_again_are_not_refused(
+    gw: Gateway, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing checks the new definitions against their pins; meanwhile the old listing's
+    (checked) tools stay callable: a call is never refused because a listing is under way."""
+    monkeypatch.setattr(hub_module, "LIST_FRESH_S", 0.0)
+
+    async def scenario() -> list[CallToolResult]:
+        async with Client(GatewayServer(gw, "agent").mcp) as c:
+
+            async def listing() -> None:
+                for _ in range(30):
+                    await c.list_tools()
+
+            async def calling() -> list[CallToolResult]:
+                return [await c.call_tool("github__whoami", {}) for _ in range(60)]
+
+            done = await asyncio.gather(listing(), calling(), calling())
+            return [*done[1], *done[2]]
+
+    results = run(scenario())
+    refused = [envelope(r)["reasons"][0]["code"] for r in results if r.is_error]
+    assert refused == []
