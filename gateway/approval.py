@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import select
 import sys
 import termios
 import time
@@ -26,6 +25,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
+from gateway import fdwait
 from gateway.cancellation import cancelled
 
 if TYPE_CHECKING:
@@ -188,8 +188,7 @@ def _answered(stream: TextIO, timeout: float) -> bool:
         left = deadline - time.monotonic()
         if left <= 0:
             return False
-        ready, _, _ = select.select([stream], [], [], min(left, CANCEL_POLL_S))
-        if ready:
+        if fdwait.readable(stream.fileno(), min(left, CANCEL_POLL_S)):
             return True
     return False
 

@@ -18,7 +18,6 @@ import atexit
 import functools
 import json
 import os
-import select
 import subprocess
 import sys
 import threading
@@ -26,6 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+from gateway import fdwait
 from gateway.analysis import shfmt
 from gateway.analysis.model import OpinionStatus, SecondOpinion
 from gateway.analysis.primary import SyntacticCommand, Walk
@@ -150,7 +150,7 @@ class Worker:
         deadline = time.monotonic() + self.wall_seconds
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
-            if left <= 0 or not select.select([fd], [], [], left)[0]:
+            if left <= 0 or not fdwait.readable(fd, left):
                 self._kill()
                 return {"status": "timeout", "error": f"no answer within {self.wall_seconds}s"}
             chunk = os.read(fd, 65536)

@@ -28,7 +28,6 @@ import json
 import os
 import re
 import resource
-import select
 import subprocess
 import sys
 import sysconfig
@@ -38,6 +37,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
+from gateway import fdwait
 from gateway.analysis import words as lex
 
 MAX_SHFMT_BYTES = 64 * 1024
@@ -151,7 +151,7 @@ def _exchange(proc: subprocess.Popen[bytes], data: bytes, wall_seconds: float) -
                 return {"status": "timeout", "error": f"shfmt did not answer within {wall_seconds}s"}
             writers = [stdin_fd] if not proc.stdin.closed else []
             watched = [*readers] if gone or exited is None else [*readers, exited]
-            readable, writable, _ = select.select(watched, writers, [], left)
+            readable, writable = fdwait.ready(watched, writers, left)
             if writable:
                 try:
                     sent = os.write(stdin_fd, pending[:65536])

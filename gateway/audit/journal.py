@@ -77,6 +77,14 @@ class Journal:
         with self._lock:
             self._open.discard(call_id)
 
+    def close(self) -> None:
+        """The writer is done: let its journal go (its lock with it: the calls still listed are
+        the next writer's to mark interrupted, as a dead writer's are)."""
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
     def _header(self) -> bytes:
         now = datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
         return (json.dumps({"pid": os.getpid(), "started": now, "seq": self._seq()}) + "\n").encode()

@@ -202,10 +202,12 @@ class AuditLog:
         self.on_health: Callable[[str | None], None] | None = None
         self._failing = False
         self._sound: _Sound | None = None
+        self._closed = True  # until its descriptors are all open
         self._dir = AuditDir(self.directory, create=True)
         self._lock_fd = self._dir.lock()
         # this writer's calls that are allowed and not ended (journal.py)
         self._journal = journal.Journal(self._dir, lambda: self._high)
+        self._closed = False
         if self.checkpoint is not None:
             if key is None:
                 raise AuditUnavailable("a checkpoint needs a signing key")
@@ -217,9 +219,28 @@ class AuditLog:
             with self._locked():
                 self._start()
 
+    def close(self) -> None:
+        """Let the log's descriptors go (its directory, lock and journal); appending afterwards
+        raises AuditUnavailable. A writer dropped without close() closes them when collected: a
+        process that makes many (a test run, a server re-made per request) must not keep them."""
+        with self._mutex:
+            if self._closed:
+                return
+            self._closed = True
+        self._journal.close()
+        os.close(self._lock_fd)
+        self._dir.close()
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):
+            if not self.__dict__.get("_closed", True):
+                self.close()
+
     # --- appending -------------------------------------------------------------------------------
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
         """Write one record durably and return it. Raises AuditUnavailable."""
+        if self._closed:
+            raise AuditUnavailable(f"the audit log {self.directory} is closed")
         reserved = RESERVED.intersection(fields)
         if reserved:
             raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")

@@ -51,7 +51,6 @@ import fcntl
 import os
 import re
 import secrets
-import select
 import signal
 import struct
 import subprocess
@@ -64,7 +63,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from gateway import sandbox
+from gateway import fdwait, sandbox
 from gateway.executors.proctree import children, comm, signal_descendants
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
@@ -130,8 +129,25 @@ _PYTHON_BOOT = (
 )
 """The Python session's whole command line: read its setup (the control pipe's first record) and run it."""
 
-_BOOT = "IFS= read -r -d '' __gw_loop <&{fd} && eval \"$__gw_loop\""
-"""The loop shell's whole command line: read the loop (the control pipe's first record) and run it."""
+LOOP_FD = 3
+"""The control pipe's descriptor in the loop shell. The gateway's own number for it may be anything:
+a server holding a thousand connections passes one above the sandbox's descriptor limit
+(`limits.open_files`, 1,024 by default), where bash can close it around a command but cannot put
+it back (`eval ... 1030<&-` saved it, ran the command, failed to restore it with "Bad file
+descriptor", and the next read ended the session). So the shell moves it to 3 before anything
+else: the sandbox's command inherits only 0-2 and the kept descriptors, so 3 is free unless it is
+the pipe itself."""
+
+_BOOT = "{move}IFS= read -r -d '' __gw_loop <&{fd} && eval \"$__gw_loop\""
+"""The loop shell's whole command line: move the control pipe to LOOP_FD, read the loop (the pipe's
+first record) and run it."""
+
+
+def boot_command(control_fd: int) -> str:
+    """The loop shell's `-c` text for a control pipe the shell inherits as `control_fd`."""
+    move = "" if control_fd == LOOP_FD else f"exec {LOOP_FD}<&{control_fd} {control_fd}<&-; "
+    return _BOOT.format(move=move, fd=LOOP_FD)
+
 
 _RESERVED = re.compile(r"__gw_[A-Za-z0-9_]*")
 
@@ -364,8 +380,7 @@ class Session:
                 if not self._input_open:
                     break
                 # a short wait under the lock: kill() waits at most this long for it
-                ready = select.select([], [self.input_fd], [], min(left, 0.05))[1] if left > 0 else []
-                if ready:
+                if left > 0 and fdwait.writable(self.input_fd, min(left, 0.05)):
                     sent += os.write(self.input_fd, data[sent : sent + 512])  # a writable fd takes it whole
             if left <= 0:
                 break
@@ -518,8 +533,8 @@ class SessionManager:
             quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
             ready = "stty -isig 2>/dev/null; " if pty else ""
             ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
-            first = _LOOP.format(fd=control_r, nonce=nonce, prompt=quoted_prompt, ready=ready)
-            boot = _BOOT.format(fd=control_r)  # the loop comes through the pipe: its marker is in no argv
+            first = _LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready)
+            boot = boot_command(control_r)  # the loop comes through the pipe: its marker is in no argv
             shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", boot]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
         base_env = scrubbed_env(env)

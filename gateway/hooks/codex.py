@@ -21,13 +21,14 @@ import argparse
 import json
 import os
 import re
-import select
 import shlex
 import shutil
 import subprocess
 import time
 from dataclasses import dataclass, field
 from typing import Any
+
+from gateway import fdwait
 
 MIN_TIMEOUT_S = 45
 """The hook client answers within 30 s in the worst case (gateway/hook_client.py, TOTAL_S)."""
@@ -116,8 +117,7 @@ class AppServer:
             left = until - time.monotonic()
             if left <= 0:
                 raise CodexError(f"codex app-server did not answer {method} within {APP_SERVER_TIMEOUT_S:.0f} s")
-            ready, _, _ = select.select([fd], [], [], left)
-            if ready:
+            if fdwait.readable(fd, left):
                 chunk = os.read(fd, 1 << 16)
                 if not chunk:
                     raise CodexError(f"codex app-server ended before answering {method}")

@@ -27,7 +27,6 @@ import contextlib
 import ctypes
 import errno
 import os
-import select
 import stat
 import struct
 import threading
@@ -35,6 +34,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from gateway import fdwait
 from gateway.sandbox import descriptors
 
 IN_MODIFY = 0x002
@@ -193,8 +193,7 @@ class NestedRepositoryGuard:
         try:
             while not self._stop.is_set():
                 try:
-                    ready, _, _ = select.select([self._fd], [], [], 0.5)
-                    if not ready:
+                    if not fdwait.readable(self._fd, 0.5):
                         continue
                     data = os.read(self._fd, 1 << 16)
                 except OSError as exc:

@@ -4,6 +4,7 @@ audit files. The gate must hold inside a session: every command decided, input n
 from __future__ import annotations
 
 import os
+import resource
 import threading
 import time
 from collections.abc import Iterator
@@ -15,7 +16,7 @@ from pydantic import ValidationError
 
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import SessionCall
+from gateway.calls import RunCall, SessionCall
 from gateway.executors.proctree import descendants
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
@@ -145,6 +146,51 @@ def test_env_and_cwd_persist_across_exec(gw: Gateway, ws: Path, pty: bool) -> No
     assert out["output"].split() == [str(ws / "sub"), "blue", "hello"]
     assert out["cwd"] == str(ws / "sub")  # read from /proc, not from the shell's output
     assert call(gw, "exec", session_id=sid, command="false")["exit_code"] == 1
+
+
+@pytest.fixture
+def busy_gateway_process() -> Iterator[None]:
+    """This process holds over a thousand descriptors, as a server with many connections does (or
+    a long test run that leaked them): the next pipe the gateway makes is numbered above 1,024,
+    the sandbox's descriptor limit."""
+    want = 1100
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    needed = len(os.listdir("/proc/self/fd")) + want + 64
+    if soft < needed:
+        if hard != resource.RLIM_INFINITY and hard < needed:
+            pytest.skip(f"needs {needed} descriptors, the hard limit is {hard}")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (needed, hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(want)]
+    try:
+        yield
+    finally:
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+@pytest.mark.parametrize("pty", [False, True])
+def test_a_session_outlives_its_first_command_when_the_gateway_holds_many_descriptors(
+    busy_gateway_process: None, gw: Gateway, pty: bool
+) -> None:
+    """The control pipe reached the loop shell as fd 1,100-odd, above its limit: bash closed it
+    around the first command and could not restore it ("Bad file descriptor" after the output), so
+    the session ended after one command (the suite went red from its 90% on, once its own leaked
+    descriptors pushed the number past 1,024)."""
+    sid = start(gw, pty=pty, prompt="$ ")
+    newline = "\r\n" if pty else "\n"
+    for word in ("one", "two", "three"):
+        out = call(gw, "exec", session_id=sid, command=f"echo {word}")
+        assert out["status"] == "ok" and out["output"] == f"{word}{newline}$ " and out["alive"], out
+    # input for a command (a wait for the pipe to take it: select() refused descriptors past 1,023)
+    out = call(gw, "exec", session_id=sid, command="read -r ans; echo got=$ans", timeout_ms=500)
+    assert out["running"] is True, out
+    w = call(gw, "write", session_id=sid, input="yes\n")
+    assert w["status"] == "ok", w
+    assert "got=yes" in w["output"] or "got=yes" in read_until(gw, sid, "got=yes")
+    # and a run beside it: both parsers' workers and the sandbox's start wait on pipes numbered so
+    ran = gw.handle(RunCall(principal="agent", command="echo ran"))
+    assert ran["status"] == "ok" and ran["stdout"] == "ran\n", ran
 
 
 def test_pipe_session_has_no_terminal_and_no_ansi(gw: Gateway) -> None:

@@ -10,12 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import select
 import socket
 import subprocess
 import time
 from dataclasses import dataclass
 
+from gateway import fdwait
 from gateway.sandbox import helper
 
 INFO_TIMEOUT = 30.0
@@ -48,8 +48,7 @@ def read_info(fd: int, timeout: float = INFO_TIMEOUT) -> dict[str, int]:
         left = deadline - time.monotonic()
         if left <= 0:
             raise NetnsUnavailable("bubblewrap did not say in time that the sandbox exists")
-        ready, _, _ = select.select([fd], [], [], left)
-        if not ready:
+        if not fdwait.readable(fd, left):
             continue
         chunk = os.read(fd, 4096)
         if not chunk:

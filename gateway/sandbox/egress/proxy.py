@@ -29,7 +29,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import ipaddress
-import select
 import socket
 import ssl
 import threading
@@ -39,6 +38,7 @@ from typing import Any, Protocol
 
 from dnslib import QTYPE, RCODE, RR, A, DNSRecord  # type: ignore[import-untyped]
 
+from gateway import fdwait
 from gateway.sandbox.egress import broker, inspect
 from gateway.sandbox.egress.netns import Sockets
 from gateway.sandbox.egress.rules import Egress, checked_host
@@ -764,11 +764,10 @@ def _pump(
     deadline = 0.0
     try:
         while True:
-            if check and pending:  # an opening begun must be whole within HEAD_TIMEOUT
-                ready, _, _ = select.select([src], [], [], max(0.0, deadline - time.monotonic()))
-                if not ready:
-                    why.append("the connection's first bytes were cut short")
-                    break
+            # an opening begun must be whole within HEAD_TIMEOUT
+            if check and pending and not fdwait.readable(src.fileno(), deadline - time.monotonic()):
+                why.append("the connection's first bytes were cut short")
+                break
             n = src.recv_into(buf)
             if n == 0:
                 if check and pending:
