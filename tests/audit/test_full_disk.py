@@ -18,11 +18,15 @@ from pathlib import Path
 
 import pytest
 
-from gateway.audit import AuditLog, AuditUnavailable, open_signed, verify
+from gateway.audit import AuditLog, AuditUnavailable, open_signed, records, verify
 from gateway.audit.writer import MAX_RECORD_BYTES
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
-from gateway.policy.compile import CompiledPolicy
+from gateway.policy.compile import CompiledPolicy, compile_policy
+from gateway.policy.schema import Policy
+from gateway.sandbox.identity import hand_over
+from tests.conftest import eventually
+from tests.test_gateway import PERMISSIVE
 
 
 @pytest.fixture
@@ -94,7 +98,7 @@ def test_the_gateway_refuses_calls_while_full_and_runs_them_when_space_returns(
         assert gw.handle(RunCall(principal="agent", command="echo before"))["status"] == "ok"
         filler = fill_up(small_disk)
         append_until_full(log)
-        refused = gw.handle(RunCall(principal="agent", command="touch ran-while-full"))
+        refused = gw.handle(RunCall(principal="agent", command="echo x > ran-while-full"))
         assert refused["error"]["code"] == "AUDIT_UNAVAILABLE"
         assert not (ws / "ran-while-full").exists()
         filler.unlink()
@@ -196,3 +200,71 @@ def test_one_bad_record_in_a_group_commit_fails_only_its_caller(tmp_path: Path) 
     assert "not serialisable" in results[3]
     assert all(results[i] == "ok" for i in range(8) if i != 3)
     assert verify(tmp_path).records == 7
+
+
+# --- the reserve: a full disk is a refused call, recorded ---------------------------------------
+
+
+@pytest.fixture
+def shared_disk(tmp_path: Path) -> Iterator[Path]:
+    """A tmpfs of 8 MiB that holds both the audit log and the agent's workspace."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "shared"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=8m,mode=0711", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def records_of(audit: Path, call_id: str) -> list[dict[str, object]]:
+    return [r for _, _, r, _ in records(audit) if r and r.get("call_id") == call_id]
+
+
+def test_an_agent_that_fills_the_disk_gets_refused_calls_on_the_record_not_a_dead_gateway(
+    shared_disk: Path, tmp_path: Path
+) -> None:
+    """The agent's workspace and the audit log share a disk; the agent fills it (its budget is
+    larger than the disk). Before: the call that filled it ended with no result record, and
+    every later call was refused with nothing in the log to say so. Now the refusals and the
+    result are written from the writer's reserve, the call that would run is still refused
+    (an allowed decision never uses the reserve), and all works again once space returns."""
+    ws = shared_disk / "ws"
+    ws.mkdir()
+    hand_over(ws)
+    audit, keys = shared_disk / "audit", tmp_path / "keys"
+    policy = compile_policy(Policy.model_validate(PERMISSIVE), tmp_path / "p.yaml", ws, sha256="test")
+    gw = Gateway(policy, open_signed(audit, keys), hidden=(keys,))
+    try:
+        assert gw.handle(RunCall(principal="agent", command="echo before"))["status"] == "ok"
+        reserve = audit / ".reserve"
+        held = reserve.stat().st_size
+        assert held >= 512 << 10, held  # an eighth of the free space, here
+        filled = gw.handle(RunCall(principal="agent", command="cat /dev/zero > fill; echo done"))
+        assert filled["status"] == "ok" and "No space left" in filled["stderr"], filled
+        assert [r["event"] for r in records_of(audit, filled["call_id"])] == ["decision", "result"]
+        for _ in range(50):  # (the last page of the log's file may hold a few more records)
+            refused = gw.handle(RunCall(principal="agent", command="echo x > ran-while-full"))
+            if refused["status"] != "ok":
+                break
+            (ws / "ran-while-full").unlink()
+        assert refused["error"]["code"] == "AUDIT_UNAVAILABLE" and "warning" not in refused, refused
+        assert not (ws / "ran-while-full").exists()
+        (rejected,) = records_of(audit, refused["call_id"])
+        assert rejected["event"] == "rejected" and rejected["decision"] == "deny"
+        assert "No space left" in str(rejected["data"])
+        denied = gw.handle(RunCall(principal="agent", command="curl http://x"))  # a denial needs no space of its own
+        assert denied["status"] == "denied" and records_of(audit, denied["call_id"])[0]["decision"] == "deny"
+        assert reserve.stat().st_size < held  # what was recorded came from the reserve
+        (ws / "fill").unlink()  # space comes back
+        again = gw.handle(RunCall(principal="agent", command="echo after"))
+        assert again["status"] == "ok" and again["stdout"] == "after\n", again
+        refilled = eventually(
+            lambda: gw.handle(RunCall(principal="agent", command="true")) and reserve.stat().st_size >= held, every=0.2
+        )
+        assert refilled, reserve.stat().st_size
+    finally:
+        gw.close()
+    assert verify(audit).ok
