@@ -31,6 +31,9 @@ from typing import Any
 class CheckpointError(Exception):
     """The checkpoint file could not be read, parsed or written."""
 
+    errno: int | None = None
+    """The system's error number, when writing failed (ENOSPC: the disk is full)."""
+
 
 @dataclass(frozen=True)
 class Checkpoint:
@@ -107,7 +110,9 @@ def write(path: Path, checkpoint: Checkpoint) -> None:
         finally:
             os.close(fd)
     except OSError as exc:
-        raise CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}") from None
+        error = CheckpointError(f"cannot write the checkpoint {path}: {exc.strerror or exc}")
+        error.errno = exc.errno
+        raise error from None
 
 
 def _replace(path: Path, data: bytes) -> None:

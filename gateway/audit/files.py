@@ -66,8 +66,8 @@ class AuditDir:
     def open_append(self, name: str) -> int:
         return self._open(name, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
 
-    def open_write(self, name: str) -> int:
-        return self._open(name, os.O_WRONLY)
+    def open_write(self, name: str, create: bool = False) -> int:
+        return self._open(name, os.O_WRONLY | (os.O_CREAT if create else 0))
 
     def open_journal(self, name: str) -> int:
         return self._open(name, os.O_RDWR)

@@ -10,7 +10,9 @@ A failed write leaves the file as it was: the file is cut back to its length bef
 (a full disk, an I/O error), so the next append, once space returns, just works. A crash in the
 middle of a write can still leave a partial last line (a power cut): the writer then refuses to
 append until `gateway audit repair` (`AuditLog.repair`) has moved the torn bytes aside and
-recorded that it did.
+recorded that it did. The gateway's log (`open_signed`) keeps a reserve of disk space for a full
+disk (reserve.py): records that let no call run (a refusal, a result) are then written from it,
+so a call refused for a full disk still leaves its record.
 
 At start the writer checks the file it continues from, line by line (canonical, hashed,
 chained onto the file before it): a log broken anywhere in that file is refused, not appended
@@ -70,6 +72,7 @@ from gateway.audit.records import (
     redact,
     stub,
 )
+from gateway.audit.reserve import FULL, RESERVE_BYTES, AuditDiskFull, Reserve
 from gateway.audit.verify import Walk, pinned, record_at, verify
 
 MAX_BATCH_BYTES = 8 * 1024 * 1024
@@ -108,6 +111,8 @@ class _Pending:
     wake: threading.Condition | None = None
     """Its appender's own condition (on the writer's lock): woken when this record is settled or
     when it heads the queue, never for other threads' commits."""
+    spare: bool = True
+    """It may be written from the reserve on a full disk (reserve.py): it lets no call run."""
 
     @property
     def settled(self) -> bool:
@@ -183,6 +188,7 @@ class AuditLog:
         checkpoint: Path | None = None,
         adopt: bool = False,
         check: bool = True,
+        reserve_bytes: int = 0,
     ) -> None:
         self.directory = Path(directory)
         self.max_file_bytes = max_file_bytes
@@ -205,6 +211,8 @@ class AuditLog:
         self._closed = True  # until its descriptors are all open
         self._dir = AuditDir(self.directory, create=True)
         self._lock_fd = self._dir.lock()
+        self.reserve = Reserve(self._dir, reserve_bytes)
+        """Space kept for the records that let no call run, when the disk is full (reserve.py)."""
         # this writer's calls that are allowed and not ended (journal.py)
         self._journal = journal.Journal(self._dir, lambda: self._high)
         self._closed = False
@@ -217,6 +225,7 @@ class AuditLog:
                 raise AuditUnavailable(str(exc)) from exc
         if check:
             with self._locked():
+                self.reserve.refill(now=True)
                 self._start()
 
     def close(self) -> None:
@@ -269,7 +278,8 @@ class AuditLog:
                 raise AuditUnavailable(
                     f"cannot write the journal of running calls in {self.directory}: {exc.strerror or exc}"
                 ) from exc
-        pending = _Pending(event, body, size, wake=threading.Condition(self._mutex))
+        spare = not _opens(event, fields.get("decision"))
+        pending = _Pending(event, body, size, wake=threading.Condition(self._mutex), spare=spare)
         wake = pending.wake
         assert wake is not None
         with self._mutex:
@@ -325,7 +335,18 @@ class AuditLog:
     def _commit(self, batch: list[_Pending]) -> None:
         try:
             with self._locked():
-                self._commit_locked(batch)
+                if self.reserve.in_use():  # the disk is full: no call may run, its refusal is recorded
+                    full = AuditDiskFull(
+                        f"cannot write the audit log {self.directory}: the disk is full (the space kept for the "
+                        "log is in use; calls run again once the disk has room)"
+                    )
+                    self._commit_spare(batch, full, release=False)
+                else:
+                    try:
+                        self._commit_locked(batch)
+                    except AuditDiskFull as full:
+                        self._commit_spare(batch, full)
+                self.reserve.refill()
         except AuditUnavailable as exc:
             for p in batch:
                 if not p.settled:
@@ -336,6 +357,25 @@ class AuditLog:
                     p.error = AuditUnavailable(f"internal error in the audit writer: {exc!r}")
             if not isinstance(exc, Exception):
                 raise
+
+    def _commit_spare(self, batch: list[_Pending], full: AuditDiskFull, release: bool = True) -> None:
+        """The disk is full: write the records that let no call run from the reserve (a piece
+        given back at a time, when what was given before is used up: someone else may take
+        some of it first), and fail the others."""
+        for p in batch:
+            if not p.settled and not p.spare:
+                p.error = full
+        spare = [p for p in batch if not p.settled]
+        need = sum(p.size_hint or 1024 for p in spare) + 1024  # the records, and a checkpoint line
+        while spare:
+            if release and not self.reserve.release(need):
+                raise full
+            release = True
+            try:
+                self._commit_locked(spare)
+                return
+            except AuditDiskFull as again:
+                full = again
 
     def _commit_now(self, batch: list[_Pending]) -> None:
         """Commit the writer's own records while the lock is held (start-up, repair); raises."""
@@ -383,10 +423,14 @@ class AuditLog:
         self._high = head["seq"]
         self._trusted = head["hash"]
         if self.checkpoint is not None and self.key is not None:
+            checkpoint = checkpoints.Checkpoint.of(self._dir.real(), head, self.key.public.fingerprint)
             try:
-                checkpoints.write(
-                    self.checkpoint, checkpoints.Checkpoint.of(self._dir.real(), head, self.key.public.fingerprint)
-                )
+                try:
+                    checkpoints.write(self.checkpoint, checkpoint)
+                except checkpoints.CheckpointError as exc:
+                    if exc.errno not in FULL or not self.reserve.release(1024):
+                        raise
+                    checkpoints.write(self.checkpoint, checkpoint)  # the records are written: so must the head be
             except checkpoints.CheckpointError as exc:
                 # the records are on disk (harmless: nothing has run yet) but the head is not kept
                 # apart: fail closed, the callers deny
@@ -401,9 +445,8 @@ class AuditLog:
         try:
             fd = self._dir.open_append(name)
         except OSError as exc:
-            raise AuditUnavailable(
-                f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}"
-            ) from exc
+            kind = AuditDiskFull if exc.errno in FULL else AuditUnavailable
+            raise kind(f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}") from exc
         try:
             before = os.fstat(fd).st_size
             try:
@@ -411,9 +454,8 @@ class AuditLog:
                 os.fdatasync(fd)
             except OSError as exc:
                 self._cut_back(fd, before)
-                raise AuditUnavailable(
-                    f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}"
-                ) from exc
+                kind = AuditDiskFull if exc.errno in FULL else AuditUnavailable
+                raise kind(f"cannot write the audit log {self.directory / name}: {exc.strerror or exc}") from exc
         finally:
             os.close(fd)
         return before
@@ -906,11 +948,13 @@ def open_signed(
     create: bool = True,
     adopt: bool = False,
     check: bool = True,
+    reserve_bytes: int = RESERVE_BYTES,
 ) -> AuditLog:
     """The gateway's log: signed with the key in `key_dir`, its head kept in
-    `key_dir/checkpoints/`. A key is made only for a log with no records (and only if `create`):
-    a log with records and no key is refused, never signed on top by a new key. Raises
-    AuditUnavailable with the reason and the remedy."""
+    `key_dir/checkpoints/`, with a reserve of `reserve_bytes` for a full disk (reserve.py). A
+    key is made only for a log with no records (and only if `create`): a log with records and
+    no key is refused, never signed on top by a new key. Raises AuditUnavailable with the
+    reason and the remedy."""
     directory, key_dir = Path(directory), Path(key_dir)
     found = has_records(directory)
     try:
@@ -929,5 +973,5 @@ def open_signed(
         raise AuditUnavailable(str(exc)) from exc
     return AuditLog(
         directory, redact=redact, key=key, checkpoint=checkpoints.default_path(directory, key_dir), adopt=adopt,
-        check=check,
+        check=check, reserve_bytes=reserve_bytes,
     )  # fmt: skip
