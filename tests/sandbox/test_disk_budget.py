@@ -1,0 +1,218 @@
+"""The disk budget (issue 23, point 10): one call wrote 3 GB in 115 ms, and nothing stopped it.
+
+The attacks run through the real pipeline (a real sandbox, as the sandbox's account) and the
+real MCP server, into a workspace on a tmpfs of its own (so the old code, which stops nothing,
+fills that and not the host's disk). Each writer that does not end by itself writes forever:
+the only way its call ends is being stopped (or the time limit), whatever the machine's load.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from mcp import Client, StdioServerParameters
+
+from gateway.audit import AuditLog, records, verify
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+from gateway.sandbox import disk
+from gateway.sandbox.identity import hand_over
+from tests.server.conftest import GATEWAY, envelope_of
+from tests.server.test_profiles import env_without_state
+from tests.test_gateway import PERMISSIVE
+
+MiB = 1 << 20
+BUDGET = 32 * MiB
+DISK = 512 * MiB  # the workspace's own disk: what the old code lets a call fill
+
+
+def budget_policy() -> dict[str, Any]:
+    p: dict[str, Any] = copy.deepcopy(PERMISSIVE)
+    p["roles"]["dev"]["limits"].update(disk_bytes=BUDGET, timeout_ms=60_000)
+    p["rules"] = [r for r in p["rules"] if r["id"] != "rm"]
+    p["rules"][0]["programs"] += ["dd", "fallocate", "truncate", "rm", "touch", "seq", "cd"]
+    return p
+
+
+@pytest.fixture
+def ws(tmp_path: Path) -> Iterator[Path]:
+    if os.geteuid() != 0:
+        pytest.skip("mounting the workspace's tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "ws"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK},mode=0755", "tmpfs", str(mnt)], check=True)
+    try:
+        hand_over(mnt)
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
+def gw(tmp_path: Path, ws: Path) -> Iterator[Gateway]:
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"))
+    try:
+        yield gateway
+    finally:
+        gateway.close()
+    assert verify(tmp_path / "audit").ok
+
+
+def run(gw: Gateway, command: str) -> dict[str, Any]:
+    return gw.handle(RunCall(principal="agent", command=command))
+
+
+def held(ws: Path) -> int:
+    return disk.usage((str(ws),)).bytes
+
+
+def assert_stopped(out: dict[str, Any]) -> None:
+    assert out["status"] == "error" and out["error"]["code"] == "DISK_BUDGET", out
+    message = out["error"]["message"]
+    assert message.startswith("the command was stopped: the write roots hold "), message
+    assert "past the disk budget of 32.0 MiB (limits.disk_bytes of role dev)" in message
+
+
+# --- attacks: each fails on a gateway with no budget --------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "writer",
+    [
+        "while true; do head -c 1048576 /dev/zero >> log; done",  # appends, a MiB at a time
+        "while true; do dd if=/dev/zero of=big bs=1M count=1000 oflag=append conv=notrunc 2>/dev/null; done",
+        # many small files, then many empty ones (each costs the filesystem an inode and an entry)
+        "python3 -c \"import itertools\nfor i in itertools.count(): open(f'f{i}', 'wb').write(b'x' * 4096)\"",
+        "mkdir many && cd many && python3 -c \"import itertools\nfor i in itertools.count(): open(f'{i}', 'wb')\"",
+        # a sparse file costs nothing until it is written: then it does
+        "truncate -s 900M sparse && while true; do dd if=/dev/zero of=sparse bs=1M count=64 conv=notrunc "
+        "seek=$((RANDOM % 800)) 2>/dev/null; done",
+        # glibc writes the blocks itself when fallocate is refused
+        "python3 -c \"import os\nfd = os.open('pre', os.O_CREAT | os.O_WRONLY)\nwhile True: "
+        'os.posix_fallocate(fd, 0, 200 << 20)"',
+    ],
+    ids=["append", "dd", "small-files", "empty-files", "sparse-filled", "posix-fallocate"],
+)
+def test_a_writer_past_the_budget_is_stopped_and_its_call_fails(gw: Gateway, ws: Path, writer: str) -> None:
+    out = run(gw, writer)
+    assert_stopped(out)
+    assert held(ws) < DISK // 2, held(ws)  # stopped long before the disk filled
+
+
+def test_fallocate_takes_no_space_at_all(gw: Gateway, ws: Path) -> None:
+    """fallocate takes gigabytes in one call, faster than any watch (and with --keep-size past
+    RLIMIT_FSIZE): the sandbox refuses it, as a filesystem without it would."""
+    for flags in ("", "--keep-size "):
+        out = run(gw, f"touch pre-{len(flags)} && fallocate {flags}-l 200M pre-{len(flags)}")
+        assert out["status"] == "ok" and out["exit_code"] == 1, out
+        assert "not supported" in out["stderr"] or "unsupported" in out["stderr"], out
+    assert held(ws) < MiB
+
+
+def test_hard_links_count_once_and_removing_a_name_frees_nothing(gw: Gateway, ws: Path) -> None:
+    out = run(gw, "head -c 20971520 /dev/zero > a && for i in $(seq 50); do ln a l$i; done")
+    assert out["status"] == "ok", out  # 51 names of 20 MiB: 20 MiB, not 1 GiB
+    out = run(gw, "rm a && head -c 20971520 /dev/zero > b && sleep 600")  # the links still hold a's blocks
+    assert_stopped(out)
+
+
+def test_links_to_outside_are_not_followed_or_counted(gw: Gateway, ws: Path) -> None:
+    out = run(gw, "python3 -c \"import os\nos.symlink('/', 'root')\nos.symlink('/usr', 'usr')\"")
+    assert out["status"] == "ok", out
+    out = run(gw, "head -c 1048576 /dev/zero > f")
+    assert out["status"] == "ok", out
+    assert held(ws) < 2 * MiB
+
+
+def test_over_the_budget_nothing_may_be_added_but_rm_works(gw: Gateway, ws: Path) -> None:
+    assert_stopped(run(gw, "while true; do head -c 1048576 /dev/zero >> log; done"))
+    more = run(gw, "echo more > another")
+    assert more["error"]["code"] == "DISK_BUDGET" and "nothing more may be added" in more["error"]["message"], more
+    assert run(gw, "ls")["status"] == "ok"  # reading is fine
+    assert run(gw, "rm log another")["status"] == "ok"
+    assert run(gw, "head -c 1048576 /dev/zero > small")["status"] == "ok"
+
+
+def test_the_stop_is_on_the_record(gw: Gateway, tmp_path: Path) -> None:
+    out = run(gw, "while true; do head -c 1048576 /dev/zero >> log; done")
+    assert_stopped(out)
+    (result,) = [r for _, _, r, _ in records(tmp_path / "audit") if r and r["event"] == "result"]
+    assert result["call_id"] == out["call_id"] and result["data"]["error"]["code"] == "DISK_BUDGET"
+
+
+def test_the_mcp_server_refuses_a_call_past_the_budget(tmp_path: Path, ws: Path) -> None:
+    policy = tmp_path / "p.yaml"
+    policy.write_text(yaml.safe_dump(budget_policy(), sort_keys=False))
+    args = ["serve", "--stdio", "--principal", "agent", "--policy", str(policy), "--workspace", str(ws)]
+    args += ["--audit-dir", str(tmp_path / "audit"), "--state-dir", str(tmp_path / "approvals")]
+    server = StdioServerParameters(command=GATEWAY, args=args, env=env_without_state(tmp_path))
+
+    async def scenario() -> dict[str, Any]:
+        async with Client(server) as c:
+            got = await c.call_tool("run", {"command": "while true; do head -c 1048576 /dev/zero >> log; done"})
+            return envelope_of(got)
+
+    out = asyncio.run(scenario())
+    assert_stopped(out)
+    assert held(ws) < DISK // 2
+
+
+# --- counting -------------------------------------------------------------------------------------
+
+
+def test_usage_counts_blocks_each_inode_once_and_never_follows_links(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    (root / "d").mkdir(parents=True)
+    (root / "d" / "data").write_bytes(b"x" * (3 * MiB))
+    for i in range(5):
+        os.link(root / "d" / "data", root / f"link{i}")
+    with open(root / "sparse", "wb") as f:
+        f.truncate(1 << 30)  # a GiB long, nothing in it
+    os.symlink("/", root / "up")
+    os.symlink("/usr", root / "d" / "usr")
+    found = disk.usage((str(root), str(root / "d")))  # nested roots: still once
+    assert 3 * MiB <= found.bytes < 3 * MiB + 10 * disk.MIN_ENTRY_BYTES, found
+    assert not found.partial
+
+
+def test_a_count_stops_once_past_what_it_is_compared_with(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    for i in range(2000):
+        (root / str(i)).touch()
+    found = disk.usage((str(root),), stop_above=100 * disk.MIN_ENTRY_BYTES)
+    assert found.partial and found.entries < 110, found
+
+
+def test_a_tree_too_deep_to_count_counts_as_over(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    root.mkdir()
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    for _ in range(disk.MAX_DEPTH + 2):  # by descriptor: the path is longer than PATH_MAX
+        os.mkdir("d", dir_fd=fd)
+        inner = os.open("d", os.O_RDONLY | os.O_DIRECTORY, dir_fd=fd)
+        os.close(fd)
+        fd = inner
+    os.close(fd)
+    with pytest.raises(disk.TooDeep):
+        disk.usage((str(root),))
+
+
+def test_a_budget_under_a_mib_is_refused_at_load() -> None:
+    policy = budget_policy()
+    policy["roles"]["dev"]["limits"]["disk_bytes"] = 1000
+    with pytest.raises(ValueError, match="disk_bytes"):
+        Policy.model_validate(policy)
+    assert "disk_bytes" in json.dumps(Policy.model_json_schema())
