@@ -47,7 +47,7 @@ AUDIT_APPEND = Histogram("agent_gateway_audit_append_seconds", "One record made 
 AUDIT_FAILURES = Counter("agent_gateway_audit_append_failures", "Appends that failed (their calls were denied)",
                          registry=REGISTRY)  # fmt: skip
 SANDBOX_STARTS = Counter("agent_gateway_sandbox_starts", "Sandboxes prepared", registry=REGISTRY)
-QUOTA_KILLS = Counter("agent_gateway_sandbox_quota_kills", "Commands a quota killed, by quota (memory, time)",
+QUOTA_KILLS = Counter("agent_gateway_sandbox_quota_kills", "Commands a quota killed, by quota (memory, time, disk)",
                       ["quota"], registry=REGISTRY)  # fmt: skip
 PIDS_REFUSED = Counter("agent_gateway_sandbox_pids_refused", "Sandboxes whose process cap refused a fork",
                        registry=REGISTRY)  # fmt: skip

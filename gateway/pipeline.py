@@ -50,6 +50,7 @@ DEFAULT_TMPFS_BYTES = 256 << 20
 DEFAULT_CPU_SECONDS = 600
 DEFAULT_FILE_BYTES = 1 << 30
 DEFAULT_OPEN_FILES = 1024
+DEFAULT_DISK_BYTES = 10 << 30
 
 
 @dataclass
@@ -654,6 +655,8 @@ def sandbox_profile(
             file_bytes=lim.get("file_bytes", DEFAULT_FILE_BYTES),
             open_files=lim.get("open_files", DEFAULT_OPEN_FILES),
             tmpfs_bytes=lim.get("tmpfs_bytes", DEFAULT_TMPFS_BYTES),
+            disk_bytes=lim.get("disk_bytes", DEFAULT_DISK_BYTES),
+            disk_source=limit_source(policy, principal, "disk_bytes"),
         ),
         network=everything,
         egress=egress,
@@ -711,6 +714,17 @@ def limits(policy: CompiledPolicy, principal: str) -> dict[str, int]:
             if value is not None:
                 out[key] = max(out.get(key, 0), value)
     return out
+
+
+def limit_source(policy: CompiledPolicy, principal: str, key: str) -> str:
+    """Where the principal's limit `key` comes from, for a message: the role that sets the
+    largest (as `limits` takes it), or the gateway's default."""
+    best: tuple[int, str] | None = None
+    for name in policy.policy.principals[principal].roles:
+        value = getattr(policy.policy.roles[name].limits, key)
+        if value is not None and (best is None or value > best[0]):
+            best = (value, name)
+    return f"limits.{key} of role {best[1]}" if best else f"the default limits.{key} (no role of {principal} sets it)"
 
 
 def _session_scope(answer: Approval | None, kept: bool) -> dict[str, Any]:

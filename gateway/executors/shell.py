@@ -138,7 +138,7 @@ def run(
             os.close(r)
             os.close(w)
         return {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": f"cannot start: {exc}"}}
-    launch.started()
+    launch.started(proc.pid)
     readers = {}
     for name, (r, w) in zip(("stdout", "stderr"), pipes, strict=False):
         os.close(w)
@@ -226,6 +226,12 @@ def run(
     result["sandbox"] = launch.summary(plan)
     if launch.network_summary is not None:  # what the network policy let through and refused, and why
         result["network"] = launch.network_summary
+    if launch.disk_stopped is not None:  # its principal's write roots passed their budget (sandbox/disk.py)
+        result["status"] = "error"
+        result["exit_code"] = None if stopped.get("disk_stopped") else result["exit_code"]
+        how = "the command was stopped" if stopped.get("disk_stopped") else "the command ended"
+        result["error"] = {"code": "DISK_BUDGET", "message": f"{how}: {launch.disk_stopped}"}
+        return result
     if never_ran and (timed_out or cancelled) and not ended_itself:  # killed while its sandbox was being set up
         result["exit_code"] = None
         if cancelled:

@@ -90,6 +90,11 @@ class Limits(_Model):
     sandbox account's RLIMIT_NPROC where there is no cgroup)."""
     tmpfs_bytes: Annotated[StrictInt, Field(ge=1 << 20)] | None = None
     """Size of each private tmpfs: /tmp, /dev/shm and HOME (default 256 MiB each)."""
+    disk_bytes: Annotated[StrictInt, Field(ge=1 << 20)] | None = None
+    """Bytes the principal's write roots may hold together (default 10 GiB; disk blocks, each
+    file or directory at least 4 KiB, a file with many names once): a command that takes them
+    past it is stopped and its call fails with DISK_BUDGET, naming this limit and its role
+    (docs/sandbox.md, Disk budget). Shared by all of the principal's sandboxes."""
 
 
 LIMIT_DEFAULTS: dict[str, int] = {
@@ -105,6 +110,7 @@ LIMIT_DEFAULTS: dict[str, int] = {
     "memory_bytes": 2 << 30,
     "pids": 512,
     "tmpfs_bytes": 256 << 20,
+    "disk_bytes": 10 << 30,
 }
 """What an unset limit allows, for policy layering (an upper layer may not set a limit above
 what a lower layer allows). Where the gateway's uses of one limit differ, the smallest:

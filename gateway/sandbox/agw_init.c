@@ -13,7 +13,7 @@
  *                  [--init [--lifeline FD]] -- program args...
  *       Inside the sandbox, after bwrap built the mounts: prove the mounts are the ones the
  *       gateway asked for (and nosuid), set resource limits, restrict the process with
- *       Landlock and a seccomp filter that refuses set-id modes, (with --hold) wait for the
+ *       Landlock and a seccomp filter that refuses set-id modes and fallocate, (with --hold) wait for the
  *       gateway's go as in hold mode, close every inherited descriptor, exec the command.
  *       With --init (bwrap --as-pid-1) the helper stays as the sandbox's PID 1 and runs the
  *       command as its child: the sandbox ends with the command, and (--lifeline) with the
@@ -628,7 +628,13 @@ static void apply_landlock(enum landlock_mode mode, const struct allowance *allo
  * mkdirat, mknod and mknodat. openat2 takes its mode in a structure a filter cannot read, and
  * io_uring opens files without system calls a filter sees: both answer ENOSYS (programs fall
  * back to openat). System calls of another ABI than the helper's own (i386 or x32 calls made
- * by an x86_64 process) are refused whole. */
+ * by an x86_64 process) are refused whole.
+ *
+ * The same filter refuses fallocate (EOPNOTSUPP, as a filesystem without it answers: glibc's
+ * posix_fallocate then writes the blocks instead): it takes gigabytes of disk in one call,
+ * faster than the gateway's watch of the disk budget can stop it (sandbox/disk.py), and with
+ * FALLOC_FL_KEEP_SIZE past RLIMIT_FSIZE too. Space is then only taken as fast as data is
+ * written. */
 
 /* The architecture the helper is built for, as seccomp reports it (linux/audit.h). */
 #if defined(__x86_64__) && defined(__ILP32__)
@@ -751,6 +757,7 @@ static void build_setid_filter(struct agw_filter *f) {
     emit_refuse(f, __NR_io_uring_setup, ENOSYS);
     emit_refuse(f, __NR_io_uring_enter, ENOSYS);
     emit_refuse(f, __NR_io_uring_register, ENOSYS);
+    emit_refuse(f, __NR_fallocate, EOPNOTSUPP);
     emit(f, (struct sock_filter)AGW_ALLOW);
 }
 

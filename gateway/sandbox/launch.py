@@ -41,7 +41,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from gateway import metrics
-from gateway.sandbox import descriptors, helper, landlock, quotas
+from gateway.sandbox import descriptors, disk, helper, landlock, quotas
 from gateway.sandbox.descriptors import Opened, PlantedLink
 from gateway.sandbox.egress import netns
 from gateway.sandbox.egress.proxy import Attachment, Owner, service
@@ -98,6 +98,13 @@ class Launch:
     network_error: str | None = None
     network_summary: dict[str, object] | None = None
     """Once it has ended: its connections, bytes and what was refused (for the call's result)."""
+    pid: int | None = None
+    """The pid Popen gave it (`started(pid)`): its process group, stopped when its principal
+    passes its disk budget and there is no cgroup to kill."""
+    _disk: disk.Ticket | None = None
+    """The watch of its principal's disk budget (disk.py), while it runs."""
+    disk_stopped: str | None = None
+    """Once it has ended: why its principal's disk budget failed the call (None: it did not)."""
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
@@ -143,10 +150,15 @@ class Launch:
             if fd is not None:
                 os.close(fd)
 
-    def started(self) -> None:
-        """Popen has forked: close our copies of the descriptors. A sandbox whose network is a
-        policy gets its resolver and proxy here, before its command may run; if they cannot be
-        attached the command never runs (`network_error` says why)."""
+    def started(self, pid: int | None = None) -> None:
+        """Popen has forked (`pid`: its pid, for a stop over the disk budget where there is no
+        cgroup): close our copies of the descriptors. A sandbox whose network is a policy gets
+        its resolver and proxy here, before its command may run; if they cannot be attached the
+        command never runs (`network_error` says why)."""
+        if pid is not None:
+            self.pid = pid
+        if self._disk is not None and self._disk.tripped is not None:
+            self._stop()  # over its budget before it started (the watch could not stop it yet)
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
@@ -179,9 +191,23 @@ class Launch:
         owner = Owner(hooks.principal, hooks.current_call(), plan.argv[-1] if plan.argv else "")
         self.network = service().attach(sockets, plan.egress, hooks, owner)
 
+    def stop_for_disk(self) -> None:
+        """Its principal passed the disk budget (called on the watch's thread): stop the
+        sandbox, off that thread (killing a cgroup waits until it is empty)."""
+        threading.Thread(target=self._stop, name="disk-budget-stop", daemon=True).start()
+
+    def _stop(self) -> None:
+        group = self.cgroup
+        if group is not None:
+            group.kill()
+        elif self.pid is not None:  # no cgroup: the process group; the PID namespace ends with bwrap
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, 9)
+
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
-        whatever still runs in it (the lifeline closes here)."""
+        whatever still runs in it (the lifeline closes here). `disk_stopped` says whether its
+        principal's disk budget failed it."""
         self.started()
         self.withhold()
         lifeline, self._lifeline = self._lifeline, None
@@ -190,9 +216,16 @@ class Launch:
         network, self.network = self.network, None
         if network is not None:
             self.network_summary = network.close()
+        ticket, self._disk = self._disk, None
+        stopped = {}
+        if ticket is not None:
+            self.disk_stopped = disk.watch().end(ticket)
+            if self.disk_stopped is not None:
+                stopped["disk_stopped"] = ticket.stopped
+                metrics.QUOTA_KILLS.labels("disk").inc()
         if self.cgroup is None:
-            return {}
-        out = {"oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
+            return stopped
+        out = {**stopped, "oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}
         if out["oom_killed"]:
             metrics.QUOTA_KILLS.labels("memory").inc()
         if out["pids_refused"]:
@@ -317,6 +350,10 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
             held.append(life_w)
         _CLEANER.touch()
         launch = _prepare(plan, bwrap, fds, hold_r, info_w, life_r)
+        writable = tuple(m.source for m in plan.mounts if m.kind == "bind" and m.source is not None)
+        if plan.quotas.disk_bytes is not None and writable:  # watched while it runs (disk.py)
+            budget, source = plan.quotas.disk_bytes, plan.quotas.disk_source
+            launch._disk = disk.watch().start(writable, budget, source, launch.stop_for_disk)
         launch._hold = hold_w
         launch._take = take
         launch._info = info_r

@@ -60,9 +60,13 @@ class Quotas:
     open_files: int
     tmpfs_bytes: int
     """The size= of each private tmpfs (/tmp, /dev/shm, HOME)."""
+    disk_bytes: int | None = None
+    """What the principal's write roots may hold together (disk.py watches it); None: no budget."""
+    disk_source: str = ""
+    """Where `disk_bytes` comes from, for the error that stops a call ("limits.disk_bytes of role dev")."""
 
     def __post_init__(self) -> None:
-        for field in ("memory_bytes", "pids"):
+        for field in ("memory_bytes", "pids", "disk_bytes"):
             value = getattr(self, field)
             if value is not None and value <= 0:
                 raise ValueError(f"{field} must be positive or None, got {value}")

@@ -20,6 +20,7 @@ from gateway.calls import RunCall
 from gateway.executors.files import FileLimits
 from gateway.pipeline import (
     DEFAULT_CPU_SECONDS,
+    DEFAULT_DISK_BYTES,
     DEFAULT_MEMORY_BYTES,
     DEFAULT_OPEN_FILES,
     DEFAULT_PIDS,
@@ -580,6 +581,7 @@ def test_limit_defaults_are_the_gateways(tmp_path: Path) -> None:
         "memory_bytes": DEFAULT_MEMORY_BYTES,
         "pids": DEFAULT_PIDS,
         "tmpfs_bytes": DEFAULT_TMPFS_BYTES,
+        "disk_bytes": DEFAULT_DISK_BYTES,
     }
     assert gateway_defaults == LIMIT_DEFAULTS
 

@@ -1,0 +1,400 @@
+"""The disk budget: what a principal's write roots may hold together (`limits.disk_bytes`).
+
+No filesystem here enforces it for us (project quotas need a kernel built with CONFIG_QUOTA and
+a filesystem mounted with them: `project_quotas()` says whether a write root has them, for
+`gateway doctor`), so the gateway watches instead:
+
+- **What counts.** A write root's usage is the disk blocks of every file, directory and link
+  beneath it (st_blocks, so a sparse file counts what it really holds), each at least
+  `MIN_ENTRY_BYTES` (an inode and its directory entry cost the filesystem too: a million empty
+  files are not free), a file with several names once. Counted by descriptor: each directory
+  opened beneath its parent's descriptor with O_NOFOLLOW (a symlink the agent plants is counted
+  as a link, never followed), never leaving the root's filesystem.
+- **Bounded work.** A count stops as soon as it passes what it is compared with, so it never
+  walks more than the budget's worth of entries; a tree deeper than `MAX_DEPTH` counts as over.
+- **When.** One thread (`watch()`) looks at the free space of each watched root's filesystem
+  every `POLL_S` (one statvfs: cheap). The roots' usage can only have grown by what the
+  filesystem as a whole took since they were last counted, so they are counted again only when
+  that could take them past the budget (when a sandbox starts, while it runs, when it ends),
+  and every `RESCAN_S` besides while a sandbox runs longer than that (another writer's
+  deletions could hide growth). A command's sandbox that takes the principal past its
+  budget is stopped (its cgroup killed, else its init's lifeline closed, else its process
+  group), and the call fails with DISK_BUDGET.
+- **Already over.** A sandbox that starts while its principal is over the budget may not add
+  anything: its own limit is what the roots held when it started (so `rm` works, `dd` does not).
+
+What a watch cannot stop is what the sandbox writes within one poll (a disk writing a few GB/s
+fills tens of MB in POLL_S): the sandbox refuses fallocate(2) (agw_init.c), the one way to take
+gigabytes at once, so space is only taken as fast as data is written.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from gateway.sandbox import descriptors
+
+MIN_ENTRY_BYTES = 4096
+"""What each file, directory or link counts at least (a filesystem's block, and its inode)."""
+MAX_DEPTH = 512
+"""Directories nested deeper than this are not walked: a tree that deep counts as over budget."""
+POLL_S = 0.01
+"""How often a watched root's filesystem is looked at (statvfs) while a sandbox runs."""
+RESCAN_S = 5.0
+"""A watched tree is counted at least this often (more rarely when counting it is slow)."""
+SCAN_SHARE = 0.2
+"""At most this share of one core goes to the counts made besides (every RESCAN_S): a count that
+took t waits t / SCAN_SHARE. A count the free space calls for is made at once (it stops at the
+budget, so its work is bounded by the budget's worth of entries)."""
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+class TooDeep(Exception):
+    """A tree nested deeper than MAX_DEPTH: it cannot be counted in bounded work."""
+
+
+@dataclass(frozen=True)
+class Usage:
+    bytes: int
+    """What the roots hold (or, when `partial`, at least this: the count stopped early)."""
+    entries: int
+    partial: bool
+
+
+def usage(roots: tuple[str, ...], stop_above: int | None = None) -> Usage:
+    """The disk usage of `roots` together (see the module's docstring): each inode once, however
+    many names or roots reach it. Stops once past `stop_above`. A root that does not exist holds
+    nothing. Raises TooDeep, OSError (a root that cannot be opened safely)."""
+    seen: set[tuple[int, int]] = set()
+    total = entries = 0
+    for root in roots:
+        try:
+            top = descriptors.open_absolute(root)
+        except OSError as exc:
+            if exc.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+                continue
+            raise
+        try:
+            st = os.fstat(top.fd)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue
+            seen.add(key)
+            total += _cost(st)
+            entries += 1
+            stack: list[tuple[int, int]] = [(os.open(".", _DIR_FLAGS, dir_fd=top.fd), 0)]
+            try:
+                while stack:
+                    fd, depth = stack.pop()
+                    try:
+                        for entry in _entries(fd):
+                            name = entry.name
+                            try:
+                                est = entry.stat(follow_symlinks=False)  # (fstatat beneath fd)
+                            except FileNotFoundError:
+                                continue  # removed while we counted
+                            entries += 1
+                            if est.st_nlink > 1 and not stat.S_ISDIR(est.st_mode):
+                                key = (est.st_dev, est.st_ino)
+                                if key in seen:
+                                    continue
+                                seen.add(key)
+                            total += _cost(est)
+                            if stop_above is not None and total > stop_above:
+                                return Usage(total, entries, True)
+                            if stat.S_ISDIR(est.st_mode) and est.st_dev == st.st_dev:
+                                if depth + 1 > MAX_DEPTH:
+                                    raise TooDeep(f"{root} nests directories more than {MAX_DEPTH} deep")
+                                sub = _open_dir(fd, name)
+                                if sub is not None:
+                                    stack.append((sub, depth + 1))
+                    finally:
+                        os.close(fd)
+            finally:
+                for fd, _ in stack:
+                    os.close(fd)
+        finally:
+            os.close(top.fd)
+    return Usage(total, entries, False)
+
+
+def _cost(st: os.stat_result) -> int:
+    return max(st.st_blocks * 512, MIN_ENTRY_BYTES)
+
+
+def _entries(fd: int) -> Iterator[os.DirEntry[str]]:
+    """The entries of the directory open at `fd`, as they are read (a count that stops early
+    does not list the rest of a huge directory). scandir reads through a copy of `fd`."""
+    try:
+        with os.scandir(fd) as it:
+            yield from it
+    except (FileNotFoundError, NotADirectoryError):
+        return
+
+
+def _open_dir(parent: int, name: str) -> int | None:
+    """`name` beneath `parent`, as a directory, never through a link (None: gone, or replaced
+    by something else since it was listed)."""
+    try:
+        return os.open(name, _DIR_FLAGS, dir_fd=parent)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return None  # a link now: counted as one already, or not at all
+        raise
+
+
+def _used(dev_fd: int) -> int:
+    """What the filesystem of `dev_fd` has in use, as `usage` would count it at most: the bytes
+    statvfs says are not free, and MIN_ENTRY_BYTES for each inode in use (an empty file takes
+    no block, and on tmpfs no inode is a block either)."""
+    sv = os.fstatvfs(dev_fd)
+    return (sv.f_blocks - sv.f_bfree) * sv.f_frsize + max(0, sv.f_files - sv.f_ffree) * MIN_ENTRY_BYTES
+
+
+# --- the watch ----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Tree:
+    """One principal's write roots: when they were last counted, and how full their
+    filesystems were then."""
+
+    roots: tuple[str, ...]
+    counted: int = -1  # -1: never counted
+    counted_at: float = 0.0
+    scan_s: float = 0.0
+    used_then: dict[int, int] = field(default_factory=dict)  # st_dev -> bytes used on it
+    devices: dict[int, int] = field(default_factory=dict)  # st_dev -> a descriptor of a root on it
+    tickets: list[Ticket] = field(default_factory=list)
+    tripped: str = ""  # set when a count failed (TooDeep, ...): every ticket then trips
+    partial: bool = False  # the last count stopped early: `counted` is a lower bound
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def open(self) -> None:
+        for root in self.roots:
+            try:
+                o = descriptors.open_absolute(root)
+            except OSError:
+                continue
+            if o.dev in self.devices:
+                os.close(o.fd)
+            else:
+                self.devices[o.dev] = o.fd
+
+    def close(self) -> None:
+        for fd in self.devices.values():
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self.devices.clear()
+
+    def used_now(self) -> dict[int, int]:
+        out = {}
+        for dev, fd in self.devices.items():
+            with contextlib.suppress(OSError):
+                out[dev] = _used(fd)
+        return out
+
+    def at_most(self, now: dict[int, int]) -> int | None:
+        """What the roots can hold now at most, from what they held when counted and what their
+        filesystems took since (None: not counted yet)."""
+        if self.counted < 0:
+            return None
+        grown = sum(max(0, used - self.used_then.get(dev, used)) for dev, used in now.items())
+        return self.counted + grown
+
+    def count(self, stop_above: int) -> int:
+        """Count the roots now (stopping past `stop_above`). Failures count as over."""
+        before = self.used_now()
+        started = time.monotonic()
+        self.tripped = ""
+        try:
+            found = usage(self.roots, stop_above)
+        except (TooDeep, OSError) as exc:
+            self.tripped = f"its write roots cannot be counted: {exc}"
+            found = Usage(stop_above + 1, 0, True)
+        self.scan_s = time.monotonic() - started
+        self.counted_at = time.monotonic()
+        self.counted = found.bytes
+        self.partial = found.partial
+        self.used_then = before  # (taken before the walk: what was written during it shows as growth)
+        return found.bytes
+
+
+class Ticket:
+    """One sandbox under a principal's budget. `tripped` is set (the message of the call's
+    error) once the watch stopped it, or when `Watch.end` finds the roots over its limit."""
+
+    def __init__(self, tree: _Tree, budget: int, source: str, limit: int, stop: Callable[[], None]) -> None:
+        self.tree = tree
+        self.budget = budget
+        self.source = source
+        self.limit = limit
+        """The most the roots may hold while it runs: the budget, or what they held at its start."""
+        self.stop = stop
+        self.tripped: str | None = None
+        self.stopped = False
+        """The watch stopped the sandbox (else it ended on its own, over the budget)."""
+        self.since = time.monotonic()
+
+    def trip(self, found: int, stop: bool = True) -> None:
+        if self.tripped is not None:
+            return
+        budget = f"the disk budget of {_size(self.budget)} ({self.source})"
+        if self.tree.tripped:
+            self.tripped = f"{self.tree.tripped}; they are held to {budget}"
+        elif found > 2 * self.budget and self.limit == self.budget:
+            self.tripped = f"the write roots hold more than twice {budget}: free space in them, or ask for a larger one"
+        else:
+            held = f"more than {_size(found)}" if self.tree.partial else _size(found)
+            self.tripped = f"the write roots hold {held}, past {budget}"
+            if self.limit > self.budget:
+                self.tripped += f" (they held {_size(self.limit)} when it started: nothing more may be added)"
+        if stop:
+            self.stopped = True
+            with contextlib.suppress(Exception):  # stopping must not kill the watch
+                self.stop()
+
+
+def _size(n: int) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if n >= 1 << shift:
+            return f"{n / (1 << shift):.1f} {unit}"
+    return f"{n} bytes"
+
+
+class Watch:
+    """The one thread that watches every running sandbox's budget (`watch()`). Each tree is
+    counted under its own lock: a slow count holds up only the calls of the same roots."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the trees, and whether any has a sandbox running
+        self._wake = threading.Condition(self._lock)
+        self._trees: dict[tuple[str, ...], _Tree] = {}
+        self._thread: threading.Thread | None = None
+
+    def start(self, roots: tuple[str, ...], budget: int, source: str, stop: Callable[[], None]) -> Ticket:
+        """Watch a sandbox about to run under `budget` for `roots`; `stop()` ends it when they
+        pass it. Counts the roots first if they may be over it already (the ticket's limit is
+        then what they hold, up to twice the budget; more is refused). End with `end()`."""
+        key = tuple(sorted(set(roots)))
+        with self._lock:
+            tree = self._trees.get(key)
+            if tree is None:
+                tree = self._trees[key] = _Tree(key)
+        with tree.lock:
+            if not tree.devices:
+                tree.open()
+            bound = tree.at_most(tree.used_now())
+            found = limit = budget
+            if bound is None or bound > budget:  # maybe over already: count (at most twice the budget)
+                found = tree.count(2 * budget)
+                limit = max(budget, found) if found <= 2 * budget and not tree.tripped else budget
+            ticket = Ticket(tree, budget, source, limit, stop)
+            if tree.tripped or found > limit:
+                ticket.trip(found)  # (its launch stops it once it has a process: Launch.started)
+            tree.tickets.append(ticket)
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="disk-budget", daemon=True)
+                self._thread.start()
+            self._wake.notify()
+        return ticket
+
+    def end(self, ticket: Ticket) -> str | None:
+        """The sandbox has ended: stop watching it. Returns why the call fails (None: it stayed
+        within the budget): it was stopped, or its roots are over its limit now (a command that
+        wrote past it between two polls and ended)."""
+        tree = ticket.tree
+        with tree.lock:
+            if ticket.tripped is None:
+                bound = tree.at_most(tree.used_now())
+                if bound is None or bound > ticket.limit:
+                    found = tree.count(ticket.limit)
+                    if found > ticket.limit or tree.tripped:
+                        ticket.trip(found, stop=False)  # it ended on its own: nothing to stop
+            with contextlib.suppress(ValueError):
+                tree.tickets.remove(ticket)
+            if not tree.tickets:
+                tree.close()  # (its count is kept: the next sandbox of these roots starts from it)
+        return ticket.tripped or None
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                while not any(t.tickets for t in self._trees.values()):
+                    self._wake.wait(1.0)
+                trees = [t for t in self._trees.values() if t.tickets]
+            for tree in trees:
+                with tree.lock, contextlib.suppress(Exception):  # the watch itself never dies
+                    self._look(tree)
+            time.sleep(POLL_S)
+
+    @staticmethod
+    def _look(tree: _Tree) -> None:
+        running = [t for t in tree.tickets if t.tripped is None]
+        if not running:
+            return
+        since = time.monotonic() - tree.counted_at
+        bound = tree.at_most(tree.used_now())
+        if bound is not None and bound <= min(t.limit for t in running):
+            # their filesystems did not take enough to put them past any limit. Counted again,
+            # besides, every RESCAN_S while a sandbox runs that long (deletions elsewhere on the
+            # filesystem could hide what it wrote), and never more than SCAN_SHARE of the time;
+            # a short call is counted at its end
+            oldest = time.monotonic() - min(t.since for t in running)
+            if since < max(RESCAN_S, tree.scan_s / SCAN_SHARE) or oldest < RESCAN_S:
+                return
+        found = tree.count(max(t.limit for t in running))
+        for ticket in running:
+            if found > ticket.limit or tree.tripped:
+                ticket.trip(found)
+
+
+_WATCH = Watch()
+
+
+def watch() -> Watch:
+    return _WATCH
+
+
+# --- project quotas (for doctor) ----------------------------------------------------------------
+
+_QUOTACTL_FD = 443  # quotactl_fd(2), Linux 5.14 (x86_64 and the generic table alike)
+_Q_GETINFO = 0x800005
+_PRJQUOTA = 2
+
+
+def project_quotas(root: Path) -> str:
+    """Whether the filesystem of `root` enforces project quotas (what the gateway would use
+    instead of watching), as one line for `gateway doctor`."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError as exc:
+        return f"cannot open {root}: {exc.strerror}"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        info = ctypes.create_string_buffer(64)
+        cmd = (_Q_GETINFO << 8) | _PRJQUOTA
+        if libc.syscall(ctypes.c_long(_QUOTACTL_FD), fd, ctypes.c_uint(cmd), 0, info) == 0:
+            return "project quotas are on for this filesystem (the gateway still watches: it does not set them)"
+        err = ctypes.get_errno()
+        if err == errno.ENOSYS:
+            return "no project quotas: this kernel has no quotactl_fd (or no CONFIG_QUOTA)"
+        return f"no project quotas on this filesystem ({os.strerror(err)})"
+    finally:
+        os.close(fd)
