@@ -53,6 +53,7 @@ LIMITS = {
     "memory_bytes": 256 << 20,
     "pids": 64,
     "tmpfs_bytes": 64 << 20,
+    "disk_bytes": 512 << 20,
 }
 
 # The lower layer every case below is laid over: it sets every field.
