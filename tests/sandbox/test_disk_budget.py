@@ -22,7 +22,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import RunCall
+from gateway.calls import RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
@@ -41,6 +41,7 @@ def budget_policy() -> dict[str, Any]:
     p: dict[str, Any] = copy.deepcopy(PERMISSIVE)
     p["roles"]["dev"]["limits"].update(disk_bytes=BUDGET, timeout_ms=60_000)
     p["rules"] = [r for r in p["rules"] if r["id"] != "rm"]
+    p["tools"]["session"] = {"allow_from": 1}
     p["rules"][0]["programs"] += ["dd", "fallocate", "truncate", "rm", "touch", "seq", "cd"]
     return p
 
@@ -143,6 +144,17 @@ def test_over_the_budget_nothing_may_be_added_but_rm_works(gw: Gateway, ws: Path
     assert run(gw, "ls")["status"] == "ok"  # reading is fine
     assert run(gw, "rm log another")["status"] == "ok"
     assert run(gw, "head -c 1048576 /dev/zero > small")["status"] == "ok"
+
+
+def test_a_session_command_past_the_budget_stops_the_session(gw: Gateway, ws: Path) -> None:
+    started = gw.handle(SessionCall(principal="agent", action="start"))
+    assert started["status"] == "ok", started
+    writer = "while true; do head -c 1048576 /dev/zero >> log; done"
+    out = gw.handle(SessionCall(principal="agent", action="exec", session_id=started["session_id"], command=writer))
+    assert out["error"]["code"] == "DISK_BUDGET", out
+    assert out["error"]["message"].startswith("the session was stopped: the write roots hold ")
+    assert "(limits.disk_bytes of role dev)" in out["error"]["message"]
+    assert held(ws) < DISK // 2
 
 
 def test_the_stop_is_on_the_record(gw: Gateway, tmp_path: Path) -> None:
