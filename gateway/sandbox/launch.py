@@ -191,6 +191,12 @@ class Launch:
         owner = Owner(hooks.principal, hooks.current_call(), plan.argv[-1] if plan.argv else "")
         self.network = service().attach(sockets, plan.egress, hooks, owner)
 
+    @property
+    def disk_tripped(self) -> str | None:
+        """Why its principal's disk budget stopped it, while it runs or once it has ended."""
+        ticket = self._disk
+        return ticket.tripped if ticket is not None else self.disk_stopped
+
     def stop_for_disk(self) -> None:
         """Its principal passed the disk budget (called on the watch's thread): stop the
         sandbox, off that thread (killing a cgroup waits until it is empty)."""

@@ -221,6 +221,10 @@ def _exec(
         session.wait_closed(5.0)
         gw.sessions.forget_dead()
     out = _echoed(session, text, _output(session, finished_only=True))
+    stopped = session.launch.disk_tripped if session.launch is not None else None
+    if stopped is not None:  # the principal's disk budget stopped the session's sandbox (sandbox/disk.py)
+        out["status"] = "error"
+        out["error"] = {"code": "DISK_BUDGET", "message": f"the session was stopped: {stopped}"}
     if cancel is not None and cancel.is_set() and out["running"]:  # the caller left, or the server stops
         out["status"] = "error"
         out["error"] = {
