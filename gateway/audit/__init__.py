@@ -5,6 +5,7 @@
 - keys.py        the Ed25519 signing key, kept apart from the log and out of every sandbox
 - checkpoint.py  the log's signed head, kept apart, so a truncated log cannot pass for a short one
 - journal.py     each writer's calls allowed and not ended: `interrupted` records after a crash
+- reserve.py     disk space kept for refusals and results, given back when the disk is full
 - verify.py      `verify` (names the first problem: torn, edited, chain, forged, truncated,
                  rewritten); `AuditLog.repair` moves a torn end aside and records it
 

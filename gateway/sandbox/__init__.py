@@ -14,6 +14,7 @@ A sandbox is a value first and a launch second:
     masks.py        the policy's deny_read/deny_write patterns, and their matches under the roots
                     (kept up to date by inotify), which every sandbox masks
     quotas.py       memory and process caps by cgroup (v1 or v2), rlimits otherwise
+    disk.py         the principal's disk budget on its write roots, watched while sandboxes run
     reaper.py       the gateway as subreaper: reaps killed sandboxes' orphaned namespace inits
     landlock.py     the kernel's Landlock ABI
     doctor.py       `gateway doctor`: what this host enforces

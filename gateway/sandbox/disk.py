@@ -18,14 +18,15 @@ a filesystem mounted with them: `project_quotas()` says whether a write root has
   that could take them past the budget (when a sandbox starts, while it runs, when it ends),
   and every `RESCAN_S` besides while a sandbox runs longer than that (another writer's
   deletions could hide growth). A command's sandbox that takes the principal past its
-  budget is stopped (its cgroup killed, else its init's lifeline closed, else its process
-  group), and the call fails with DISK_BUDGET.
+  budget is stopped (its cgroup killed, else its process group: `Launch.stop_for_disk`), and
+  the call fails with DISK_BUDGET.
 - **Already over.** A sandbox that starts while its principal is over the budget may not add
   anything: its own limit is what the roots held when it started (so `rm` works, `dd` does not).
+  Roots over twice the budget are not counted to the end: every sandbox is stopped at once.
 
-What a watch cannot stop is what the sandbox writes within one poll (a disk writing a few GB/s
-fills tens of MB in POLL_S): the sandbox refuses fallocate(2) (agw_init.c), the one way to take
-gigabytes at once, so space is only taken as fast as data is written.
+What a watch cannot stop is what the sandbox writes before it is looked at (a poll, then a
+count: tens of MB at a few hundred MB/s): the sandbox refuses fallocate(2) (agw_init.c), the
+one way to take gigabytes at once, so space is only taken as fast as data is written.
 """
 
 from __future__ import annotations
@@ -39,7 +40,6 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from gateway.sandbox import descriptors
 
@@ -379,7 +379,7 @@ _Q_GETINFO = 0x800005
 _PRJQUOTA = 2
 
 
-def project_quotas(root: Path) -> str:
+def project_quotas(root: str) -> str:
     """Whether the filesystem of `root` enforces project quotas (what the gateway would use
     instead of watching), as one line for `gateway doctor`."""
     try:
@@ -395,6 +395,8 @@ def project_quotas(root: Path) -> str:
         err = ctypes.get_errno()
         if err == errno.ENOSYS:
             return "no project quotas: this kernel has no quotactl_fd (or no CONFIG_QUOTA)"
+        if err == errno.ESRCH:
+            return "no project quotas: not on for this filesystem (or this kernel has no CONFIG_QUOTA)"
         return f"no project quotas on this filesystem ({os.strerror(err)})"
     finally:
         os.close(fd)

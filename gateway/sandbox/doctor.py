@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gateway.policy.compile import CompiledPolicy
-from gateway.sandbox import identity, landlock, quotas
+from gateway.sandbox import disk, identity, landlock, quotas
 
 NOBODY = 65534
 TIMEOUT = 20
@@ -88,7 +88,20 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     if policy is not None:
         items.append(_policy(policy))
         items.append(_network(policy))
+        items.append(_disk_budget(policy))
     return Report(tuple(items))
+
+
+def _disk_budget(policy: CompiledPolicy) -> Item:
+    """How the principals' disk budgets hold on their write roots' filesystems (never a block)."""
+    roots = sorted({str(r) for grant in policy.grants.values() for r in grant.write_roots})
+    found = {root: disk.project_quotas(root) for root in roots}
+    how = "; ".join(f"{root}: {what}" for root, what in found.items()) or "no write roots"
+    detail = (
+        f"watched: a sandbox that takes its principal's write roots past limits.disk_bytes is stopped "
+        f"(overshooting by what one look misses), fallocate refused ({how})"
+    )
+    return Item("disk_budget", "disk budget", True, detail, False, {"roots": found})
 
 
 NETWORK_TRUE_WARNING = (
