@@ -22,12 +22,13 @@ import yaml
 from mcp import Client, StdioServerParameters
 
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import RunCall, SessionCall
+from gateway.calls import ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox import disk
 from gateway.sandbox.identity import hand_over
+from tests.conftest import eventually
 from tests.server.conftest import GATEWAY, envelope_of
 from tests.server.test_profiles import env_without_state
 from tests.test_gateway import PERMISSIVE
@@ -41,7 +42,7 @@ def budget_policy() -> dict[str, Any]:
     p: dict[str, Any] = copy.deepcopy(PERMISSIVE)
     p["roles"]["dev"]["limits"].update(disk_bytes=BUDGET, timeout_ms=60_000)
     p["rules"] = [r for r in p["rules"] if r["id"] != "rm"]
-    p["tools"]["session"] = {"allow_from": 1}
+    p["tools"].update(session={"allow_from": 1}, processes={"allow_from": 1})
     p["rules"][0]["programs"] += ["dd", "fallocate", "truncate", "rm", "touch", "seq", "cd"]
     return p
 
@@ -155,6 +156,29 @@ def test_a_session_command_past_the_budget_stops_the_session(gw: Gateway, ws: Pa
     assert out["error"]["message"].startswith("the session was stopped: the write roots hold ")
     assert "(limits.disk_bytes of role dev)" in out["error"]["message"]
     assert held(ws) < DISK // 2
+
+
+def test_a_background_process_past_the_budget_is_stopped(tmp_path: Path, ws: Path) -> None:
+    """A durable process outlives its call (and the gateway): its sandbox is watched as long as
+    it runs, and stopped like any other."""
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=tmp_path / "state")
+    try:
+        writer = "while true; do head -c 1048576 /dev/zero >> log; done"
+        started = gateway.handle(ProcessCall(principal="agent", action="start", command=writer))
+        assert started["status"] == "ok", started
+        pid = started["process"]["id"]
+
+        def ended() -> dict[str, Any] | None:
+            got = gateway.handle(ProcessCall(principal="agent", action="get", process_id=pid))
+            return got if got["process"]["state"] != "running" else None
+
+        assert eventually(ended, every=0.2), "the writer still runs"
+        assert held(ws) < DISK // 2
+        assert run(gateway, "echo still-fine")["status"] == "ok"  # the budget stops writers, not the principal
+    finally:
+        gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        gateway.close()
 
 
 def test_the_stop_is_on_the_record(gw: Gateway, tmp_path: Path) -> None:
