@@ -49,6 +49,8 @@ MAX_DEPTH = 512
 """Directories nested deeper than this are not walked: a tree that deep counts as over budget."""
 POLL_S = 0.01
 """How often a watched root's filesystem is looked at (statvfs) while a sandbox runs."""
+ALIVE_S = 1.0
+"""How often the watch asks whether a sandbox nobody ends its watch of (a durable process's) still runs."""
 RESCAN_S = 5.0
 """A watched tree is counted at least this often (more rarely when counting it is slow)."""
 SCAN_SHARE = 0.2
@@ -239,8 +241,13 @@ class Ticket:
     """One sandbox under a principal's budget. `tripped` is set (the message of the call's
     error) once the watch stopped it, or when `Watch.end` finds the roots over its limit."""
 
-    def __init__(self, tree: _Tree, budget: int, source: str, limit: int, stop: Callable[[], None]) -> None:
+    def __init__(
+        self, tree: _Tree, budget: int, source: str, limit: int, stop: Callable[[], None],
+        alive: Callable[[], bool] | None = None,
+    ) -> None:  # fmt: skip
         self.tree = tree
+        self.alive = alive
+        """For a sandbox nobody ends the watch of (a durable process's): whether it still runs."""
         self.budget = budget
         self.source = source
         self.limit = limit
@@ -287,10 +294,14 @@ class Watch:
         self._trees: dict[tuple[str, ...], _Tree] = {}
         self._thread: threading.Thread | None = None
 
-    def start(self, roots: tuple[str, ...], budget: int, source: str, stop: Callable[[], None]) -> Ticket:
+    def start(
+        self, roots: tuple[str, ...], budget: int, source: str, stop: Callable[[], None],
+        alive: Callable[[], bool] | None = None,
+    ) -> Ticket:  # fmt: skip
         """Watch a sandbox about to run under `budget` for `roots`; `stop()` ends it when they
         pass it. Counts the roots first if they may be over it already (the ticket's limit is
-        then what they hold, up to twice the budget; more is refused). End with `end()`."""
+        then what they hold, up to twice the budget; more is refused). End with `end()`, or
+        give `alive`: the watch ends once it says the sandbox has ended."""
         key = tuple(sorted(set(roots)))
         with self._lock:
             tree = self._trees.get(key)
@@ -304,7 +315,7 @@ class Watch:
             if bound is None or bound > budget:  # maybe over already: count (at most twice the budget)
                 found = tree.count(2 * budget)
                 limit = max(budget, found) if found <= 2 * budget and not tree.tripped else budget
-            ticket = Ticket(tree, budget, source, limit, stop)
+            ticket = Ticket(tree, budget, source, limit, stop, alive)
             if tree.tripped or found > limit:
                 ticket.trip(found)  # (its launch stops it once it has a process: Launch.started)
             tree.tickets.append(ticket)
@@ -334,15 +345,28 @@ class Watch:
         return ticket.tripped or None
 
     def _loop(self) -> None:
+        looked_alive = time.monotonic()
         while True:
             with self._lock:
                 while not any(t.tickets for t in self._trees.values()):
                     self._wake.wait(1.0)
                 trees = [t for t in self._trees.values() if t.tickets]
+            ended = time.monotonic() - looked_alive >= ALIVE_S
+            if ended:
+                looked_alive = time.monotonic()
             for tree in trees:
                 with tree.lock, contextlib.suppress(Exception):  # the watch itself never dies
+                    if ended:
+                        self._drop_ended(tree)
                     self._look(tree)
             time.sleep(POLL_S)
+
+    @staticmethod
+    def _drop_ended(tree: _Tree) -> None:
+        for ticket in [t for t in tree.tickets if t.alive is not None and not t.alive()]:
+            tree.tickets.remove(ticket)
+        if not tree.tickets:
+            tree.close()
 
     @staticmethod
     def _look(tree: _Tree) -> None:

@@ -197,6 +197,21 @@ class Launch:
         ticket = self._disk
         return ticket.tripped if ticket is not None else self.disk_stopped
 
+    def still_running(self) -> bool:
+        """Whether a durable process's sandbox may still run: its cgroup is there until the
+        process manager removes it, once the process has ended (without a cgroup, its pid)."""
+        group = self.cgroup
+        if group is not None:
+            return all(os.path.exists(f) for f in group.join_files)
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                return False
+            except PermissionError:
+                pass  # it runs (as another uid)
+        return True
+
     def stop_for_disk(self) -> None:
         """Its principal passed the disk budget (called on the watch's thread): stop the
         sandbox, off that thread (killing a cgroup waits until it is empty)."""
@@ -359,7 +374,8 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         writable = tuple(m.source for m in plan.mounts if m.kind == "bind" and m.source is not None)
         if plan.quotas.disk_bytes is not None and writable:  # watched while it runs (disk.py)
             budget, source = plan.quotas.disk_bytes, plan.quotas.disk_source
-            launch._disk = disk.watch().start(writable, budget, source, launch.stop_for_disk)
+            alive = None if plan.die_with_parent else launch.still_running  # nobody calls finished() for a durable one
+            launch._disk = disk.watch().start(writable, budget, source, launch.stop_for_disk, alive)
         launch._hold = hold_w
         launch._take = take
         launch._info = info_r
