@@ -33,6 +33,7 @@ import functools
 import os
 import queue
 import secrets
+import signal
 import stat
 import subprocess
 import threading
@@ -223,7 +224,7 @@ class Launch:
             group.kill()
         elif self.pid is not None:  # no cgroup: the process group; the PID namespace ends with bwrap
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, 9)
+                os.killpg(self.pid, signal.SIGKILL)
 
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
