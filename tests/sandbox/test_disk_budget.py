@@ -22,7 +22,7 @@ import yaml
 from mcp import Client, StdioServerParameters
 
 from gateway.audit import AuditLog, records, verify
-from gateway.calls import ProcessCall, RunCall, SessionCall
+from gateway.calls import FilesCall, ProcessCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
@@ -42,7 +42,7 @@ def budget_policy() -> dict[str, Any]:
     p: dict[str, Any] = copy.deepcopy(PERMISSIVE)
     p["roles"]["dev"]["limits"].update(disk_bytes=BUDGET, timeout_ms=60_000)
     p["rules"] = [r for r in p["rules"] if r["id"] != "rm"]
-    p["tools"].update(session={"allow_from": 1}, processes={"allow_from": 1})
+    p["tools"].update(session={"allow_from": 1}, processes={"allow_from": 1}, files={"allow_from": 1})
     p["rules"][0]["programs"] += ["dd", "fallocate", "truncate", "rm", "touch", "seq", "cd"]
     return p
 
@@ -179,6 +179,18 @@ def test_a_background_process_past_the_budget_is_stopped(tmp_path: Path, ws: Pat
     finally:
         gateway.handle(ProcessCall(principal="agent", action="stop_all"))
         gateway.close()
+
+
+def test_the_files_tool_writes_no_further_than_the_budget(gw: Gateway, ws: Path) -> None:
+    """The files tool writes as the gateway, with no sandbox to stop: each write is checked first."""
+    assert run(gw, "head -c 29360128 /dev/zero > base")["status"] == "ok"  # 28 MiB of the 32
+    outs = [gw.handle(FilesCall(principal="agent", action="write", path=f"f{i}", content="x" * MiB)) for i in range(6)]
+    assert [o["status"] for o in outs[:2]] == ["ok", "ok"], outs
+    refused = [o for o in outs if o["status"] != "ok"]
+    assert len(refused) >= 2 and all(o["error"]["code"] == "DISK_BUDGET" for o in refused), outs
+    assert "would pass the disk budget of 32.0 MiB (limits.disk_bytes of role dev)" in refused[0]["error"]["message"]
+    assert held(ws) <= BUDGET
+    assert gw.handle(FilesCall(principal="agent", action="delete", path="f0"))["status"] == "ok"
 
 
 def test_the_stop_is_on_the_record(gw: Gateway, tmp_path: Path) -> None:
