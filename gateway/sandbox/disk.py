@@ -326,6 +326,32 @@ class Watch:
             self._wake.notify()
         return ticket
 
+    def check(self, roots: tuple[str, ...], budget: int, source: str, adding: int) -> str | None:
+        """For a write the gateway makes itself (the files tool), before it: why adding `adding`
+        bytes would take `roots` past `budget` (None: it would not)."""
+        key = tuple(sorted(set(roots)))
+        with self._lock:
+            tree = self._trees.get(key)
+            if tree is None:
+                tree = self._trees[key] = _Tree(key)
+        with tree.lock:
+            opened = not tree.devices
+            if opened:
+                tree.open()
+            try:
+                bound = tree.at_most(tree.used_now())
+                if bound is not None and bound + adding <= budget:
+                    return None
+                found = tree.count(budget)
+            finally:
+                if opened and not tree.tickets:
+                    tree.close()
+            if not tree.tripped and found + adding <= budget:
+                return None
+            held = f"more than {_size(found)}" if tree.partial else _size(found)
+            why = tree.tripped or f"the write roots hold {held}"
+            return f"{why}: {_size(adding)} more would pass the disk budget of {_size(budget)} ({source})"
+
     def end(self, ticket: Ticket) -> str | None:
         """The sandbox has ended: stop watching it. Returns why the call fails (None: it stayed
         within the budget): it was stopped, or its roots are over its limit now (a command that

@@ -16,10 +16,10 @@ import gateway.executors.files as files
 from gateway.analysis import analyze
 from gateway.calls import FilesCall
 from gateway.decision import Decision, Reason, Verdict
-from gateway.pipeline import Gated, limits, tool_decision
+from gateway.pipeline import DEFAULT_DISK_BYTES, Gated, limit_source, limits, tool_decision
 from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import Tool
-from gateway.sandbox import identity, masks
+from gateway.sandbox import disk, identity, masks
 from gateway.sandbox import plan as sandbox_plan
 from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
@@ -248,12 +248,28 @@ def handle(gw: Gateway, call: FilesCall, call_id: str) -> dict[str, Any]:
         assert own is not None
         grant = replace(grant, read_roots=(own,), write_roots=(), protected=())
         call = call.model_copy(update={"path": paths[0][0]})
+    over = _over_budget(policy, call, lim)
+    if over is not None:  # the principal's write roots are at their disk budget (sandbox/disk.py)
+        return gw.record_result(gated, {"status": "error", "error": {"code": "DISK_BUDGET", "message": over}})
     try:
         with contextlib.nullcontext() if reading_own else identity.acting_as_sandbox():
             outcome = files.execute(call, grant, policy.workspace, outputs_dir(policy), file_limits)
     except identity.ActAsUnavailable as exc:
         outcome = {"status": "error", "error": {"code": "SANDBOX_UNAVAILABLE", "message": str(exc)}}
     return gw.record_result(gated, outcome)
+
+
+def _over_budget(policy: CompiledPolicy, call: FilesCall, lim: dict[str, int]) -> str | None:
+    """Why a write or edit would take the principal's write roots past its disk budget, as a
+    command's would be stopped: the content it adds counts (at most `file_bytes` a call)."""
+    if call.action not in ("write", "edit", "mkdir"):
+        return None
+    roots = tuple(str(r) for r in policy.grant(call.principal).write_roots)
+    if not roots:
+        return None
+    adding = sum(_size(t) for t in (call.content or "", call.new or "", *(e.new for e in call.edits or ())))
+    budget = lim.get("disk_bytes", DEFAULT_DISK_BYTES)
+    return disk.watch().check(roots, budget, limit_source(policy, call.principal, "disk_bytes"), adding)
 
 
 def _size(text: str) -> int:
