@@ -52,6 +52,10 @@ test: lint $(CLIENTS_STAMP)
 	@{ command -v chromium >/dev/null && command -v chromedriver >/dev/null; } || { [ "$$(id -u)" = 0 ] \
 		&& command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null; } \
 		|| echo "no chromium: the console's browser test will fail (apt-get install chromium chromium-driver)"
+	@# tests/store/ start a real PostgreSQL of their own (Debian's server binaries, as an unprivileged account)
+	@{ ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || command -v initdb >/dev/null; } || { [ "$$(id -u)" = 0 ] \
+		&& command -v apt-get >/dev/null && apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null; } \
+		|| echo "no PostgreSQL server: the store's tests are skipped (apt-get install postgresql)"
 	AGW_CLIENTS_DIR=$(abspath $(CLIENTS_DIR)) $(BIN)/pytest -q
 
 HOST ?= 127.0.0.1

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 # Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
 # for the MCP server, the sandbox or the audit verbs (docs/performance.md, "Hooks").
 if TYPE_CHECKING:
+    from gateway.audit.sink import AuditSink
     from gateway.decide import CheckResult
     from gateway.policy.compile import CompiledPolicy
 
@@ -173,7 +174,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 def _cmd_run(args: argparse.Namespace) -> int:
     from gateway import approval_queue
     from gateway.approval import Approver, DenyAll, TerminalApprover
-    from gateway.audit import AuditUnavailable, open_signed
+    from gateway.audit import AuditUnavailable
     from gateway.calls import RunCall
     from gateway.pipeline import Gateway
     from gateway.policy.loader import PolicyError
@@ -188,7 +189,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         workspace = Path(args.workspace) if args.workspace else None
         holder = PolicyHolder(Path(args.policy), workspace, on_event=lambda kind, data: waiting.append((kind, data)))
         policy = holder.current()
-        audit = open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=policy.policy.audit.redact)
+        audit = _ledger(args, policy.policy.audit.redact)
 
         def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
             audit.append(kind, data=data)
@@ -226,6 +227,19 @@ def _cmd_run(args: argparse.Namespace) -> int:
     if result.get("status") == "timeout":
         return 124
     return int(result.get("exit_code") or 0)
+
+
+def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
+    """The gateway's ledger: the fleet's store with --store (or AGW_STORE), else the files of
+    --audit-dir. Raises AuditUnavailable naming what cannot be used."""
+    from gateway.audit import open_signed
+    from gateway.store.commands import dsn_of
+    from gateway.store.ledger import open_ledger
+
+    dsn = dsn_of(args)
+    if dsn:
+        return open_ledger(dsn, Path(args.audit_dir), Path(args.audit_keys), redact=redact)
+    return open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=redact)
 
 
 def _supervisor(args: argparse.Namespace) -> str:
@@ -348,7 +362,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     from gateway.audit.calls import Folder
     from gateway.audit.export import redactor
     from gateway.audit.timespec import TimeSpecError
+    from gateway.store.commands import dsn_of, verify_main
 
+    dsn = dsn_of(args)
+    if dsn and args.action == "verify":
+        return verify_main(args, dsn)
+    if dsn:
+        return _fatal(f"audit {args.action} --store: not yet (the fleet's ledger has `audit verify --store`)")
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
@@ -669,6 +689,12 @@ def _cmd_token(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _cmd_store(args: argparse.Namespace) -> int:
+    from gateway.store.commands import store_main
+
+    return store_main(args)
+
+
 def _cmd_doctor(args: argparse.Namespace) -> int:
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
@@ -702,7 +728,14 @@ def _common_options(policy_default: str | None, policy_help: str) -> argparse.Ar
         "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the audit signing key and checkpoints (default: %(default)s)"
     )
     common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
+    _store_option(common)
     return common
+
+
+def _store_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--store", metavar="postgresql://...", help="the fleet's store (default: $AGW_STORE; none: this host's files)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -752,6 +785,7 @@ def build_parser() -> argparse.ArgumentParser:
                                        "replay"])  # fmt: skip
     au.add_argument("call_id", nargs="?", help="for show: the call whose records to print")
     au.add_argument("--audit-dir", default="audit", help="the audit directory (default: %(default)s)")
+    _store_option(au)
     au.add_argument(
         "--audit-keys", default=DEFAULT_AUDIT_KEYS, help="the signing key and checkpoints (default: %(default)s)"
     )
@@ -881,6 +915,11 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
     tk.add_argument("--workspace", help=argparse.SUPPRESS)
     tk.set_defaults(func=_cmd_token)
+    st = sub.add_parser("store", help="the fleet's store: init, migrate, status (docs/fleet.md)")
+    st.add_argument("action", choices=["init", "migrate", "status"])
+    _store_option(st)
+    st.add_argument("--json", action="store_true", help="status: as JSON")
+    st.set_defaults(func=_cmd_store)
     dr = sub.add_parser("doctor", help="what this host enforces: bubblewrap, user namespaces, Landlock, cgroups")
     dr.add_argument("--json", action="store_true", help="print one JSON object with every item")
     dr.add_argument("--policy", help="also check what this policy requires of the host")

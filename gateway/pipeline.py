@@ -20,7 +20,8 @@ from typing import Any
 from gateway import cancellation, metrics, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
-from gateway.audit import AuditLog, AuditUnavailable, origin
+from gateway.audit import AuditUnavailable, origin
+from gateway.audit.sink import AuditSink
 from gateway.audit.writer import written_call_ids
 
 # the decision stages live in gateway/decide.py (what `gateway check` imports, without the sandbox,
@@ -148,7 +149,7 @@ class Gateway:
     def __init__(
         self,
         policy: Any,
-        audit: AuditLog,
+        audit: AuditSink,
         approver: Approver | None = None,
         executor: Any = shell.run,
         approval_timeout_s: float = APPROVAL_TIMEOUT_S,

@@ -96,6 +96,36 @@ def written_call_ids() -> Iterator[set[str]]:
         _WRITTEN.reset(token)
 
 
+def mark_written(call_id: str) -> None:
+    """A record naming `call_id` is durable (for `written_call_ids`; another ledger's appends
+    call it too: gateway/audit/sink.py)."""
+    seen = _WRITTEN.get()
+    if seen is not None:
+        seen.add(call_id)
+
+
+def prepare(fields: dict[str, Any], secret_names: re.Pattern[str]) -> tuple[dict[str, Any], int]:
+    """A record's body from an append's fields: secrets redacted, bounded to MAX_RECORD_BYTES,
+    and its size. Raises AuditUnavailable for the writer's own fields or what is not JSON."""
+    reserved = RESERVED.intersection(fields)
+    if reserved:
+        raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")
+    try:
+        given = redact(bound({k: v for k, v in fields.items() if v is not None}, max_chars=1 << 30), secret_names)
+        body = bound(given)
+        size = len(canonical(body).encode("utf-8", "surrogatepass"))
+        if size > MAX_RECORD_BYTES:  # many long fields: keep each as its size and digest
+            body = bound(given, max_chars=1024, max_items=50)
+            data = canonical(body).encode("utf-8", "surrogatepass")
+            size = len(data)
+            if size > MAX_RECORD_BYTES:
+                body = stub(given, data)
+                size = len(canonical(body).encode("utf-8", "surrogatepass"))
+    except (TypeError, ValueError, RecursionError) as exc:
+        raise AuditUnavailable(f"audit record is not serialisable: {exc}") from exc
+    return body, size
+
+
 def _opens(event: Any, decision: Any) -> bool:
     """A record that lets its call go on: an allowed decision or an approval that granted it."""
     return event in ("decision", "approval") and decision == "allow"
@@ -250,24 +280,7 @@ class AuditLog:
         """Write one record durably and return it. Raises AuditUnavailable."""
         if self._closed:
             raise AuditUnavailable(f"the audit log {self.directory} is closed")
-        reserved = RESERVED.intersection(fields)
-        if reserved:
-            raise AuditUnavailable(f"audit fields {sorted(reserved)} are the writer's own")
-        try:
-            given = redact(
-                bound({k: v for k, v in fields.items() if v is not None}, max_chars=1 << 30), self.secret_names
-            )
-            body = bound(given)
-            size = len(canonical(body).encode("utf-8", "surrogatepass"))
-            if size > MAX_RECORD_BYTES:  # many long fields: keep each as its size and digest
-                body = bound(given, max_chars=1024, max_items=50)
-                data = canonical(body).encode("utf-8", "surrogatepass")
-                size = len(data)
-                if size > MAX_RECORD_BYTES:
-                    body = stub(given, data)
-                    size = len(canonical(body).encode("utf-8", "surrogatepass"))
-        except (TypeError, ValueError, RecursionError) as exc:
-            raise AuditUnavailable(f"audit record is not serialisable: {exc}") from exc
+        body, size = prepare(fields, self.secret_names)
         call_id = fields.get("call_id")
         call_id = call_id if isinstance(call_id, str) else None
         opens = call_id is not None and _WRITTEN.get() is not None and _opens(event, fields.get("decision"))

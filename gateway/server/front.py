@@ -51,7 +51,8 @@ from typing import Any
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit import AuditUnavailable
+from gateway.audit.sink import AuditSink
 from gateway.log import log
 from gateway.server.limits import FrontLimits
 
@@ -430,7 +431,7 @@ class RefusalLog:
     addresses) share one overflow kind, peer `*`. One thread writes; `close` writes what is
     left (at shutdown)."""
 
-    def __init__(self, audit: AuditLog, window_s: float = 10.0, max_kinds: int = 16) -> None:
+    def __init__(self, audit: AuditSink, window_s: float = 10.0, max_kinds: int = 16) -> None:
         self.audit = audit
         self.window_s = window_s
         self.max_kinds = max_kinds

@@ -28,7 +28,8 @@ from mcp.server.transport_security import TransportSecuritySettings
 from pydantic import AnyHttpUrl
 from sse_starlette.sse import AppStatus
 
-from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit import AuditUnavailable
+from gateway.audit.sink import AuditSink
 from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.server.app import GatewayServer
@@ -79,7 +80,7 @@ class PolicyTokens(TokenVerifier):
         return AccessToken(token=token, client_id=entry.principal, scopes=[SCOPE], subject=entry.id)
 
 
-def _record(audit: AuditLog, event: str, **fields: Any) -> bool:
+def _record(audit: AuditSink, event: str, **fields: Any) -> bool:
     try:
         audit.append(event, **fields)
         return True

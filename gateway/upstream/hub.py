@@ -37,7 +37,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import Implementation
 
 from gateway import sandbox
-from gateway.audit import AuditLog
+from gateway.audit.sink import AuditSink
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
 from gateway.log import log
@@ -81,7 +81,7 @@ class UpstreamFailure(Exception):
 class HubHost(Protocol):
     """What the hub needs of the gateway it serves (gateway.pipeline.Gateway)."""
 
-    audit: AuditLog
+    audit: AuditSink
     state_dir: Path | None
     on_close: list[Callable[[], None]]
 

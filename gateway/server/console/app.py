@@ -50,8 +50,9 @@ from starlette.responses import JSONResponse, RedirectResponse, Response
 
 from gateway import approval_queue
 from gateway.approval import escaped
-from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable, replay
+from gateway.audit import SECRET_NAME, AuditUnavailable, replay
 from gateway.audit.keys import VerifyKey
+from gateway.audit.sink import AuditSink
 from gateway.audit.timespec import TimeSpecError
 from gateway.cli import describe_record
 from gateway.policy.compile import CompiledPolicy
@@ -84,7 +85,7 @@ class ConsoleConfig:
     """What the console needs of the server it is part of."""
 
     tokens: TokenStore
-    audit: AuditLog
+    audit: AuditSink
     policy: Callable[[], CompiledPolicy]
     state_dir: Path | None
     """The approvals queue (None: this server's asks are not answered through the queue, so the

@@ -1,0 +1,16 @@
+"""The fleet's store: what many gateways share, kept in PostgreSQL (`--store postgresql://...`,
+or `AGW_STORE`). Without it the gateway keeps its files, as it always has (docs/fleet.md).
+
+- db.py          `Store`: the connection pool, errors that name the store, the schema's versions
+                 (`gateway store init|migrate|status`); the SQL is in migrations/, in order
+- ledger.py      `StoreLedger`: the audit log as one hash chain per gateway process (a stream),
+                 each record committed before its call runs; `verify_store` checks every stream
+- sequencer.py   one elected gateway folds the streams' heads into signed checkpoints
+- approvals.py   `StoreApprover`: asks as rows, woken by LISTEN, re-read after every reconnect
+- tokens.py      bearer tokens as rows, revocable fleet-wide
+- commands.py    the CLI verbs (`gateway store ...`, `audit verify --store`, `approvals --store`)
+
+Layers: db.py imports nothing of the gateway; ledger.py and sequencer.py sit with the audit log;
+approvals.py with the gate's approvers; tokens.py and commands.py with the faces. This file
+imports none of them.
+"""

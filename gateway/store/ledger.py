@@ -1,0 +1,406 @@
+"""The fleet's ledger in the store: one hash chain per gateway process (a stream).
+
+A stream has one writer, the process that opened it, which keeps its end (seq, hash) in memory:
+an append is one INSERT of the record the file log would write (gateway/audit/records.py: the
+same canonical JSON, hash and chain rules, plus `stream`), committed before `append` returns.
+Threads of one process commit together (one transaction for all the records queued while the
+last commit ran). `PRIMARY KEY (stream, seq)` refuses a second writer: a fork stops the stream.
+
+A stream starts with `stream_started`, naming the host's stream before it and the record that
+stream had reached (under an advisory lock per host, so a host's streams form one sequence,
+each naming the one started just before it). A record whose commit went unanswered (the
+connection dropped) is never assumed lost or kept: before its next append the writer reads its
+stream's end back; a record that did land is voided on the record (`audit_voided`: its call was
+denied and did not run), anything else there is a fork and stops the stream.
+
+`verify_store` checks every stream: each row's record is canonical, hashes to its `hash`, names
+its stream and seq, links to the record before it, seqs run 1, 2, 3 without a gap; signatures
+(each commit's last record is signed with the host's key) verify; every host's streams link in
+order; every stream holds at least what the newest signed checkpoint saw it hold
+(sequencer.py), so a stream cut short shows.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import secrets
+import socket
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from gateway.audit.keys import SigningKey, VerifyKey
+from gateway.audit.records import SECRET_NAME, AuditUnavailable, canonical, digest
+from gateway.audit.writer import mark_written, prepare
+from gateway.store import db
+
+STREAM_STARTED = "stream_started"
+VOIDED = "audit_voided"
+_HOST_LOCK = 0x6167  # advisory lock namespace (with hashtext(host)): one stream starts at a time per host
+_LAST = "SELECT seq, hash FROM agw.record WHERE stream = %s ORDER BY seq DESC LIMIT 1"
+_INSERT = "INSERT INTO agw.record (stream, seq, hash, body) VALUES (%s, %s, %s, %s)"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
+
+
+@dataclass
+class _Pending:
+    event: str
+    body: dict[str, Any]
+    record: dict[str, Any] | None = None
+    error: AuditUnavailable | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.record is not None or self.error is not None
+
+
+class StoreLedger:
+    """The audit sink of a gateway run with `--store` (gateway/audit/sink.py). `directory` is
+    this host's local directory for the ledger (hidden from every sandbox as the file log is);
+    `key` signs each commit's last record; `host` names this machine in the fleet."""
+
+    def __init__(
+        self,
+        store: db.Store,
+        directory: Path,
+        redact: list[str] | None = None,
+        *,
+        key: SigningKey | None = None,
+        host: str | None = None,
+    ) -> None:
+        self.store = store
+        self.directory = Path(directory)
+        self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.secret_names = re.compile("|".join([SECRET_NAME.pattern, *(redact or [])]), re.IGNORECASE)
+        self.key = key
+        self.checkpoint: Path | None = None  # its checkpoints are rows of the store (sequencer.py)
+        self.host = host or socket.gethostname()
+        self.stream = f"{self.host}:{os.getpid()}:{secrets.token_hex(4)}"
+        self.on_health: Callable[[str | None], None] | None = None
+        self._cond = threading.Condition()
+        self._queue: list[_Pending] = []
+        self._committing = False
+        self._failing = False
+        self._seq = 0
+        self._prev = ""
+        self._sent: dict[int, str] = {}
+        """Records of a commit whose outcome is unknown (seq -> hash): read back before going on."""
+        self._broken: str | None = None
+        """Why this stream takes no more records (a fork): every append is refused."""
+        try:
+            db.require_current(store)
+            self._start()
+        except db.StoreError as exc:
+            raise AuditUnavailable(str(exc)) from exc
+
+    # --- the stream's start ----------------------------------------------------------------
+    def _start(self) -> None:
+        with self.store.connection() as conn, conn.transaction():
+            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_HOST_LOCK, self.host))
+            row = conn.execute(
+                "SELECT s.stream, r.seq, r.hash FROM agw.stream s LEFT JOIN LATERAL "
+                "(SELECT seq, hash FROM agw.record WHERE stream = s.stream ORDER BY seq DESC LIMIT 1) r ON true "
+                "WHERE s.host = %s ORDER BY s.n DESC LIMIT 1",
+                (self.host,),
+            ).fetchone()
+            previous = {"stream": row[0], "seq": row[1] or 0, "hash": row[2] or ""} if row else None
+            conn.execute("INSERT INTO agw.stream (stream, host, pid) VALUES (%s, %s, %s)",
+                         (self.stream, self.host, os.getpid()))  # fmt: skip
+            data: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "previous": previous}
+            if self.key is not None:
+                data["key"] = self.key.public.line().strip()
+            made = self._made([_Pending(STREAM_STARTED, {"data": data})])
+            for seq, hash_, body in made:
+                conn.execute(_INSERT, (self.stream, seq, hash_, body))
+        self._advance(made)
+
+    # --- appending --------------------------------------------------------------------------
+    def append(self, event: str, **fields: Any) -> dict[str, Any]:
+        """Write one record to this process's stream, committed, and return it. Raises
+        AuditUnavailable (naming the store) when it cannot be: the caller denies."""
+        if "stream" in fields:
+            raise AuditUnavailable("audit field 'stream' is the store ledger's own")
+        body, _ = prepare(fields, self.secret_names)
+        pending = _Pending(event, body)
+        with self._cond:
+            self._queue.append(pending)
+            while not pending.settled:
+                if self._committing:
+                    self._cond.wait()
+                    continue
+                self._committing = True
+                batch, self._queue = self._queue, []
+                self._cond.release()
+                try:
+                    self._commit(batch)
+                finally:
+                    self._cond.acquire()
+                    self._committing = False
+                    self._cond.notify_all()
+        self._health(pending.error)
+        if pending.error is not None:
+            raise pending.error
+        assert pending.record is not None
+        call_id = fields.get("call_id")
+        if isinstance(call_id, str):
+            mark_written(call_id)
+        return pending.record
+
+    def _health(self, error: AuditUnavailable | None) -> None:
+        with self._cond:
+            changed = (error is not None) != self._failing
+            self._failing = error is not None
+        if changed and self.on_health is not None:
+            with contextlib.suppress(Exception):
+                self.on_health(None if error is None else str(error))
+
+    def _made(self, batch: list[_Pending]) -> list[tuple[int, str, str]]:
+        """The batch as chained records after this stream's end: (seq, hash, canonical body)."""
+        seq, prev = self._seq, self._prev
+        out = []
+        for i, p in enumerate(batch):
+            record = {"seq": seq + 1, "ts": _now(), "event": p.event, **p.body, "stream": self.stream, "prev": prev}
+            record["hash"] = digest(record)
+            if self.key is not None and i == len(batch) - 1:
+                record["sig"] = self.key.sign(record["hash"])
+            seq, prev = record["seq"], record["hash"]
+            out.append((seq, prev, canonical(record)))
+            p.body = record  # kept for the caller once committed
+        return out
+
+    def _advance(self, made: list[tuple[int, str, str]]) -> None:
+        if made:
+            self._seq, self._prev = made[-1][0], made[-1][1]
+
+    def _commit(self, batch: list[_Pending]) -> None:
+        try:
+            if self._broken is not None:
+                raise AuditUnavailable(self._broken)
+            if self._sent:
+                self._settle_unknown(batch)
+            made = self._made(batch)
+            self._insert(made)
+            self._advance(made)
+            for p in batch:
+                p.record = p.body
+        except AuditUnavailable as exc:
+            for p in batch:
+                if not p.settled:
+                    p.error = exc
+        except BaseException as exc:  # a bug: every caller still gets an answer, and denies
+            for p in batch:
+                if not p.settled:
+                    p.error = AuditUnavailable(f"internal error in the store ledger: {exc!r}")
+            if not isinstance(exc, Exception):
+                raise
+
+    def _insert(self, made: list[tuple[int, str, str]]) -> None:
+        rows = [(self.stream, seq, hash_, body) for seq, hash_, body in made]
+        self._sent = {seq: hash_ for seq, hash_, _ in made}
+        try:
+            with self.store.connection() as conn:
+                if len(rows) == 1:
+                    conn.execute(_INSERT, rows[0])
+                else:
+                    with conn.transaction(), conn.cursor() as cur:
+                        cur.executemany(_INSERT, rows)
+        except psycopg.errors.UniqueViolation as exc:
+            self._sent = {}
+            self._broken = (
+                f"the store {self.store.name} already holds record seq {made[0][0]} of stream {self.stream}: "
+                "another writer claims this stream (a fork); this gateway records nothing more in it: restart it"
+            )
+            raise AuditUnavailable(self._broken) from exc
+        except db.StoreUnavailable as exc:
+            raise AuditUnavailable(f"{exc} (nothing runs unrecorded)") from exc
+        except psycopg.Error as exc:
+            self._sent = {}
+            raise AuditUnavailable(f"the store {self.store.name} refused the record: {exc}") from exc
+        self._sent = {}
+
+    def _settle_unknown(self, batch: list[_Pending]) -> None:
+        """A commit went unanswered: read the stream's end back. What landed is voided on the
+        record (its callers were refused); anything else at the end is a fork."""
+        with self.store.connection() as conn:
+            row = conn.execute(_LAST, (self.stream,)).fetchone()
+        seq, hash_ = (int(row[0]), str(row[1])) if row else (0, "")
+        if (seq, hash_) == (self._seq, self._prev):
+            self._sent = {}
+            return
+        if self._sent.get(seq) != hash_:
+            self._broken = (
+                f"the stream {self.stream} in the store {self.store.name} ends at seq {seq}, not at what this "
+                f"gateway wrote (seq {self._seq}): another writer, or an edit; this gateway records nothing more in it"
+            )
+            raise AuditUnavailable(self._broken)
+        landed = sorted(s for s in self._sent if s <= seq)
+        self._seq, self._prev = seq, hash_
+        self._sent = {}
+        batch.insert(0, _Pending(VOIDED, {"data": {
+            "seqs": landed,
+            "why": "committed, but the gateway did not hear the commit: their calls were refused and did not run",
+        }}))  # fmt: skip
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def open_ledger(dsn: str, directory: Path, key_dir: Path, redact: list[str] | None = None) -> StoreLedger:
+    """The ledger of a gateway run with `--store`: its records signed with this host's key (the
+    one in `key_dir`, made if there is none). Raises AuditUnavailable naming the store."""
+    try:
+        store = db.Store(dsn)
+    except db.StoreError as exc:
+        raise AuditUnavailable(str(exc)) from exc
+    try:
+        key = SigningKey.load_or_create(Path(key_dir))
+        return StoreLedger(store, directory, redact, key=key)
+    except Exception:
+        store.close()
+        raise
+
+
+# --- verification -------------------------------------------------------------------------------
+@dataclass
+class StoreVerification:
+    """What `verify_store` found: counts, and each problem as one line naming where it is."""
+
+    streams: int = 0
+    records: int = 0
+    checkpoints: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def lines(self) -> list[str]:
+        head = f"{self.streams} streams, {self.records} records, {self.checkpoints} checkpoints"
+        if self.ok:
+            return [f"ok: {head}"]
+        return [f"FAILED: {head}, {len(self.problems)} problem(s)", *(f"  {p}" for p in self.problems)]
+
+
+@dataclass
+class _StreamEnd:
+    host: str
+    seq: int
+    hash: str
+    hashes: dict[int, str]
+    previous: dict[str, Any] | None
+    key: VerifyKey | None
+
+
+def _check_stream(
+    conn: psycopg.Connection[Any], stream: str, host: str, keys: list[VerifyKey], out: StoreVerification
+) -> _StreamEnd:
+    expected, prev = 1, ""
+    hashes: dict[int, str] = {}
+    previous: dict[str, Any] | None = None
+    key: VerifyKey | None = None
+    signed_to = 0
+    where = f"stream {stream}"
+    with conn.cursor() as cur:
+        cur.execute("SELECT seq, hash, body FROM agw.record WHERE stream = %s ORDER BY seq", (stream,))
+        for seq, hash_, body in cur:
+            out.records += 1
+            at = f"{where} seq {seq}"
+            if seq != expected:
+                out.problems.append(f"{at}: expected seq {expected}: records {expected}..{seq - 1} are missing")
+            expected = seq + 1
+            try:
+                record = json.loads(body)
+            except ValueError:
+                out.problems.append(f"{at}: the row's record is not JSON (edited)")
+                prev = hash_
+                continue
+            if not isinstance(record, dict) or canonical(record) != body:
+                out.problems.append(f"{at}: the row's record is not in canonical form (edited)")
+            elif digest(record) != record.get("hash") or record.get("hash") != hash_:
+                out.problems.append(f"{at}: the record does not match its hash (edited)")
+            elif record.get("seq") != seq or record.get("stream") != stream:
+                out.problems.append(
+                    f"{at}: the record says stream {record.get('stream')} seq {record.get('seq')} (moved or reordered)"
+                )
+            elif record.get("prev") != prev:
+                out.problems.append(f"{at}: the record does not link to the one before it (reordered or removed)")
+            hashes[seq] = hash_
+            prev = hash_
+            if not isinstance(record, dict):
+                continue
+            if seq == 1:
+                given = record.get("data")
+                data: dict[str, Any] = given if isinstance(given, dict) else {}
+                if record.get("event") != STREAM_STARTED or data.get("host") != host:
+                    out.problems.append(f"{at}: a stream starts with {STREAM_STARTED} naming its host {host}")
+                previous = data.get("previous") if isinstance(data.get("previous"), dict) else None
+                with contextlib.suppress(Exception):
+                    key = VerifyKey.from_line(str(data["key"]), at) if data.get("key") else None
+                if keys and (key is None or key.raw not in {k.raw for k in keys}):
+                    out.problems.append(f"{at}: the stream is signed with a key you did not pin (--key)")
+            sig = record.get("sig")
+            if sig is not None:
+                checkers = keys or ([key] if key else [])
+                if not any(k.verify(hash_, str(sig)) for k in checkers):
+                    out.problems.append(f"{at}: the signature does not verify (forged)")
+                signed_to = seq
+    last = expected - 1
+    if last == 0:
+        out.problems.append(f"{where}: has no records (its {STREAM_STARTED} was removed)")
+    elif (keys or key) and signed_to != last:
+        out.problems.append(f"{where}: records {signed_to + 1}..{last} come after its last signature (added)")
+    return _StreamEnd(host, last, prev, hashes, previous, key)
+
+
+def verify_store(store: db.Store, keys: list[VerifyKey] | None = None) -> StoreVerification:
+    """Check every stream of the store's ledger, the links between a host's streams, and the
+    signed checkpoints (sequencer.py). Raises StoreUnavailable when the store cannot be read."""
+    keys = keys or []
+    out = StoreVerification()
+    with store.connection() as conn, conn.transaction():
+        conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        streams = conn.execute("SELECT stream, host FROM agw.stream ORDER BY n").fetchall()
+        ends: dict[str, _StreamEnd] = {}
+        for stream, host in streams:
+            out.streams += 1
+            ends[stream] = _check_stream(conn, stream, host, keys, out)
+        last_of_host: dict[str, str] = {}
+        for stream, host in streams:
+            end = ends[stream]
+            before = last_of_host.get(host)
+            named = end.previous
+            if before is None and named is not None:
+                out.problems.append(f"stream {stream}: names a previous stream {named.get('stream')} that is gone")
+            elif before is not None and (named is None or named.get("stream") != before):
+                out.problems.append(
+                    f"stream {stream}: does not name {before}, the host's stream before it (a stream was removed "
+                    "or inserted)"
+                )
+            elif before is not None and named is not None:
+                seq = named.get("seq")
+                if isinstance(seq, int) and seq > 0 and ends[before].hashes.get(seq) != named.get("hash"):
+                    out.problems.append(
+                        f"stream {before}: stream {stream} saw it reach seq {seq}, and that record is not there "
+                        "as it was (truncated or rewritten)"
+                    )
+            last_of_host[host] = stream
+        _check_checkpoints(conn, ends, keys, out)
+    return out
+
+
+def _check_checkpoints(
+    conn: psycopg.Connection[Any], ends: dict[str, _StreamEnd], keys: list[VerifyKey], out: StoreVerification
+) -> None:
+    """Filled in by the sequencer's checkpoints (sequencer.py), once the schema has them."""
+    del conn, ends, keys, out
