@@ -49,7 +49,7 @@ def test_a_changed_migration_is_reported_never_applied_again(dsn: str) -> None:
     assert "0001_ledger was applied from another text" in out.stderr
     store = db.Store(dsn)
     try:
-        assert [v.state for v in db.status(store)][0] == "changed"
+        assert next(v.state for v in db.status(store)) == "changed"
     finally:
         store.close()
 
