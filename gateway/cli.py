@@ -232,14 +232,10 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
     """The gateway's ledger: the fleet's store with --store (or AGW_STORE), else the files of
     --audit-dir. Raises AuditUnavailable naming what cannot be used."""
-    from gateway.audit import open_signed
     from gateway.store.commands import dsn_of
-    from gateway.store.ledger import open_ledger
+    from gateway.store.ledger import open_sink
 
-    dsn = dsn_of(args)
-    if dsn:
-        return open_ledger(dsn, Path(args.audit_dir), Path(args.audit_keys), redact=redact)
-    return open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=redact)
+    return open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact)
 
 
 def _supervisor(args: argparse.Namespace) -> str:

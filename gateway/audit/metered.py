@@ -15,10 +15,10 @@ from typing import Any
 
 from gateway import metrics
 from gateway.audit.records import AuditUnavailable
-from gateway.audit.writer import AuditLog
+from gateway.audit.sink import AuditSink
 
 
-def meter(log: AuditLog) -> AuditLog:
+def meter(log: AuditSink) -> AuditSink:
     """`log`, its appends measured from now on (once: metering it again changes nothing)."""
     if getattr(log, "_metered", False):
         return log

@@ -232,7 +232,7 @@ def _watch_hangup(conn: socket.socket, cancel: threading.Event, ended: threading
 
 def main(args: argparse.Namespace) -> int:
     from gateway import sandbox
-    from gateway.audit import AuditUnavailable, open_signed
+    from gateway.audit import AuditUnavailable
     from gateway.audit.metered import meter
     from gateway.executors import shell
     from gateway.pipeline import unsafe_setup
@@ -240,6 +240,8 @@ def main(args: argparse.Namespace) -> int:
     from gateway.policy.reload import PolicyHolder
     from gateway.policy.selftest import load_checked
     from gateway.sandbox import quotas, reaper
+    from gateway.store.commands import dsn_of
+    from gateway.store.ledger import open_sink
 
     sock_path = Path(os.path.abspath(args.socket))
     daemon = Daemon(sock_path, frozenset(args.allow_uid or ()), args.idle_exit)
@@ -250,7 +252,9 @@ def main(args: argparse.Namespace) -> int:
         policy_file = Path(args.policy)
         workspace = Path(args.workspace) if args.workspace else None
         first = load_checked(policy_file, workspace)
-        audit = meter(open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
+        audit = meter(
+            open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
+        )
 
         def record(kind: str, data: dict[str, Any]) -> None:
             audit.append(kind, data=data)

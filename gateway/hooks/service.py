@@ -41,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
-from gateway.audit import AuditLog, AuditUnavailable
+from gateway.audit import AuditUnavailable
+from gateway.audit.sink import AuditSink
 from gateway.decide import evaluate
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import shell
@@ -127,7 +128,7 @@ class HookService:
     def __init__(
         self,
         policy: Callable[[], CompiledPolicy],
-        audit: AuditLog,
+        audit: AuditSink,
         principal: str,
         private: tuple[Path, ...] = (),
         socket: Path | None = None,

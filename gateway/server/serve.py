@@ -26,8 +26,9 @@ import yaml
 
 from gateway import approval_queue
 from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
-from gateway.audit import AuditLog, AuditUnavailable, open_signed
+from gateway.audit import AuditUnavailable
 from gateway.audit.metered import meter
+from gateway.audit.sink import AuditSink
 from gateway.cli import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
 from gateway.pipeline import Gateway
 from gateway.policy.layers import MAX_INCLUDE_DEPTH
@@ -40,6 +41,8 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
+from gateway.store.commands import dsn_of
+from gateway.store.ledger import open_sink
 
 EXIT_USAGE = 2
 
@@ -108,7 +111,7 @@ def _waiting(args: argparse.Namespace) -> Callable[[ApprovalRequest, float], Non
     return tell
 
 
-def _policy_event(audit: AuditLog, started: list[bool]) -> Callable[[str, dict[str, Any]], None]:
+def _policy_event(audit: AuditSink, started: list[bool]) -> Callable[[str, dict[str, Any]], None]:
     """Record policy loads and rejections, and tell the operator about edits after the start."""
 
     def record(kind: str, data: dict[str, Any]) -> None:  # policy_loaded / policy_rejected
@@ -201,7 +204,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
         # its appends measured for /metrics (gateway/audit/metered.py: counters, nothing waits)
-        audit = meter(open_signed(Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
+        dsn = dsn_of(args)  # the fleet's store (--store, AGW_STORE), else the files of --audit-dir
+        audit = meter(open_sink(dsn, Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
         audit.on_health = _audit_health
         started: list[bool] = []  # set once serving: edits from then on are reported
         holder = PolicyHolder(policy_file, workspace, on_event=_policy_event(audit, started))

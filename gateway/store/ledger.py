@@ -39,7 +39,8 @@ import psycopg
 
 from gateway.audit.keys import SigningKey, VerifyKey
 from gateway.audit.records import SECRET_NAME, AuditUnavailable, canonical, digest
-from gateway.audit.writer import mark_written, prepare
+from gateway.audit.sink import AuditSink
+from gateway.audit.writer import mark_written, open_signed, prepare
 from gateway.store import db
 
 STREAM_STARTED = "stream_started"
@@ -269,6 +270,14 @@ def open_ledger(dsn: str, directory: Path, key_dir: Path, redact: list[str] | No
     except Exception:
         store.close()
         raise
+
+
+def open_sink(dsn: str | None, directory: Path, key_dir: Path, redact: list[str] | None = None) -> AuditSink:
+    """The gateway's ledger: the fleet's store when `dsn` names one, else the files of one host
+    (`directory`, signed with the key in `key_dir`). Raises AuditUnavailable."""
+    if dsn:
+        return open_ledger(dsn, directory, key_dir, redact)
+    return open_signed(directory, key_dir, redact=redact)
 
 
 # --- verification -------------------------------------------------------------------------------
