@@ -235,7 +235,8 @@ def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
     from gateway.store.commands import dsn_of
     from gateway.store.ledger import open_sink
 
-    return open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact)
+    # one call and gone: it does not compete to be the fleet's sequencer
+    return open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact, sequence=False)
 
 
 def _supervisor(args: argparse.Namespace) -> str:
@@ -911,8 +912,8 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
     tk.add_argument("--workspace", help=argparse.SUPPRESS)
     tk.set_defaults(func=_cmd_token)
-    st = sub.add_parser("store", help="the fleet's store: init, migrate, status (docs/fleet.md)")
-    st.add_argument("action", choices=["init", "migrate", "status"])
+    st = sub.add_parser("store", help="the fleet's store: init, migrate, status, checkpoint (docs/fleet.md)")
+    st.add_argument("action", choices=["init", "migrate", "status", "checkpoint"])
     _store_option(st)
     st.add_argument("--json", action="store_true", help="status: as JSON")
     st.set_defaults(func=_cmd_store)

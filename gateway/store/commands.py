@@ -9,9 +9,11 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 from gateway.audit.keys import AuditKeyError, VerifyKey
-from gateway.store import db, ledger
+from gateway.audit.records import canonical
+from gateway.store import db, ledger, sequencer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -44,6 +46,14 @@ def store_main(args: argparse.Namespace) -> int:
             if not applied:
                 print(f"{store.name}: the schema is up to date")
             return EXIT_OK
+        if args.action == "checkpoint":  # the newest, for a reviewer to keep (`audit verify --store --checkpoint`)
+            with store.connection() as conn:
+                newest = sequencer.latest(conn)
+            if newest is None:
+                print(f"gateway: the store {store.name} has no checkpoint yet", file=sys.stderr)
+                return EXIT_FAILED
+            print(canonical(newest))
+            return EXIT_OK
         versions = db.status(store)
         if args.json:
             print(json.dumps([{"version": v.version, "name": v.name, "state": v.state,
@@ -64,16 +74,24 @@ def store_main(args: argparse.Namespace) -> int:
 def verify_main(args: argparse.Namespace, dsn: str) -> int:
     """`gateway audit verify --store`: every stream of the fleet's ledger."""
     keys: list[VerifyKey] = []
+    kept: list[dict[str, Any]] = []
     try:
         keys = [VerifyKey.load(Path(k)) for k in args.key or ()]
+        for name in args.checkpoint or ():
+            found = json.loads(Path(name).read_text(encoding="utf-8"))
+            if not isinstance(found, dict):
+                return _fatal(f"--checkpoint {name}: not a checkpoint (`gateway store checkpoint` prints one)")
+            kept.append(found)
     except AuditKeyError as exc:
         return _fatal(str(exc))
+    except (OSError, ValueError) as exc:
+        return _fatal(f"--checkpoint: {exc}")
     try:
         store = db.Store(dsn)
     except db.StoreError as exc:
         return _fatal(str(exc))
     try:
-        result = ledger.verify_store(store, keys)
+        result = ledger.verify_store(store, keys, kept)
     except db.StoreError as exc:
         return _fatal(str(exc))
     finally:

@@ -41,7 +41,7 @@ from gateway.audit.keys import SigningKey, VerifyKey
 from gateway.audit.records import SECRET_NAME, AuditUnavailable, canonical, digest
 from gateway.audit.sink import AuditSink
 from gateway.audit.writer import mark_written, open_signed, prepare
-from gateway.store import db
+from gateway.store import db, sequencer
 
 STREAM_STARTED = "stream_started"
 VOIDED = "audit_voided"
@@ -79,6 +79,7 @@ class StoreLedger:
         *,
         key: SigningKey | None = None,
         host: str | None = None,
+        sequence: bool = False,
     ) -> None:
         self.store = store
         self.directory = Path(directory)
@@ -104,6 +105,10 @@ class StoreLedger:
             self._start()
         except db.StoreError as exc:
             raise AuditUnavailable(str(exc)) from exc
+        self.sequencer: sequencer.Sequencer | None = None
+        """`sequence`: this gateway competes to be the fleet's sequencer (sequencer.py)."""
+        if sequence and key is not None:
+            self.sequencer = sequencer.Sequencer(store, key).start()
 
     # --- the stream's start ----------------------------------------------------------------
     def _start(self) -> None:
@@ -254,29 +259,36 @@ class StoreLedger:
         }}))  # fmt: skip
 
     def close(self) -> None:
+        if self.sequencer is not None:
+            self.sequencer.stop()
         self.store.close()
 
 
-def open_ledger(dsn: str, directory: Path, key_dir: Path, redact: list[str] | None = None) -> StoreLedger:
+def open_ledger(
+    dsn: str, directory: Path, key_dir: Path, redact: list[str] | None = None, *, sequence: bool = True
+) -> StoreLedger:
     """The ledger of a gateway run with `--store`: its records signed with this host's key (the
-    one in `key_dir`, made if there is none). Raises AuditUnavailable naming the store."""
+    one in `key_dir`, made if there is none); `sequence`: it may be the fleet's sequencer (a
+    one-shot `gateway run` is not). Raises AuditUnavailable naming the store."""
     try:
         store = db.Store(dsn)
     except db.StoreError as exc:
         raise AuditUnavailable(str(exc)) from exc
     try:
         key = SigningKey.load_or_create(Path(key_dir))
-        return StoreLedger(store, directory, redact, key=key)
+        return StoreLedger(store, directory, redact, key=key, sequence=sequence)
     except Exception:
         store.close()
         raise
 
 
-def open_sink(dsn: str | None, directory: Path, key_dir: Path, redact: list[str] | None = None) -> AuditSink:
+def open_sink(
+    dsn: str | None, directory: Path, key_dir: Path, redact: list[str] | None = None, *, sequence: bool = True
+) -> AuditSink:
     """The gateway's ledger: the fleet's store when `dsn` names one, else the files of one host
     (`directory`, signed with the key in `key_dir`). Raises AuditUnavailable."""
     if dsn:
-        return open_ledger(dsn, directory, key_dir, redact)
+        return open_ledger(dsn, directory, key_dir, redact, sequence=sequence)
     return open_signed(directory, key_dir, redact=redact)
 
 
@@ -372,9 +384,12 @@ def _check_stream(
     return _StreamEnd(host, last, prev, hashes, previous, key)
 
 
-def verify_store(store: db.Store, keys: list[VerifyKey] | None = None) -> StoreVerification:
+def verify_store(
+    store: db.Store, keys: list[VerifyKey] | None = None, kept: list[dict[str, Any]] | None = None
+) -> StoreVerification:
     """Check every stream of the store's ledger, the links between a host's streams, and the
-    signed checkpoints (sequencer.py). Raises StoreUnavailable when the store cannot be read."""
+    signed checkpoints (sequencer.py), including those a reviewer `kept` outside the store.
+    Raises StoreUnavailable when the store cannot be read."""
     keys = keys or []
     out = StoreVerification()
     with store.connection() as conn, conn.transaction():
@@ -404,12 +419,6 @@ def verify_store(store: db.Store, keys: list[VerifyKey] | None = None) -> StoreV
                         "as it was (truncated or rewritten)"
                     )
             last_of_host[host] = stream
-        _check_checkpoints(conn, ends, keys, out)
+        hashes = {stream: end.hashes for stream, end in ends.items()}
+        out.checkpoints = sequencer.check_checkpoints(conn, hashes, keys, kept or [], out.problems)
     return out
-
-
-def _check_checkpoints(
-    conn: psycopg.Connection[Any], ends: dict[str, _StreamEnd], keys: list[VerifyKey], out: StoreVerification
-) -> None:
-    """Filled in by the sequencer's checkpoints (sequencer.py), once the schema has them."""
-    del conn, ends, keys, out
