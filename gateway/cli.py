@@ -249,12 +249,24 @@ LIST_WIDTH = 60  # characters of a command `approvals list` shows before it mark
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
+    from gateway.store.commands import StoreInbox, dsn_of
+    from gateway.store.db import StoreError
+
+    state = Path(args.state_dir)
+    dsn = dsn_of(args)  # the fleet's inbox (every gateway's asks), else this host's queue
+    try:
+        inbox = StoreInbox(dsn) if dsn else None
+        return _approvals(args, state, inbox)
+    except StoreError as exc:
+        return _fatal(str(exc))
+
+
+def _approvals(args: argparse.Namespace, state: Path, inbox: Any) -> int:
     from gateway import approval_queue
     from gateway.approval import escaped, shortened
 
-    state = Path(args.state_dir)
     if args.action == "list":
-        rows = approval_queue.pending(state)
+        rows = inbox.pending() if inbox else approval_queue.pending(state)
         for r in rows:
             left = int(r["expires"] - time.time())
             command = shortened(escaped(str(r["command"])), LIST_WIDTH, f"approvals show {r['call_id']}")
@@ -268,16 +280,21 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
     if not args.call_id:
         return _fatal(f"approvals {args.action} needs a CALL_ID (see: gateway approvals list)")
     if args.action == "show":
-        rows = [r for r in approval_queue.pending(state) if r["call_id"] == args.call_id]
+        rows = [
+            r for r in (inbox.pending() if inbox else approval_queue.pending(state)) if r["call_id"] == args.call_id
+        ]
         if not rows:
             return _fatal(f"no pending request {args.call_id}")
         print(_show_request(rows[0]))
         return EXIT_OK
     try:
         scope = "session" if args.session else "once"
-        done = approval_queue.answer(
-            state, args.call_id, args.action == "approve", _supervisor(args), args.reason or "", scope
-        )
+        if inbox is not None:  # as the database login: --by names nobody there
+            done = inbox.answer(args.call_id, args.action == "approve", args.reason or "", scope)
+        else:
+            done = approval_queue.answer(
+                state, args.call_id, args.action == "approve", _supervisor(args), args.reason or "", scope
+            )
     except approval_queue.QueueError as exc:
         return _fatal(str(exc))
     said = f" ({escaped(done['reason'])})" if done.get("reason") else ""
@@ -767,6 +784,7 @@ def build_parser() -> argparse.ArgumentParser:
     ap_.add_argument("call_id", nargs="?")
     ap_.add_argument("--state-dir", default=DEFAULT_STATE_DIR, help="the approvals directory (default: %(default)s)")
     ap_.add_argument("--reason", help="why (recorded with the answer)")
+    _store_option(ap_)
     ap_.add_argument("--by", help="the supervisor's name (default: the login name)")
     ap_.add_argument("--session", action="store_true",
                      help="approve this exact call again, without asking, for the rest of the client session it "

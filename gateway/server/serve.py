@@ -41,7 +41,7 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
-from gateway.store.commands import dsn_of
+from gateway.store.commands import dsn_of, fleet_approver
 from gateway.store.ledger import open_sink
 
 EXIT_USAGE = 2
@@ -146,7 +146,7 @@ def _watch_policy(holder: PolicyHolder) -> None:
     threading.Thread(target=loop, name="policy-watch", daemon=True).start()
 
 
-def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...]) -> Approver:
+def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...], audit: AuditSink) -> Approver:
     if args.approver == "tty":
         try:  # stdin may be the MCP stream: talk to the controlling terminal itself
             tty_in = open("/dev/tty", encoding="utf-8")  # noqa: SIM115 (lives as long as the server)
@@ -154,6 +154,9 @@ def _approver(args: argparse.Namespace, write_roots: tuple[Path, ...]) -> Approv
         except OSError as exc:
             raise PolicyError(f"--approver tty needs a terminal: /dev/tty: {exc.strerror}") from None
         return TerminalApprover(os.environ.get("USER", "supervisor"), tty_in, tty_out)
+    fleet = fleet_approver(audit, say) if args.approver == "queue" else None
+    if fleet is not None:  # --store: the fleet's inbox, answered from any host
+        return fleet
     if args.approver == "queue":
         try:
             return approval_queue.QueueApprover(Path(args.state_dir), write_roots, on_wait=_waiting(args))
@@ -219,7 +222,7 @@ def main(args: argparse.Namespace) -> int:
         if principal is not None and principal not in policy.grants:
             return _fail(f"{policy_file}: no principal {principal!r} (defined: {', '.join(sorted(policy.grants))})")
         writes = tuple({r for g in policy.grants.values() for r in g.write_roots})
-        approver = _approver(args, writes)
+        approver = _approver(args, writes, audit)
     except (PolicyError, AuditUnavailable, OSError) as exc:
         return _fail(str(exc))
     tokens_file = Path(args.tokens).absolute()

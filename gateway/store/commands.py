@@ -7,13 +7,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
+import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, VerifyKey
 from gateway.audit.records import canonical
-from gateway.store import db, ledger, sequencer
+from gateway.audit.sink import AuditSink
+from gateway.store import approvals, db, ledger, sequencer
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -101,3 +106,38 @@ def verify_main(args: argparse.Namespace, dsn: str) -> int:
     if not keys and result.ok:
         print("gateway: warning: no --key given: signatures were not checked against a key you hold", file=sys.stderr)
     return EXIT_OK if result.ok else EXIT_FAILED
+
+
+class StoreInbox:
+    """`gateway approvals --store`: the requests of every gateway of the fleet, answered as the
+    database identity the supervisor connects as (their own login: `by` is theirs, not a name
+    they type), from this host."""
+
+    def __init__(self, dsn: str) -> None:
+        self.store = db.Store(dsn)
+
+    def pending(self) -> list[dict[str, Any]]:
+        return approvals.pending(self.store)
+
+    def answer(self, call_id: str, approved: bool, reason: str, scope: str) -> dict[str, Any]:
+        return approvals.answer(self.store, call_id, approved, reason, scope, where=socket.gethostname())
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def fleet_approver(audit: AuditSink, say: Callable[[str], None]) -> approvals.StoreApprover | None:
+    """The approver of a gateway whose ledger is the store (its asks go to the fleet's inbox),
+    None for a gateway on files. `say` tells the operator how to answer each ask."""
+    if not isinstance(audit, ledger.StoreLedger):
+        return None
+
+    def tell(request: ApprovalRequest, timeout: float) -> None:
+        command = shortened(escaped(request.command), 60, f"approvals show --store ... {request.call_id}")
+        say(
+            f"call {request.call_id} waits for approval ({escaped(request.principal)}, {request.tool}, "
+            f"{int(timeout)} s): {command}\n  answer from any host: gateway approvals approve --store "
+            f"{shlex.quote(audit.store.name)} {request.call_id}"
+        )
+
+    return approvals.StoreApprover(audit.store, audit.stream, audit.host, on_wait=tell)
