@@ -661,6 +661,19 @@ def _cmd_token(args: argparse.Namespace) -> int:
     from gateway.approval import escaped
     from gateway.policy.loader import PolicyError
     from gateway.server import tokens
+    from gateway.store.commands import dsn_of, token_main
+
+    dsn = dsn_of(args)
+    if dsn:  # the fleet's tokens: made, listed and revoked in the store, for every gateway
+        if args.action == "create" and args.principal and not (args.supervisor or args.metrics):
+            try:
+                policy = _policy(args)
+            except PolicyError as exc:
+                return _fatal(str(exc))
+            if args.principal not in policy.grants:
+                known = ", ".join(sorted(policy.grants))
+                return _fatal(f"{args.policy}: no principal {args.principal!r} (the policy defines: {known})")
+        return token_main(args, dsn)
 
     path = Path(args.tokens)
     try:
@@ -927,6 +940,8 @@ def build_parser() -> argparse.ArgumentParser:
     tk.add_argument("--metrics", metavar="NAME", help="create: a scraper's token for GET /metrics, and nothing else")
     tk.add_argument("--label", help="create: a note kept with the token")
     tk.add_argument("--tokens", default=DEFAULT_TOKENS, help="the tokens file (default: %(default)s)")
+    _store_option(tk)
+    tk.add_argument("--host", action="append", help="create --store: honoured only on this host (repeatable)")
     tk.add_argument("--policy", default=str(DEFAULT_POLICY), help="create: the policy naming the principal")
     tk.add_argument("--workspace", help=argparse.SUPPRESS)
     tk.set_defaults(func=_cmd_token)

@@ -41,7 +41,7 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
-from gateway.store.commands import dsn_of, fleet_approver
+from gateway.store.commands import dsn_of, fleet_approver, fleet_tokens
 from gateway.store.ledger import open_sink
 
 EXIT_USAGE = 2
@@ -256,7 +256,7 @@ def main(args: argparse.Namespace) -> int:
     token: str | None = None
     kept: tokens.TokenEntry | None = None
     try:
-        store = tokens.TokenStore(tokens_file)
+        store = fleet_tokens(audit) or tokens.TokenStore(tokens_file)  # --store: the fleet's tokens
         if args.quickstart:
             who = principal or (next(iter(policy.grants)) if len(policy.grants) == 1 else None)
             if who is None:

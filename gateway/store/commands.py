@@ -18,7 +18,10 @@ from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, VerifyKey
 from gateway.audit.records import canonical
 from gateway.audit.sink import AuditSink
+from gateway.server.tokens import AGENT, METRICS, SUPERVISOR, TokenError, TokenStore
 from gateway.store import approvals, db, ledger, sequencer
+from gateway.store import tokens as store_tokens
+from gateway.store.tokens import StoreTokens
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 
@@ -141,3 +144,46 @@ def fleet_approver(audit: AuditSink, say: Callable[[str], None]) -> approvals.St
         )
 
     return approvals.StoreApprover(audit.store, audit.stream, audit.host, on_wait=tell)
+
+
+def fleet_tokens(audit: AuditSink) -> TokenStore | None:
+    """The tokens of a gateway whose ledger is the store (the fleet's, revocable everywhere),
+    None for a gateway on files (its tokens file)."""
+    if not isinstance(audit, ledger.StoreLedger):
+        return None
+    return StoreTokens(audit.store, audit.host)
+
+
+def token_main(args: argparse.Namespace, dsn: str) -> int:
+    """`gateway token create|list|revoke --store`: the fleet's tokens (the policy check of an
+    agent's principal is the CLI's, as for the file)."""
+    try:
+        store = db.Store(dsn)
+    except db.StoreError as exc:
+        return _fatal(str(exc))
+    try:
+        if args.action == "create":
+            kind, name = (SUPERVISOR, args.supervisor) if args.supervisor else (METRICS, args.metrics) if args.metrics \
+                else (AGENT, args.principal)  # fmt: skip
+            if not name or sum(bool(x) for x in (args.principal, args.supervisor, args.metrics)) != 1:
+                return _fatal("token create takes one of --principal NAME, --supervisor NAME, --metrics NAME")
+            token, entry = store_tokens.create(store, name, args.label or "", kind, args.host)
+            where = f" on {', '.join(args.host)} only" if args.host else " on every gateway"
+            print(f"created {kind} token {entry.id} for {entry.principal} in {store.name}{where} (shown once; only "
+                  "its hash is kept):", file=sys.stderr)  # fmt: skip
+            print(token)
+        elif args.action == "list":
+            for e, hosts, revoked in store_tokens.listing(store):
+                state = f"revoked {revoked}" if revoked else "valid"
+                print(f"{e.id}  {e.kind:10}  {escaped(e.principal):12}  {e.created}  {state:30}  "
+                      f"{','.join(hosts) if hosts else 'all hosts'}  {escaped(e.label)}")  # fmt: skip
+        else:
+            if not args.token_id:
+                return _fatal("token revoke needs a TOKEN_ID (see: gateway token list --store ...)")
+            gone = store_tokens.revoke(store, args.token_id)
+            print(f"revoked {gone.kind} {gone.id} ({escaped(gone.principal)}) on every gateway of {store.name}")
+        return EXIT_OK
+    except (db.StoreError, TokenError) as exc:
+        return _fatal(str(exc))
+    finally:
+        store.close()

@@ -21,6 +21,7 @@ from gateway.store import approvals, db
 from tests.conftest import eventually
 from tests.server.conftest import HttpGateway, envelope_of, policy_file, ws
 from tests.server.test_transports import call_http
+from tests.store.test_fleet import fleet_token
 from tests.store.test_ledger import gateway
 
 __all__ = ["policy_file", "ws"]
@@ -55,7 +56,7 @@ def test_an_ask_on_one_gateway_is_answered_from_anywhere_as_the_supervisor(
 ) -> None:
     first, _second = two_gateways
     (ws / "victim").write_text("delete me once a supervisor says so\n")
-    token = first.token("agent")
+    token, _ = fleet_token(dsn, first.policy_file)
     got: list[Any] = []
 
     def agent() -> None:

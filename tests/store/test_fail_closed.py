@@ -17,6 +17,7 @@ from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
 from gateway.store import db
+from gateway.store import tokens as store_tokens
 from gateway.store.ledger import StoreLedger, verify_store
 from tests.store.pg import Postgres, bindir
 from tests.test_gateway import policy, ws
@@ -102,3 +103,23 @@ def test_a_second_writer_in_the_stream_stops_it(
     finally:
         gw.close()
         ledger.close()
+
+
+@pytest.mark.parametrize("max_age", [0.0, 3600.0])
+def test_tokens_hold_while_the_store_is_away_only_as_long_as_their_cache_may(own_pg: Postgres, max_age: float) -> None:
+    store = db.Store(own_pg.dsn(), timeout=3)
+    try:
+        token, entry = store_tokens.create(store, "agent")
+        fleet = store_tokens.StoreTokens(store, refresh_s=0, max_age_s=max_age)
+        found = fleet.lookup(token)
+        assert found is not None and found.id == entry.id
+        own_pg.stop("immediate")
+        if max_age == 0:  # past the cache's age: no token is honoured, and the error names the store
+            assert fleet.lookup(token) is None
+            assert fleet.error is not None and f"the store {store.name} is unavailable" in fleet.error
+        else:  # within it: the tokens last read still are
+            assert fleet.lookup(token) is not None
+        own_pg.start()
+        assert fleet.lookup(token) is not None and fleet.error is None
+    finally:
+        store.close()
