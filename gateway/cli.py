@@ -179,6 +179,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gateway.pipeline import Gateway
     from gateway.policy.loader import PolicyError
     from gateway.policy.reload import PolicyHolder
+    from gateway.store.commands import fleet_approver
 
     text = " ".join(args.command)
     if not text:
@@ -203,6 +204,8 @@ def _cmd_run(args: argparse.Namespace) -> int:
     approver: Approver
     if args.approver == "tty":
         approver = TerminalApprover(os.environ.get("USER", "supervisor"))
+    elif args.approver == "queue" and (fleet := fleet_approver(audit, lambda line: print(line, file=sys.stderr))):
+        approver = fleet  # --store: the fleet's inbox, answered from any host
     elif args.approver == "queue":
         try:
             approver = approval_queue.QueueApprover(Path(args.state_dir), policy.grant(principal).write_roots)

@@ -8,6 +8,8 @@ import asyncio
 import itertools
 import json
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -193,3 +195,27 @@ def test_an_expired_request_or_another_digest_is_refused(dsn: str) -> None:
         assert not out
     finally:
         alice.close()
+
+
+def test_a_one_shot_run_asks_the_fleet(dsn: str, tmp_path: Path, ws: Path, policy_file: Path) -> None:
+    (ws / "victim").write_text("x\n")
+    argv = [sys.executable, "-m", "gateway", "run", "--store", dsn, "--policy", str(policy_file), "--workspace",
+            str(ws), "--audit-dir", str(tmp_path / "audit"), "--audit-keys", str(tmp_path / "keys"), "--principal",
+            "agent", "--approver", "queue", "--", "rm victim"]  # fmt: skip
+    run = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        alice = login(dsn, "agw_supervisor")
+        store = db.Store(alice)
+        try:
+            rows = eventually(lambda: approvals.pending(store))
+            assert rows, "never asked"
+            approvals.answer(store, rows[0]["call_id"], True, "fine")
+        finally:
+            store.close()
+        _, err = run.communicate(timeout=120)
+    finally:
+        if run.poll() is None:
+            run.kill()
+    assert run.returncode == 0, err
+    assert "answer from any host: gateway approvals approve --store" in err
+    assert not (ws / "victim").exists()
