@@ -139,6 +139,12 @@ class Store:
     def close(self) -> None:
         self._pool.close()
 
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
 
 def _applied(conn: psycopg.Connection[Any]) -> dict[int, tuple[str, str, datetime]]:
     row = conn.execute("SELECT to_regclass('agw.migration') IS NOT NULL").fetchone()

@@ -104,6 +104,27 @@ class Postgres:
                 pid = int((self.data / "postmaster.pid").read_text().split()[0])
                 os.kill(pid, signal.SIGKILL)
 
+    def standby_of(self, primary: Postgres, name: str) -> None:
+        """Make this cluster a streaming standby of `primary` (a base backup of it), reporting
+        as `name` (what the primary's `synchronous_standby_names` lists). Start it after."""
+        done = self._run("pg_basebackup", "-D", str(self.data), "-h", str(primary.root), "-p", str(primary.port),
+                         "-U", SUPERUSER, "-X", "stream", "-c", "fast")  # fmt: skip
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_basebackup failed: {done.stdout}{done.stderr}")
+        (self.data / "standby.signal").touch()
+        conninfo = f"host={primary.root} port={primary.port} user={SUPERUSER} application_name={name}"
+        with open(self.data / "postgresql.auto.conf", "a", encoding="utf-8") as f:
+            f.write(f"unix_socket_directories = '{self.root}'\nport = {self.port}\nprimary_conninfo = '{conninfo}'\n")
+            f.write("synchronous_standby_names = ''\n")
+        if self._as is not None:
+            for path in (self.data / "standby.signal", self.data / "postgresql.auto.conf"):
+                os.chown(path, self._as.pw_uid, self._as.pw_gid)
+
+    def promote(self) -> None:
+        done = self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "120", "promote")
+        if done.returncode != 0:
+            raise RuntimeError(f"pg_ctl promote failed: {done.stdout}{done.stderr}")
+
     def dsn(self, db: str = "postgres", user: str = SUPERUSER) -> str:
         return f"postgresql://{user}@/{db}?host={self.root}&port={self.port}"
 

@@ -1,0 +1,95 @@
+"""Failover to a synchronous standby: the primary killed mid-run, the standby promoted; every
+record the gateway was told is durable is on the new primary, calls are refused while no
+primary answers and go on after the promotion, without restarting the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from gateway.audit.keys import SigningKey
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import CompiledPolicy
+from gateway.store import db
+from gateway.store.ledger import StoreLedger, verify_store
+from tests.conftest import eventually
+from tests.store.pg import SUPERUSER, Postgres, bindir
+from tests.test_gateway import policy, ws
+
+__all__ = ["policy", "ws"]
+STANDBY = "standby1"
+
+
+@pytest.fixture
+def pair() -> Iterator[tuple[Postgres, Postgres]]:
+    found = bindir()
+    if found is None:
+        pytest.skip("no PostgreSQL server binaries (initdb, pg_ctl, postgres): apt-get install postgresql")
+    primary = Postgres(found)
+    standby = Postgres(found)
+    try:
+        primary.start()
+        with db.Store(primary.dsn()) as store:
+            db.migrate(store, init=True)
+        standby.standby_of(primary, STANDBY)
+        standby.start()
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:  # from now on, commits wait for it
+            conn.execute(f"ALTER SYSTEM SET synchronous_standby_names = '{STANDBY}'")
+            conn.execute("SELECT pg_reload_conf()")
+
+        def synchronous() -> bool:
+            with psycopg.connect(primary.dsn()) as conn:
+                row = conn.execute("SELECT sync_state FROM pg_stat_replication WHERE application_name = %s",
+                                   (STANDBY,)).fetchone()  # fmt: skip
+            return row == ("sync",)
+
+        assert eventually(synchronous), "the standby never became synchronous"
+        yield primary, standby
+    finally:
+        standby.remove()
+        primary.remove()
+
+
+def test_no_acknowledged_record_is_lost_when_the_primary_dies(
+    pair: tuple[Postgres, Postgres], policy: CompiledPolicy, ws: Path, tmp_path: Path
+) -> None:
+    primary, standby = pair
+    # both hosts in one connection string: libpq takes the one that accepts writes
+    both = (f"postgresql://{SUPERUSER}@/postgres?host={primary.root},{standby.root}&port={primary.port},"
+            f"{standby.port}&target_session_attrs=read-write")  # fmt: skip
+    acknowledged: list[dict[str, object]] = []
+    ledger = StoreLedger(db.Store(both, timeout=3), tmp_path / "audit", key=SigningKey.load_or_create(tmp_path / "k"))
+    sink_append = ledger.append
+
+    def keep(event: str, **fields: object) -> dict[str, object]:
+        record = sink_append(event, **fields)
+        acknowledged.append(record)
+        return record
+
+    ledger.append = keep  # type: ignore[method-assign]
+    gw = Gateway(policy, ledger)
+    try:
+        for i in range(5):
+            assert gw.handle(RunCall(principal="agent", command=f"echo {i} >> before.txt"))["status"] == "ok"
+        primary.stop("immediate")  # the primary's host is lost
+        out = gw.handle(RunCall(principal="agent", command="echo lost > during.txt"))
+        assert out["status"] == "denied" and out["error"]["code"] == "AUDIT_UNAVAILABLE", out  # type: ignore[index]
+        assert not (ws / "during.txt").exists()
+        standby.promote()
+        assert gw.handle(RunCall(principal="agent", command="echo on > after.txt"))["status"] == "ok"
+        assert (ws / "after.txt").exists()
+    finally:
+        gw.close()
+        ledger.close()
+    with psycopg.connect(standby.dsn()) as conn:
+        held = {(s, q): h for s, q, h in conn.execute("SELECT stream, seq, hash FROM agw.record")}
+    assert acknowledged
+    lost = [r for r in acknowledged if held.get((r["stream"], r["seq"])) != r["hash"]]
+    assert lost == []
+    with db.Store(standby.dsn()) as store:
+        checked = verify_store(store)
+    assert checked.ok, checked.lines()
