@@ -256,7 +256,11 @@ def main(args: argparse.Namespace) -> int:
     token: str | None = None
     kept: tokens.TokenEntry | None = None
     try:
-        store = fleet_tokens(audit) or tokens.TokenStore(tokens_file)  # --store: the fleet's tokens
+        fleet = fleet_tokens(audit)  # --store: the fleet's tokens, not the file's
+        store = fleet or tokens.TokenStore(tokens_file)
+        if args.quickstart and fleet is not None:
+            sock.close()
+            return _fail("--quickstart is for one host: with --store, make tokens with `gateway token create --store`")
         if args.quickstart:
             who = principal or (next(iter(policy.grants)) if len(policy.grants) == 1 else None)
             if who is None:

@@ -200,10 +200,11 @@ class StoreLedger:
             self._advance(made)
             for p in batch:
                 p.record = p.body
-        except AuditUnavailable as exc:
+        except (AuditUnavailable, db.StoreError) as exc:  # (reading the stream's end back can fail too)
+            error = exc if isinstance(exc, AuditUnavailable) else AuditUnavailable(f"{exc} (nothing runs unrecorded)")
             for p in batch:
                 if not p.settled:
-                    p.error = exc
+                    p.error = error
         except BaseException as exc:  # a bug: every caller still gets an answer, and denies
             for p in batch:
                 if not p.settled:
@@ -212,15 +213,13 @@ class StoreLedger:
                 raise
 
     def _insert(self, made: list[tuple[int, str, str]]) -> None:
-        rows = [(self.stream, seq, hash_, body) for seq, hash_, body in made]
+        # one statement for the whole batch, in autocommit: one round trip, all or nothing
+        sql = _INSERT + ", (%s, %s, %s, %s)" * (len(made) - 1)
+        params = [x for seq, hash_, body in made for x in (self.stream, seq, hash_, body)]
         self._sent = {seq: hash_ for seq, hash_, _ in made}
         try:
             with self.store.connection() as conn:
-                if len(rows) == 1:
-                    conn.execute(_INSERT, rows[0])
-                else:
-                    with conn.transaction(), conn.cursor() as cur:
-                        cur.executemany(_INSERT, rows)
+                conn.execute(sql, params)
         except psycopg.errors.UniqueViolation as exc:
             self._sent = {}
             self._broken = (
