@@ -374,21 +374,30 @@ CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from gateway.audit import commands as audit_verbs
     from gateway.audit import records as audit_records
-    from gateway.audit.calls import Folder
-    from gateway.audit.export import redactor
-    from gateway.audit.timespec import TimeSpecError
-    from gateway.store.commands import dsn_of, verify_main
+    from gateway.store.commands import dsn_of, store_records, verify_main
+    from gateway.store.db import StoreError
 
     dsn = dsn_of(args)
     if dsn and args.action == "verify":
         return verify_main(args, dsn)
-    if dsn:
-        return _fatal(f"audit {args.action} --store: not yet (the fleet's ledger has `audit verify --store`)")
+    if dsn and (args.action not in ("tail", "show", "query", "calls") or args.follow):
+        return _fatal(f"audit {args.action}{' -f' if args.follow else ''} --store: not built yet (docs/fleet.md)")
     directory = Path(args.audit_dir)
-    if not directory.is_dir():
+    if not dsn and not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
+    try:  # the fleet's ledger (every stream), else this host's files
+        return _audit_read(args, directory, (lambda: store_records(dsn)) if dsn else (lambda: audit_records(directory)))
+    except StoreError as exc:
+        return _fatal(str(exc))
+
+
+def _audit_read(args: argparse.Namespace, directory: Path, source: Any) -> int:
+    from gateway.audit import commands as audit_verbs
+    from gateway.audit.calls import Folder
+    from gateway.audit.export import redactor
+    from gateway.audit.timespec import TimeSpecError
+
     if args.action == "replay":  # the upstream family's decisions are replayed too
         from gateway.upstream import replay as _registers  # noqa: F401
     if args.action in ("verify", "repair", "head", "adopt", "replay", "export"):
@@ -409,7 +418,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     unreadable = 0
     if args.action == "calls":
         folder = Folder(selection, keep_records=args.records or fmt in ("ecs", "ocsf"))
-        for _, _, r, raw in audit_records(directory):
+        for _, _, r, raw in source():
             if r is None:
                 unreadable += int(bool(raw.strip()))
             else:
@@ -422,7 +431,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         return _follow(directory, selection, clean, out, args.n)
     else:
         rows = []
-        for _, _, r, raw in audit_records(directory):
+        for _, _, r, raw in source():
             if r is None:
                 unreadable += int(bool(raw.strip()))
             elif selection.matches(r, raw):

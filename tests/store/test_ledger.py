@@ -166,3 +166,18 @@ def test_records_signed_by_another_key_are_refused(dsn: str, setup: dict[str, st
     checked = verify(dsn, setup)
     assert checked.returncode == 1
     assert "signed with a key you did not pin" in checked.stdout
+
+
+def test_the_readers_read_every_stream(dsn: str, setup: dict[str, str]) -> None:
+    assert run(setup, dsn, "echo one").returncode == 0
+    assert run(setup, dsn, "echo two").returncode == 0
+    decided = gateway("audit", "query", "--store", dsn, "--event", "decision", "--format", "jsonl")
+    assert decided.returncode == 0, decided.stderr
+    got = [json.loads(line) for line in decided.stdout.splitlines()]
+    assert [r["arguments"]["command"] for r in got] == ["echo one", "echo two"]
+    assert len({r["stream"] for r in got}) == 2
+    shown = gateway("audit", "show", got[1]["call_id"], "--store", dsn, "--format", "jsonl")
+    assert [json.loads(x)["event"] for x in shown.stdout.splitlines()] == ["decision", "result"]
+    calls = gateway("audit", "calls", "--store", dsn, "--format", "jsonl")
+    assert calls.returncode == 0 and len(calls.stdout.splitlines()) == 2
+    assert gateway("audit", "tail", "-f", "--store", dsn).returncode == 2  # not built: said so
