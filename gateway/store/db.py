@@ -14,6 +14,7 @@ applied again. A gateway refuses to start on a schema that is not the one it was
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -106,7 +107,7 @@ class Store:
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(2, int(timeout)),
-            "application_name": "agent-gateway",
+            "application_name": f"agent-gateway {os.getpid()}",  # which gateway a backend serves
         }
         self._pool = ConnectionPool(
             dsn, min_size=1, max_size=max_size, open=False, timeout=timeout, kwargs=self._kwargs,
