@@ -148,6 +148,11 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         print(json.dumps(Policy.model_json_schema(), indent=2))
         return EXIT_OK
     path = Path(args.path or args.policy)
+    if args.action == "publish":  # the fleet's next revision: checked, signed, stored
+        from gateway.store.commands import dsn_of, policy_publish
+
+        dsn = dsn_of(args)
+        return policy_publish(args, path, dsn) if dsn else _fatal("policy publish needs --store postgresql://...")
     try:
         policy = load_policy(path, Path(args.workspace) if args.workspace else None)
     except PolicyError as exc:
@@ -795,7 +800,9 @@ def build_parser() -> argparse.ArgumentParser:
     ck.add_argument("command", nargs=argparse.REMAINDER, help="the shell text, after --")
     ck.set_defaults(func=_cmd_check)
     po = sub.add_parser("policy", parents=[common], help="validate, test or describe a policy")
-    po.add_argument("action", choices=["validate", "test", "schema"])
+    po.add_argument("action", choices=["validate", "test", "schema", "publish"])
+    po.add_argument("--signing-key", default=str(STATE_HOME / "policy-keys"),
+                    help="publish: the key the revision is signed with (default: %(default)s)")  # fmt: skip
     po.add_argument("path", nargs="?", help="the policy file (default: --policy)")
     po.set_defaults(func=_cmd_policy)
     rn = sub.add_parser("run", parents=[common], help="run a command through the whole pipeline, in the sandbox")
@@ -868,6 +875,8 @@ def build_parser() -> argparse.ArgumentParser:
     how = sv.add_mutually_exclusive_group(required=True)
     how.add_argument("--stdio", action="store_true", help="speak MCP on stdin/stdout (the client spawns the gateway)")
     how.add_argument("--http", metavar="HOST:PORT", help="serve streamable HTTP at http://HOST:PORT/mcp")
+    sv.add_argument("--policy-key", action="append", metavar="PUB",
+                    help="with --store: serve the fleet's policy, signed with this key (repeatable)")  # fmt: skip
     sv.add_argument("--tokens", default=DEFAULT_TOKENS, help="HTTP: the bearer tokens file (default: %(default)s)")
     sv.add_argument("--allow-remote", action="store_true", help="HTTP: allow a non-loopback address (warns)")
     sv.add_argument("--approver", choices=["queue", "tty", "deny"], default="queue",

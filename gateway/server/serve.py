@@ -41,8 +41,9 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
-from gateway.store.commands import dsn_of, fleet_approver, fleet_tokens
+from gateway.store.commands import dsn_of, fleet_approver, fleet_policy, fleet_tokens
 from gateway.store.ledger import open_sink
+from gateway.store.policy import RolloutError
 
 EXIT_USAGE = 2
 
@@ -175,7 +176,11 @@ def main(args: argparse.Namespace) -> int:
         args.policy = str(chosen)
         if note:
             say(note)
-    policy_file = Path(args.policy)
+    try:  # --store with --policy-key: the fleet's signed policy, not the local file
+        sync = fleet_policy(args, Path(args.process_dir) / "policy", say)
+    except RolloutError as exc:
+        return _fail(str(exc))
+    policy_file = (sync.entry() if sync else None) or Path(args.policy)
     workspace = Path(args.workspace) if args.workspace else None
     host, port = "", 0
     if args.http:
@@ -245,6 +250,8 @@ def main(args: argparse.Namespace) -> int:
         server = GatewayServer(gateway, principal, pending_after_s=args.pending_after, specs=specs)
         started.append(True)
         _watch_policy(holder)
+        if sync is not None:  # new revisions land in its directory; the watch above takes them
+            sync.start()
         return serve_stdio(server, args.grace)
     try:  # the port first: a start that cannot listen changes no token and records nothing
         sock = listen_socket(host, port, args.allow_remote)
@@ -284,6 +291,8 @@ def main(args: argparse.Namespace) -> int:
             _print_quickstart(url, token, kept, str(who), args, key)
         started.append(True)
         _watch_policy(holder)
+        if sync is not None:  # new revisions land in its directory; the watch above takes them
+            sync.start()
         sys.stderr.flush()
 
     return serve_http(

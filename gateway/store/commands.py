@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from gateway.approval import ApprovalRequest, escaped, shortened
-from gateway.audit.keys import AuditKeyError, VerifyKey
+from gateway.audit.keys import AuditKeyError, SigningKey, VerifyKey
 from gateway.audit.records import canonical
 from gateway.audit.sink import AuditSink
 from gateway.server.tokens import AGENT, METRICS, SUPERVISOR, TokenError, TokenStore
 from gateway.store import approvals, db, ledger, reader, sequencer
 from gateway.store import tokens as store_tokens
+from gateway.store.policy import PolicySync, RolloutError, publish
 from gateway.store.tokens import StoreTokens
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
@@ -193,3 +194,46 @@ def store_records(dsn: str) -> Iterator[tuple[Path, int, dict[str, Any] | None, 
     """Every record of the fleet's ledger, for the audit readers (reader.py)."""
     with db.Store(dsn) as store:
         yield from reader.records(store)
+
+
+def policy_publish(args: argparse.Namespace, path: Path, dsn: str) -> int:
+    """`gateway policy publish [FILE] --store ... --signing-key DIR`: check, sign and store the
+    fleet's next policy revision."""
+    try:
+        key = SigningKey.load_or_create(Path(args.signing_key))
+        with db.Store(dsn) as store:
+            rev = publish(store, path, Path(args.workspace) if args.workspace else None, key)
+    except (AuditKeyError, RolloutError, db.StoreError) as exc:
+        return _fatal(str(exc))
+    print(f"published {path} as revision {rev}, signed with {key.public.fingerprint}: pin "
+          f"{Path(args.signing_key) / 'signing.pub'} on the gateways (serve --policy-key)")  # fmt: skip
+    return EXIT_OK
+
+
+def fleet_policy(args: argparse.Namespace, directory: Path, say: Callable[[str], None]) -> PolicySync | None:
+    """With --store and --policy-key: the fleet's policy, its newest verified revision written
+    into `directory` (or the last one written there, with the store away). None without them.
+    Raises RolloutError when there is no policy to start from."""
+    dsn = dsn_of(args)
+    if not dsn or not getattr(args, "policy_key", None):
+        return None
+    try:
+        keys = [VerifyKey.load(Path(k)) for k in args.policy_key]
+    except AuditKeyError as exc:
+        raise RolloutError(str(exc)) from None
+    store = db.Store(dsn)
+    host = socket.gethostname()
+
+    def refused(rev: int, why: str) -> None:
+        say(f"policy revision {rev} from the store refused: {why}")
+
+    sync = PolicySync(store, directory, keys, f"{host}:{os.getpid()}", host, on_reject=refused)
+    try:
+        sync.sync()
+    except db.StoreError as exc:
+        if sync.entry() is None:
+            raise RolloutError(f"no policy: {exc}, and none taken before in {directory}") from None
+        say(f"{exc}: serving the last policy taken from it ({sync.entry()})")
+    if sync.entry() is None:
+        raise RolloutError(f"the store {store.name} has no policy revision that verifies: `gateway policy publish`")
+    return sync
