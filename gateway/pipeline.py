@@ -19,6 +19,7 @@ from typing import Any
 
 from gateway import cancellation, metrics, runfiles, sandbox
 from gateway.analysis import Command
+from gateway.analysis.git_write import is_git_write
 from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
 from gateway.audit import AuditLog, AuditUnavailable, origin
 from gateway.audit.writer import written_call_ids
@@ -129,8 +130,8 @@ class Gated:
 
     @property
     def git_write(self) -> bool:
-        """The call runs git and nothing else: its sandbox leaves .git writable (sandbox/git.py)."""
-        return sandbox.git.is_git_write(self.commands)
+        """The call runs git and nothing else: its sandbox leaves .git writable (analysis/git_write.py)."""
+        return is_git_write(self.commands)
 
 
 class Gateway:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from gateway import cancellation, sandbox
 from gateway.analysis import analyze
+from gateway.analysis.git_write import is_git_write
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors import env as envstore
 from gateway.executors.processes import Spawnable
@@ -60,7 +61,7 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
     if policy is None:  # fail closed: never a sandbox from a policy nobody decided under
         raise RuntimeError("no decision for this start")
     analysis = analyze(rec.command)  # the same text the gate decided: the same programs
-    git_write = analysis.denial is None and sandbox.git.is_git_write(analysis.commands)
+    git_write = analysis.denial is None and is_git_write(analysis.commands)
     plan, launch = sandbox.start(
         gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import sandbox
+from gateway.analysis.git_write import is_git_write
 from gateway.calls import RunCall
 from gateway.cancellation import current_cancel
 from gateway.decision import Verdict
@@ -83,7 +84,7 @@ def handle(gw: Gateway, call: RunCall, call_id: str) -> dict[str, Any]:
             env=env,
             timeout_ms=timeout,
             output_bytes=lim.get("output_bytes") or (1 << 20),
-            git_write=sandbox.git.is_git_write(decided.analysis.commands if decided.analysis else ()),
+            git_write=is_git_write(decided.analysis.commands if decided.analysis else ()),
             **({"posix": True} if call.shell == "sh" else {}),
             **({} if call.capture_output else {"capture": False}),
             **({"cancel": cancel} if (cancel := current_cancel()) is not None else {}),
