@@ -5,11 +5,12 @@ the hook client and the CLI's start-up do not pay for the parser unless they use
 
 from typing import TYPE_CHECKING, Any
 
+from gateway.version import __version__ as __version__
+
 if TYPE_CHECKING:
     from gateway.analysis import Analysis, Command, analyze
 
 __all__ = ["Analysis", "Command", "analyze"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
