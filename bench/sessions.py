@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import gateway.tools  # noqa: F401  (the tool families register with the gate, as in every face)
 from gateway.audit import AuditLog
 from gateway.calls import SessionCall
 from gateway.executors.proctree import descendants

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway import cancellation, metrics, runfiles, sandbox
+from gateway import cancellation, families, metrics, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.analysis.git_write import is_git_write
 from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
@@ -142,7 +142,8 @@ class Gateway:
     never raises: every failure is a result envelope with a stable error code, and is audited
     when the audit log works. Nothing executes unless the decision record is on disk.
 
-    The tool families live in `gateway/tools/` (one module each); they call `check_command`,
+    The tool families live in `gateway/tools/` (one module each) and register with the gate
+    (gateway/families.py: the gate imports none of them); they call `check_command`,
     `authorize` and `record_result` here, so every family passes the same gate.
     """
 
@@ -192,13 +193,11 @@ class Gateway:
         self.env = EnvStore()
         self.sessions = SessionManager(on_event=self._session_event)
         self.sessions.start_reaper()
-        # the process manager (gateway/tools/process.py makes it, below)
+        # the process manager (gateway/tools/process.py makes it as the gateway starts: families.start)
         self._processes: Any = None
         self._processes_lock = threading.Lock()
         if self.state_dir is not None:  # rehydrate now: adopt what runs, restart keep-alive services
-            from gateway.tools import process
-
-            process.manager(self)
+            families.start(self)
 
     def _withdraw_orphans(self, queue_dir: Path) -> None:
         """Requests a gateway on this audit log left in the queue when it died (SIGKILL): nothing
@@ -224,17 +223,15 @@ class Gateway:
     # --- entry --------------------------------------------------------------------------
     def handle(self, call: Any, cancel: threading.Event | None = None) -> dict[str, Any]:
         """Decide, run and audit one call. Setting `cancel` kills what it runs (`current_cancel`)."""
-        from gateway import tools
-
         call_id = new_call_id()
         current = _Call(call_id)
         token = _CURRENT.set(current)
         try:
-            handler = tools.handler(call.tool)
+            handler = families.handler(call.tool)
             with cancellation.handling(cancel), written_call_ids() as written:
                 out: dict[str, Any] = handler(self, call, call_id)
             if not current.recorded and call_id not in written:  # it ended before any record (an unknown session, say)
-                out = self.refuse(call_id, call.principal, call.tool, tools.arguments(call), out)
+                out = self.refuse(call_id, call.principal, call.tool, families.arguments(call), out)
             log.info("call", call_id=call_id, principal=call.principal, tool=call.tool, status=out.get("status"),
                      code=(out.get("error") or {}).get("code"))  # fmt: skip
             return out
@@ -253,12 +250,10 @@ class Gateway:
     def _failed(self, call: Any, call_id: str, current: _Call, envelope: dict[str, Any]) -> dict[str, Any]:
         """Record a call that ended in an exception: `error`, with its arguments when nothing
         recorded them yet. The envelope comes back whatever the log does."""
-        from gateway import tools
-
         given: dict[str, Any] = {}
         if not current.recorded:
             with contextlib.suppress(Exception):
-                given = {"arguments": tools.arguments(call)}
+                given = {"arguments": families.arguments(call)}
         with contextlib.suppress(Exception):
             self.audit.append(
                 "error", call_id=call_id, principal=call.principal, tool=call.tool, data=envelope["error"], **given

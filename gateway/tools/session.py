@@ -27,7 +27,7 @@ from gateway.pipeline import (
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages.pathjail import PathRefused, check_path, real_path
-from gateway.tools.run import DEFAULT_REPLY_BYTES, fit_reply
+from gateway.tools.replies import DEFAULT_REPLY_BYTES, fit_reply
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
