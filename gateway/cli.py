@@ -13,6 +13,28 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.defaults import (
+    DEFAULT_AUDIT_KEYS as DEFAULT_AUDIT_KEYS,
+)
+from gateway.defaults import (
+    DEFAULT_POLICY as DEFAULT_POLICY,
+)
+from gateway.defaults import (
+    DEFAULT_PROCESS_DIR as DEFAULT_PROCESS_DIR,
+)
+from gateway.defaults import (
+    DEFAULT_STATE_DIR as DEFAULT_STATE_DIR,
+)
+from gateway.defaults import (
+    DEFAULT_TOKENS as DEFAULT_TOKENS,
+)
+from gateway.defaults import (
+    PROFILE_POLICIES as PROFILE_POLICIES,
+)
+from gateway.defaults import (
+    STATE_HOME as STATE_HOME,
+)
+
 # Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
 # for the MCP server, the sandbox or the audit verbs (docs/performance.md, "Hooks").
 if TYPE_CHECKING:
@@ -42,14 +64,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_DENY if result.denied else EXIT_OK
 
 
-DEFAULT_POLICY = Path("policies/default.yaml")
-PROFILE_POLICIES = DEFAULT_POLICY.parent / "profiles"
-"""The shipped policy layers of the profiles (`gateway serve --profile NAME`), one per seed."""
-STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agent-gateway"
-DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
-DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
-DEFAULT_PROCESS_DIR = str(STATE_HOME)
-DEFAULT_AUDIT_KEYS = str(STATE_HOME / "audit-keys")
 _EXIT_FOR = {"allow": EXIT_OK, "deny": EXIT_DENY, "ask": EXIT_ASK}
 
 
@@ -171,6 +185,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    import gateway.tools  # noqa: F401  (registers the tool families with the gate: gateway/families.py)
     from gateway import approval_queue
     from gateway.approval import Approver, DenyAll, TerminalApprover
     from gateway.audit import AuditUnavailable, open_signed
@@ -342,6 +357,36 @@ CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "
                 "approval_how", "outcome", "error", "exit_code", "duration_ms", "bytes", "parent", "ended")  # fmt: skip
 
 
+def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
+    """`gateway audit replay`: the recorded command decisions decided again under a draft
+    (gateway/replay.py). Exit 0 nothing would change, 1 something would, 2 errors."""
+    from gateway.replay import ReplayError, describe, replay
+    from gateway.upstream import replay as _registers  # noqa: F401  (the upstream family's decisions are replayed too)
+
+    def _fail(message: str) -> int:
+        print(f"gateway audit: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if not args.policy:
+        return _fail("audit replay needs --policy DRAFT (the policy to decide the recorded calls under)")
+    for name in ("max_rows", "max_calls"):
+        if getattr(args, name) < 0:
+            return _fail(f"audit replay --{name.replace('_', '-')} {getattr(args, name)}: expected 0 or more")
+    try:
+        report = replay(
+            Path(args.policy), directory, args.since, args.until,
+            workspace=Path(args.workspace) if args.workspace else None,
+            max_rows=args.max_rows, max_calls=args.max_calls,
+        )  # fmt: skip
+    except ReplayError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(report.to_json(), ensure_ascii=False))
+    else:
+        print(describe(report))
+    return EXIT_DENY if report.changed else EXIT_OK
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from gateway.audit import commands as audit_verbs
     from gateway.audit import records as audit_records
@@ -352,9 +397,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     directory = Path(args.audit_dir)
     if not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    if args.action == "replay":  # the upstream family's decisions are replayed too
-        from gateway.upstream import replay as _registers  # noqa: F401
-    if args.action in ("verify", "repair", "head", "adopt", "replay", "export"):
+    if args.action == "replay":
+        return _audit_replay(args, directory)
+    if args.action in ("verify", "repair", "head", "adopt", "export"):
         return audit_verbs.main(args, directory)
     fmt = "jsonl" if args.json and args.format == "text" else args.format
     if fmt == "otlp":
@@ -430,7 +475,9 @@ class _AuditOut:
         if self.fmt == "text":
             _print_record(r, False)
         elif self.csv is not None:
-            self._row(RECORD_COLUMNS, [_what(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
+            from gateway.audit.describe import describe_record
+
+            self._row(RECORD_COLUMNS, [describe_record(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
         else:
             assert self.mapping is not None
             print(json.dumps(self.mapping(r, self.host), ensure_ascii=False), flush=True)
@@ -477,7 +524,8 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
     """One record on one line: when, which record, who, which tool, the decision and its rule,
     the call, and what it was about (the command, escaped; an answer; a result). Whatever the
     agent wrote is escaped, so no record can forge or hide a line."""
-    from gateway.approval import escaped
+    from gateway.audit.describe import describe_record
+    from gateway.escaping import escaped
 
     if as_json:
         print(json.dumps(r, ensure_ascii=False), flush=True)
@@ -490,54 +538,11 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
         f"{str(r.get('ts', ''))[:23]:23}  {r.get('seq', ''):>6}  {col(r.get('event'), 18)}  "
         f"{col(r.get('principal'), 10)}  {col(r.get('tool'), 7)}  {col(r.get('decision'), 5)}  "
         f"{col(r.get('rule'), 16)}  {col(r.get('call_id'), 16)}  "
-        f"{_what(r)}",
+        f"{describe_record(r)}",
         flush=True,
     )
 
 
-def _what(r: dict[str, Any]) -> str:
-    """What a record is about, escaped, on one line."""
-    from gateway.approval import escaped
-
-    data = _mapping(r.get("data"))
-    args = _mapping(r.get("arguments"))
-    event = r.get("event")
-
-    def compact(value: Any) -> str:
-        return escaped(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
-
-    if event == "decision":
-        if isinstance(args.get("command"), str):
-            what = escaped(args["command"])
-            if args.get("action") not in (None, "run", "start", "send"):
-                what = f"{escaped(str(args['action']))}: {what}"
-        else:
-            what = compact(args) if args else "-"
-        reasons = r.get("reasons") if isinstance(r.get("reasons"), list) else []
-        if r.get("decision") != "allow" and reasons and isinstance(reasons[0], dict):
-            what += f"   (why: {escaped(str(reasons[0].get('message', '')))})"
-        return what
-    if event == "approval":
-        who = f"by {escaped(str(data.get('by')))} ({escaped(str(data.get('how')))})" if data.get("answered") else \
-            f"unanswered ({escaped(str(data.get('how')))})"  # fmt: skip
-        voided = [k for k in ("bound", "policy_unchanged", "env_unchanged") if data.get(k) is False]
-        why = f": {escaped(str(data['reason']))}" if data.get("reason") else ""
-        return who + why + (f"   (void: {', '.join(voided)})" if voided else "")
-    if event == "approval_withdrawn":
-        return escaped(str(data.get("why", "")))
-    if event == "result":
-        err = _mapping(data.get("error"))
-        status = escaped(str(data.get("status", "-")))
-        if err:
-            return f"{status} {escaped(str(err.get('code')))}: {escaped(str(err.get('message', '')))}"
-        code = f" exit {data['exit_code']}" if "exit_code" in data else ""
-        return status + code
-    if event == "policy_rejected":
-        return f"{escaped(str(data.get('error', '')))}   (kept {escaped(str(data.get('kept', '')))[:16]})"
-    return compact(data) if data else "-"
-
-
-describe_record = _what
 """What a record is about, on one escaped line (the console's timeline shows it too)."""
 
 

@@ -28,7 +28,7 @@ from gateway import approval_queue
 from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
 from gateway.audit import AuditLog, AuditUnavailable, open_signed
 from gateway.audit.metered import meter
-from gateway.cli import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
+from gateway.defaults import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
 from gateway.pipeline import Gateway
 from gateway.policy.layers import MAX_INCLUDE_DEPTH
 from gateway.policy.loader import PolicyError

@@ -48,12 +48,12 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from gateway import approval_queue
+from gateway import approval_queue, replay
 from gateway.approval import escaped
-from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable, replay
+from gateway.audit import SECRET_NAME, AuditLog, AuditUnavailable
+from gateway.audit.describe import describe_record
 from gateway.audit.keys import VerifyKey
 from gateway.audit.timespec import TimeSpecError
-from gateway.cli import describe_record
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
 from gateway.server.console.feed import END, Feed
