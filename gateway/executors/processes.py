@@ -48,9 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.executors import proctree
 from gateway.log import log
-from gateway.sandbox import helper, quotas, reaper
+from gateway.sandbox import helper, proctree, quotas, reaper
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
