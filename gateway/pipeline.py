@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from gateway import cancellation, families, metrics, runfiles, sandbox
+from gateway import approval_queue, cancellation, families, metrics, runfiles, sandbox
 from gateway.analysis import Command
 from gateway.analysis.git_write import is_git_write
 from gateway.approval import CLIENT_SESSION, Approval, ApprovalRequest, Approver, DenyAll
@@ -33,7 +33,9 @@ from gateway.decide import _strictest as _strictest
 from gateway.decide import evaluate as evaluate
 from gateway.decide import tool_decision as tool_decision
 from gateway.decision import Decision, Reason, Verdict
+from gateway.envstore import EnvStore
 from gateway.executors import shell
+from gateway.executors.sessions import SessionManager
 from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.loader import UnknownPrincipal
@@ -157,9 +159,6 @@ class Gateway:
         hidden: tuple[Path, ...] = (),
         state_dir: Path | None = None,
     ) -> None:
-        from gateway.executors.env import EnvStore
-        from gateway.executors.sessions import SessionManager
-
         self._policy = policy if callable(policy) else (lambda: policy)
         self.audit = audit
         self.approver = approver or DenyAll()
@@ -202,8 +201,6 @@ class Gateway:
     def _withdraw_orphans(self, queue_dir: Path) -> None:
         """Requests a gateway on this audit log left in the queue when it died (SIGKILL): nothing
         will ever run them. Each is recorded as withdrawn, then removed."""
-        from gateway import approval_queue
-
         for req, why in approval_queue.orphans(queue_dir, self.audit.directory):
             try:
                 self.audit.append(

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gateway import envstore as store
 from gateway.calls import EnvCall
 from gateway.decision import Decision, Reason, Verdict
-from gateway.executors import env as store
 from gateway.pipeline import Gated, error, tool_decision
 from gateway.policy.schema import Tool
 

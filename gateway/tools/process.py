@@ -9,11 +9,10 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import cancellation, sandbox
+from gateway import cancellation, envstore, sandbox
 from gateway.analysis import analyze
 from gateway.analysis.git_write import is_git_write
 from gateway.calls import ProcessCall, RunCall
-from gateway.executors import env as envstore
 from gateway.executors.processes import ProcessManager, ProcessRecord, Spawnable
 from gateway.executors.shell import SHELL, scrubbed_env
 from gateway.log import log
