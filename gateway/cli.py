@@ -101,8 +101,8 @@ def _explain(result: CheckResult) -> str:
 
 def _cmd_check(args: argparse.Namespace) -> int:
     from gateway.decide import evaluate
+    from gateway.doctor import NETWORK_TRUE_WARNING
     from gateway.policy.loader import PolicyError
-    from gateway.sandbox.doctor import NETWORK_TRUE_WARNING
 
     try:
         policy = _policy(args)
@@ -675,9 +675,9 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    from gateway import doctor
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
-    from gateway.sandbox import doctor
 
     policy = None
     if args.policy:
