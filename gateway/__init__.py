@@ -15,6 +15,7 @@ __all__ = ["Analysis", "Command", "analyze"]
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        # lazy: startup (PEP 562: `import gateway.X` does not load the parser)
         import gateway.analysis
 
         return getattr(gateway.analysis, name)

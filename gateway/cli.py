@@ -14,25 +14,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway.defaults import (
-    DEFAULT_AUDIT_KEYS as DEFAULT_AUDIT_KEYS,
-)
-from gateway.defaults import (
-    DEFAULT_POLICY as DEFAULT_POLICY,
-)
-from gateway.defaults import (
-    DEFAULT_PROCESS_DIR as DEFAULT_PROCESS_DIR,
-)
-from gateway.defaults import (
-    DEFAULT_STATE_DIR as DEFAULT_STATE_DIR,
-)
-from gateway.defaults import (
-    DEFAULT_TOKENS as DEFAULT_TOKENS,
-)
-from gateway.defaults import (
-    PROFILE_POLICIES as PROFILE_POLICIES,
-)
-from gateway.defaults import (
-    STATE_HOME as STATE_HOME,
+    DEFAULT_AUDIT_KEYS,
+    DEFAULT_POLICY,
+    DEFAULT_PROCESS_DIR,
+    DEFAULT_STATE_DIR,
+    DEFAULT_TOKENS,
+    PROFILE_POLICIES,
 )
 
 # Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
@@ -45,6 +32,7 @@ EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.analysis import analyze
 
     text = " ".join(args.command) if args.command else sys.stdin.read()
@@ -74,12 +62,14 @@ def _fatal(message: str) -> int:
 
 
 def _policy(args: argparse.Namespace) -> CompiledPolicy:
+    # lazy: startup (each command imports what it uses)
     from gateway.policy.selftest import load_checked
 
     return load_checked(Path(args.policy), Path(args.workspace) if args.workspace else None)
 
 
 def _principal(args: argparse.Namespace, policy: CompiledPolicy) -> str:
+    # lazy: startup (each command imports what it uses)
     from gateway.policy.loader import PolicyError
 
     if args.principal:
@@ -100,6 +90,7 @@ def _explain(result: CheckResult) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import evaluate
     from gateway.doctor import NETWORK_TRUE_WARNING
     from gateway.policy.loader import PolicyError
@@ -123,6 +114,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: str | None) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import evaluate
     from gateway.decision import Verdict
     from gateway.policy.loader import PolicyError
@@ -151,6 +143,7 @@ def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: st
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import example_decisions, test_cases
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
@@ -185,6 +178,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     import gateway.tools  # noqa: F401  (registers the tool families with the gate: gateway/families.py)
     from gateway import approval_queue
     from gateway.approval import Approver, DenyAll, TerminalApprover
@@ -253,6 +247,7 @@ LIST_WIDTH = 60  # characters of a command `approvals list` shows before it mark
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway import approval_queue
     from gateway.approval import escaped, shortened
 
@@ -296,6 +291,7 @@ def _mapping(value: Any) -> dict[str, Any]:
 def _show_request(r: dict[str, Any]) -> str:
     """A pending request in full: every character of the command (escaped), and the environment
     the command will run with: the principal's stored variables, overridden by the call's."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped, visible
     from gateway.audit import SECRET_NAME
 
@@ -327,6 +323,7 @@ def _show_request(r: dict[str, Any]) -> str:
 def _show_files(files: Any) -> str:
     """The files the asked command runs (gateway/runfiles.py), each with its digest and its first
     lines escaped: the approval is of this content; a change before the command starts voids it."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped
     from gateway.runfiles import BoundFile
 
@@ -360,6 +357,7 @@ CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "
 def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
     """`gateway audit replay`: the recorded command decisions decided again under a draft
     (gateway/replay.py). Exit 0 nothing would change, 1 something would, 2 errors."""
+    # lazy: startup (each command imports what it uses)
     from gateway.replay import ReplayError, describe, replay
     from gateway.upstream import replay as _registers  # noqa: F401  (the upstream family's decisions are replayed too)
 
@@ -388,6 +386,7 @@ def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.audit import commands as audit_verbs
     from gateway.audit import records as audit_records
     from gateway.audit.calls import Folder
@@ -455,6 +454,7 @@ class _AuditOut:
     def __init__(self, fmt: str) -> None:
         import csv
 
+        # lazy: startup (each command imports what it uses)
         from gateway.audit.export import MAPPINGS
 
         self.fmt = fmt
@@ -475,6 +475,7 @@ class _AuditOut:
         if self.fmt == "text":
             _print_record(r, False)
         elif self.csv is not None:
+            # lazy: startup (each command imports what it uses)
             from gateway.audit.describe import describe_record
 
             self._row(RECORD_COLUMNS, [describe_record(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
@@ -483,6 +484,7 @@ class _AuditOut:
             print(json.dumps(self.mapping(r, self.host), ensure_ascii=False), flush=True)
 
     def call(self, call: Any, expand: bool) -> None:
+        # lazy: startup (each command imports what it uses)
         from gateway.approval import escaped
 
         if self.fmt in ("ecs", "ocsf"):
@@ -524,6 +526,7 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
     """One record on one line: when, which record, who, which tool, the decision and its rule,
     the call, and what it was about (the command, escaped; an answer; a result). Whatever the
     agent wrote is escaped, so no record can forge or hide a line."""
+    # lazy: startup (each command imports what it uses)
     from gateway.audit.describe import describe_record
     from gateway.escaping import escaped
 
@@ -551,6 +554,7 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
     from where the log ended, never the whole log again; Ctrl-C ends)."""
     import collections
 
+    # lazy: startup (each command imports what it uses)
     from gateway.audit.follow import LogReader
 
     reader = LogReader(directory, signed=False)  # every complete line, as soon as it is there
@@ -574,6 +578,7 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
 def _cmd_upstream(args: argparse.Namespace) -> int:
     """`gateway upstream list|diff|accept`: the pinned definitions of upstream tools, the drift
     that blocks a tool (with its diff), and accepting it (recorded in the audit log first)."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped
     from gateway.audit import AuditUnavailable, open_signed
     from gateway.upstream.pins import PinError, PinStore, store_dir
@@ -623,12 +628,14 @@ def _cmd_upstream(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.server import serve
 
     return serve.main(args)
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped
     from gateway.policy.loader import PolicyError
     from gateway.server import tokens
@@ -675,6 +682,7 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway import doctor
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
@@ -691,6 +699,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_daemon(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.hooks import daemon
 
     return daemon.main(args)
@@ -711,6 +720,7 @@ def _common_options(policy_default: str | None, policy_help: str) -> argparse.Ar
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # lazy: startup (each command imports what it uses)
     from gateway.server.limits import FrontLimits
 
     ap = argparse.ArgumentParser(prog="gateway", description="agent-gateway: a policy gate for LLM agents")
@@ -912,10 +922,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
     if args_list[:2] == ["hook", "codex"] and ("--check" in args_list or "--trust" in args_list):
+        # lazy: startup (each command imports what it uses)
         from gateway.hooks import codex
 
         return codex.main(args_list[2:])
     if args_list[:1] == ["hook"]:  # the per-call path: the thin client, nothing else imported
+        # lazy: startup (each command imports what it uses)
         from gateway import hook_client
 
         return hook_client.main(args_list[1:])

@@ -139,6 +139,7 @@ def _run(argv: list[str], **kwargs: Any) -> tuple[int | None, str]:
 
 
 def _bubblewrap() -> Item:
+    # lazy: startup (`gateway check` imports NETWORK_TRUE_WARNING from here, not the launcher)
     from gateway.sandbox import launch  # the launcher's own binary and self-check
 
     label = "bubblewrap"
@@ -272,6 +273,7 @@ def _cgroups(account: Item) -> Item:
 def _helper() -> Item:
     label = "C helper"
     try:
+        # lazy: doctor reports a helper module that does not import, rather than failing itself
         module = importlib.import_module("gateway.sandbox.helper")
     except ModuleNotFoundError as exc:
         if exc.name != "gateway.sandbox.helper":

@@ -297,7 +297,8 @@ def _export(args: argparse.Namespace, directory: Path) -> int:
             return _fail("audit export --format otlp needs --endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT): "
                          "nothing is sent anywhere unless you say where")  # fmt: skip
         try:
-            from gateway.audit import otlp  # the optional `otel` extra
+            # lazy: the optional `otel` extra (the OpenTelemetry SDK may not be installed)
+            from gateway.audit import otlp
         except ImportError as exc:
             return _fail(f"audit export --format otlp needs the OpenTelemetry SDK: pip install 'agent-gateway[otel]' "
                          f"({exc})")  # fmt: skip
