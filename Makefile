@@ -22,6 +22,7 @@ lint: $(STAMP)
 	$(BIN)/ruff check gateway tests bench
 	$(BIN)/ruff format --check gateway tests bench
 	$(BIN)/mypy
+	$(BIN)/lint-imports --no-cache --no-logo
 
 # The real agent clients tests/server/test_clients.py drives offline (pinned; about 800 MB; once).
 CLIENTS_DIR ?= .cache/clients

@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import gateway.tools  # noqa: F401  (the tool families register with the gate, as in every face)
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway

@@ -17,6 +17,7 @@ import threading
 import time
 from pathlib import Path
 
+import gateway.tools  # noqa: F401  (the tool families register with the gate, as in every face)
 from gateway import sandbox
 from gateway.audit import AuditLog
 from gateway.calls import RunCall

@@ -16,12 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
+import gateway.tools  # noqa: F401  (the tool families register with the gate, as in every face)
 from gateway.audit import AuditLog
 from gateway.calls import SessionCall
-from gateway.executors.proctree import descendants
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
+from gateway.sandbox.proctree import descendants
 
 N = 200
 POLICY = {

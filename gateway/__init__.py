@@ -5,15 +5,17 @@ the hook client and the CLI's start-up do not pay for the parser unless they use
 
 from typing import TYPE_CHECKING, Any
 
+from gateway.version import __version__ as __version__
+
 if TYPE_CHECKING:
     from gateway.analysis import Analysis, Command, analyze
 
 __all__ = ["Analysis", "Command", "analyze"]
-__version__ = "0.1.0"
 
 
 def __getattr__(name: str) -> Any:
     if name in __all__:
+        # lazy: startup (PEP 562: `import gateway.X` does not load the parser)
         import gateway.analysis
 
         return getattr(gateway.analysis, name)

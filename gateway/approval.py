@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Protocol, TextIO
 
 from gateway import fdwait
 from gateway.cancellation import cancelled
+from gateway.escaping import escaped as escaped
+from gateway.escaping import shortened as shortened
 
 if TYPE_CHECKING:
     from gateway.runfiles import BoundFile
@@ -191,32 +193,6 @@ def _answered(stream: TextIO, timeout: float) -> bool:
         if fdwait.readable(stream.fileno(), min(left, CANCEL_POLL_S)):
             return True
     return False
-
-
-def escaped(text: str) -> str:
-    """`text` on one line: line breaks, tabs, control, bidi and invisible characters as escapes
-    (a terminal shows exactly what is there, and nothing can hide the rest of the line)."""
-    out = []
-    for ch in text:
-        if ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch.isprintable() and unicodedata.category(ch) not in ("Cf", "Co", "Cn"):
-            out.append(ch)
-        else:
-            out.append(f"\\u{{{ord(ch):04x}}}")
-    return "".join(out)
-
-
-def shortened(text: str, width: int, whole: str) -> str:
-    """`text` (already escaped) cut to about `width` characters; a cut says how much is left and
-    where to read it whole (`whole`, e.g. "approvals show ID"), never silently."""
-    if len(text) <= width:
-        return text
-    return f"{text[:width]}...[+{len(text) - width} chars: {whole}]"
 
 
 def _files_shown(request: ApprovalRequest) -> str:

@@ -13,6 +13,16 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from gateway.defaults import (
+    DEFAULT_AUDIT_KEYS,
+    DEFAULT_POLICY,
+    DEFAULT_PROCESS_DIR,
+    DEFAULT_STATE_DIR,
+    DEFAULT_TOKENS,
+    PROFILE_POLICIES,
+    STATE_HOME,
+)
+
 # Each command imports what it uses, when it runs: `gateway hook` and `gateway check` do not pay
 # for the MCP server, the sandbox or the audit verbs (docs/performance.md, "Hooks").
 if TYPE_CHECKING:
@@ -24,6 +34,7 @@ EXIT_OK, EXIT_DENY, EXIT_USAGE, EXIT_ASK = 0, 1, 2, 3
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.analysis import analyze
 
     text = " ".join(args.command) if args.command else sys.stdin.read()
@@ -43,14 +54,6 @@ def _cmd_analyze(args: argparse.Namespace) -> int:
     return EXIT_DENY if result.denied else EXIT_OK
 
 
-DEFAULT_POLICY = Path("policies/default.yaml")
-PROFILE_POLICIES = DEFAULT_POLICY.parent / "profiles"
-"""The shipped policy layers of the profiles (`gateway serve --profile NAME`), one per seed."""
-STATE_HOME = Path(os.environ.get("XDG_STATE_HOME") or Path.home() / ".local" / "state") / "agent-gateway"
-DEFAULT_STATE_DIR = str(STATE_HOME / "approvals")
-DEFAULT_TOKENS = str(STATE_HOME / "tokens" / "tokens.json")
-DEFAULT_PROCESS_DIR = str(STATE_HOME)
-DEFAULT_AUDIT_KEYS = str(STATE_HOME / "audit-keys")
 _EXIT_FOR = {"allow": EXIT_OK, "deny": EXIT_DENY, "ask": EXIT_ASK}
 
 
@@ -61,12 +64,14 @@ def _fatal(message: str) -> int:
 
 
 def _policy(args: argparse.Namespace) -> CompiledPolicy:
+    # lazy: startup (each command imports what it uses)
     from gateway.policy.selftest import load_checked
 
     return load_checked(Path(args.policy), Path(args.workspace) if args.workspace else None)
 
 
 def _principal(args: argparse.Namespace, policy: CompiledPolicy) -> str:
+    # lazy: startup (each command imports what it uses)
     from gateway.policy.loader import PolicyError
 
     if args.principal:
@@ -87,9 +92,10 @@ def _explain(result: CheckResult) -> str:
 
 
 def _cmd_check(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import evaluate
+    from gateway.doctor import NETWORK_TRUE_WARNING
     from gateway.policy.loader import PolicyError
-    from gateway.sandbox.doctor import NETWORK_TRUE_WARNING
 
     try:
         policy = _policy(args)
@@ -110,6 +116,7 @@ def _cmd_check(args: argparse.Namespace) -> int:
 
 
 def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: str | None) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import evaluate
     from gateway.decision import Verdict
     from gateway.policy.loader import PolicyError
@@ -138,6 +145,7 @@ def _check_batch(args: argparse.Namespace, policy: CompiledPolicy, principal: st
 
 
 def _cmd_policy(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.decide import example_decisions, test_cases
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
@@ -149,6 +157,7 @@ def _cmd_policy(args: argparse.Namespace) -> int:
         return EXIT_OK
     path = Path(args.path or args.policy)
     if args.action == "publish":  # the fleet's next revision: checked, signed, stored
+        # lazy: startup (the store and psycopg load only for the fleet's commands)
         from gateway.store.commands import dsn_of, policy_publish
 
         dsn = dsn_of(args)
@@ -177,6 +186,8 @@ def _cmd_policy(args: argparse.Namespace) -> int:
 
 
 def _cmd_run(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
+    import gateway.tools  # noqa: F401  (registers the tool families with the gate: gateway/families.py)
     from gateway import approval_queue
     from gateway.approval import Approver, DenyAll, TerminalApprover
     from gateway.audit import AuditUnavailable
@@ -240,6 +251,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
 def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
     """The gateway's ledger: the fleet's store with --store (or AGW_STORE), else the files of
     --audit-dir. Raises AuditUnavailable naming what cannot be used."""
+    # lazy: startup (each command imports what it uses)
     from gateway.store.commands import dsn_of
     from gateway.store.ledger import open_sink
 
@@ -257,6 +269,7 @@ LIST_WIDTH = 60  # characters of a command `approvals list` shows before it mark
 
 
 def _cmd_approvals(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.store.commands import StoreInbox, dsn_of
     from gateway.store.db import StoreError
 
@@ -270,6 +283,7 @@ def _cmd_approvals(args: argparse.Namespace) -> int:
 
 
 def _approvals(args: argparse.Namespace, state: Path, inbox: Any) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway import approval_queue
     from gateway.approval import escaped, shortened
 
@@ -317,6 +331,7 @@ def _mapping(value: Any) -> dict[str, Any]:
 def _show_request(r: dict[str, Any]) -> str:
     """A pending request in full: every character of the command (escaped), and the environment
     the command will run with: the principal's stored variables, overridden by the call's."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped, visible
     from gateway.audit import SECRET_NAME
 
@@ -348,6 +363,7 @@ def _show_request(r: dict[str, Any]) -> str:
 def _show_files(files: Any) -> str:
     """The files the asked command runs (gateway/runfiles.py), each with its digest and its first
     lines escaped: the approval is of this content; a change before the command starts voids it."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped
     from gateway.runfiles import BoundFile
 
@@ -378,7 +394,39 @@ CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "
                 "approval_how", "outcome", "error", "exit_code", "duration_ms", "bytes", "parent", "ended")  # fmt: skip
 
 
+def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
+    """`gateway audit replay`: the recorded command decisions decided again under a draft
+    (gateway/replay.py). Exit 0 nothing would change, 1 something would, 2 errors."""
+    # lazy: startup (each command imports what it uses)
+    from gateway.replay import ReplayError, describe, replay
+    from gateway.upstream import replay as _registers  # noqa: F401  (the upstream family's decisions are replayed too)
+
+    def _fail(message: str) -> int:
+        print(f"gateway audit: {message}", file=sys.stderr)
+        return EXIT_USAGE
+
+    if not args.policy:
+        return _fail("audit replay needs --policy DRAFT (the policy to decide the recorded calls under)")
+    for name in ("max_rows", "max_calls"):
+        if getattr(args, name) < 0:
+            return _fail(f"audit replay --{name.replace('_', '-')} {getattr(args, name)}: expected 0 or more")
+    try:
+        report = replay(
+            Path(args.policy), directory, args.since, args.until,
+            workspace=Path(args.workspace) if args.workspace else None,
+            max_rows=args.max_rows, max_calls=args.max_calls,
+        )  # fmt: skip
+    except ReplayError as exc:
+        return _fail(str(exc))
+    if args.json:
+        print(json.dumps(report.to_json(), ensure_ascii=False))
+    else:
+        print(describe(report))
+    return EXIT_DENY if report.changed else EXIT_OK
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.audit import records as audit_records
     from gateway.store.commands import dsn_of, store_records, verify_main
     from gateway.store.db import StoreError
@@ -398,14 +446,15 @@ def _cmd_audit(args: argparse.Namespace) -> int:
 
 
 def _audit_read(args: argparse.Namespace, directory: Path, source: Any) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.audit import commands as audit_verbs
     from gateway.audit.calls import Folder
     from gateway.audit.export import redactor
     from gateway.audit.timespec import TimeSpecError
 
-    if args.action == "replay":  # the upstream family's decisions are replayed too
-        from gateway.upstream import replay as _registers  # noqa: F401
-    if args.action in ("verify", "repair", "head", "adopt", "replay", "export"):
+    if args.action == "replay":
+        return _audit_replay(args, directory)
+    if args.action in ("verify", "repair", "head", "adopt", "export"):
         return audit_verbs.main(args, directory)
     fmt = "jsonl" if args.json and args.format == "text" else args.format
     if fmt == "otlp":
@@ -461,6 +510,7 @@ class _AuditOut:
     def __init__(self, fmt: str) -> None:
         import csv
 
+        # lazy: startup (each command imports what it uses)
         from gateway.audit.export import MAPPINGS
 
         self.fmt = fmt
@@ -481,12 +531,16 @@ class _AuditOut:
         if self.fmt == "text":
             _print_record(r, False)
         elif self.csv is not None:
-            self._row(RECORD_COLUMNS, [_what(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
+            # lazy: startup (each command imports what it uses)
+            from gateway.audit.describe import describe_record
+
+            self._row(RECORD_COLUMNS, [describe_record(r) if c == "what" else r.get(c) for c in RECORD_COLUMNS])
         else:
             assert self.mapping is not None
             print(json.dumps(self.mapping(r, self.host), ensure_ascii=False), flush=True)
 
     def call(self, call: Any, expand: bool) -> None:
+        # lazy: startup (each command imports what it uses)
         from gateway.approval import escaped
 
         if self.fmt in ("ecs", "ocsf"):
@@ -528,7 +582,9 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
     """One record on one line: when, which record, who, which tool, the decision and its rule,
     the call, and what it was about (the command, escaped; an answer; a result). Whatever the
     agent wrote is escaped, so no record can forge or hide a line."""
-    from gateway.approval import escaped
+    # lazy: startup (each command imports what it uses)
+    from gateway.audit.describe import describe_record
+    from gateway.escaping import escaped
 
     if as_json:
         print(json.dumps(r, ensure_ascii=False), flush=True)
@@ -541,54 +597,11 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
         f"{str(r.get('ts', ''))[:23]:23}  {r.get('seq', ''):>6}  {col(r.get('event'), 18)}  "
         f"{col(r.get('principal'), 10)}  {col(r.get('tool'), 7)}  {col(r.get('decision'), 5)}  "
         f"{col(r.get('rule'), 16)}  {col(r.get('call_id'), 16)}  "
-        f"{_what(r)}",
+        f"{describe_record(r)}",
         flush=True,
     )
 
 
-def _what(r: dict[str, Any]) -> str:
-    """What a record is about, escaped, on one line."""
-    from gateway.approval import escaped
-
-    data = _mapping(r.get("data"))
-    args = _mapping(r.get("arguments"))
-    event = r.get("event")
-
-    def compact(value: Any) -> str:
-        return escaped(json.dumps(value, ensure_ascii=False, sort_keys=True, default=str))
-
-    if event == "decision":
-        if isinstance(args.get("command"), str):
-            what = escaped(args["command"])
-            if args.get("action") not in (None, "run", "start", "send"):
-                what = f"{escaped(str(args['action']))}: {what}"
-        else:
-            what = compact(args) if args else "-"
-        reasons = r.get("reasons") if isinstance(r.get("reasons"), list) else []
-        if r.get("decision") != "allow" and reasons and isinstance(reasons[0], dict):
-            what += f"   (why: {escaped(str(reasons[0].get('message', '')))})"
-        return what
-    if event == "approval":
-        who = f"by {escaped(str(data.get('by')))} ({escaped(str(data.get('how')))})" if data.get("answered") else \
-            f"unanswered ({escaped(str(data.get('how')))})"  # fmt: skip
-        voided = [k for k in ("bound", "policy_unchanged", "env_unchanged") if data.get(k) is False]
-        why = f": {escaped(str(data['reason']))}" if data.get("reason") else ""
-        return who + why + (f"   (void: {', '.join(voided)})" if voided else "")
-    if event == "approval_withdrawn":
-        return escaped(str(data.get("why", "")))
-    if event == "result":
-        err = _mapping(data.get("error"))
-        status = escaped(str(data.get("status", "-")))
-        if err:
-            return f"{status} {escaped(str(err.get('code')))}: {escaped(str(err.get('message', '')))}"
-        code = f" exit {data['exit_code']}" if "exit_code" in data else ""
-        return status + code
-    if event == "policy_rejected":
-        return f"{escaped(str(data.get('error', '')))}   (kept {escaped(str(data.get('kept', '')))[:16]})"
-    return compact(data) if data else "-"
-
-
-describe_record = _what
 """What a record is about, on one escaped line (the console's timeline shows it too)."""
 
 
@@ -597,6 +610,7 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
     from where the log ended, never the whole log again; Ctrl-C ends)."""
     import collections
 
+    # lazy: startup (each command imports what it uses)
     from gateway.audit.follow import LogReader
 
     reader = LogReader(directory, signed=False)  # every complete line, as soon as it is there
@@ -620,6 +634,7 @@ def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int)
 def _cmd_upstream(args: argparse.Namespace) -> int:
     """`gateway upstream list|diff|accept`: the pinned definitions of upstream tools, the drift
     that blocks a tool (with its diff), and accepting it (recorded in the audit log first)."""
+    # lazy: startup (each command imports what it uses)
     from gateway.approval import escaped
     from gateway.audit import AuditUnavailable, open_signed
     from gateway.upstream.pins import PinError, PinStore, store_dir
@@ -669,15 +684,17 @@ def _cmd_upstream(args: argparse.Namespace) -> int:
 
 
 def _cmd_serve(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.server import serve
 
     return serve.main(args)
 
 
 def _cmd_token(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
+    from gateway import tokens
     from gateway.approval import escaped
     from gateway.policy.loader import PolicyError
-    from gateway.server import tokens
     from gateway.store.commands import dsn_of, token_main
 
     dsn = dsn_of(args)
@@ -734,15 +751,17 @@ def _cmd_token(args: argparse.Namespace) -> int:
 
 
 def _cmd_store(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.store.commands import store_main
 
     return store_main(args)
 
 
 def _cmd_doctor(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
+    from gateway import doctor
     from gateway.policy.compile import load_policy
     from gateway.policy.loader import PolicyError
-    from gateway.sandbox import doctor
 
     policy = None
     if args.policy:
@@ -756,6 +775,7 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _cmd_daemon(args: argparse.Namespace) -> int:
+    # lazy: startup (each command imports what it uses)
     from gateway.hooks import daemon
 
     return daemon.main(args)
@@ -783,6 +803,7 @@ def _store_option(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    # lazy: startup (each command imports what it uses)
     from gateway.server.limits import FrontLimits
 
     ap = argparse.ArgumentParser(prog="gateway", description="agent-gateway: a policy gate for LLM agents")
@@ -997,10 +1018,12 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args_list = sys.argv[1:] if argv is None else argv
     if args_list[:2] == ["hook", "codex"] and ("--check" in args_list or "--trust" in args_list):
+        # lazy: startup (each command imports what it uses)
         from gateway.hooks import codex
 
         return codex.main(args_list[2:])
     if args_list[:1] == ["hook"]:  # the per-call path: the thin client, nothing else imported
+        # lazy: startup (each command imports what it uses)
         from gateway import hook_client
 
         return hook_client.main(args_list[1:])

@@ -48,6 +48,7 @@ from typing import Any, NamedTuple
 from gateway import imports
 from gateway.analysis import Command, RedirectMode, Word
 from gateway.analysis.model import Context, Expansion
+from gateway.analysis.primary import parse_tree
 from gateway.sandbox import identity
 from gateway.sandbox.descriptors import RESOLVE_BENEATH, RESOLVE_NO_MAGICLINKS, open_absolute, openat2
 
@@ -307,8 +308,6 @@ class Follow:
         return groups
 
     def _shell_loads(self, text: str, name: str) -> list[list[Found]]:
-        from gateway.analysis.primary import parse_tree
-
         why = f"a file {name} sources"
         if not _SOURCE_HINT.search(text):
             return []

@@ -47,6 +47,10 @@ _STATE = tempfile.mkdtemp(prefix="agw-test-state-")
 os.environ["XDG_STATE_HOME"] = _STATE
 atexit.register(shutil.rmtree, _STATE, True)
 
+# The tool families register with the gate when gateway.tools is imported (gateway/families.py),
+# as every face that serves tools does: a test that builds a Gateway itself gets them too.
+import gateway.tools  # noqa: E402, F401
+
 
 def _traversable(d: Path) -> None:
     if os.geteuid() == 0 and d.owner() == "root":

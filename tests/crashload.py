@@ -24,6 +24,7 @@ ENV = "AGW_CRASHLOAD"
 SCRIPT = r"""
 import json, os, sys, threading
 from pathlib import Path
+import gateway.tools  # noqa: F401  (the tool families register with the gate, as in every face)
 from gateway.approval import DenyAll
 from gateway.audit import AuditLog
 from gateway.calls import ProcessCall, RunCall

@@ -343,6 +343,7 @@ os.environ["PATH"] = "/nonexistent"
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
@@ -509,6 +510,7 @@ from pathlib import Path
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over

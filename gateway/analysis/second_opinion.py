@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from gateway import fdwait
+from gateway import fdwait, private_cache
 from gateway.analysis import shfmt
 from gateway.analysis.model import OpinionStatus, SecondOpinion
 from gateway.analysis.primary import SyntacticCommand, Walk
@@ -62,11 +62,9 @@ def _tables_dir() -> str | None:
     """Where the worker keeps bashlex's parse tables: the gateway's private cache directory (the
     sandbox helper's, checked the same way: ours, and nobody else can change it). None: the
     worker builds them (slower start, same result)."""
-    from gateway.sandbox.helper import HelperUnavailable, private_cache_dir
-
     try:
-        return private_cache_dir()
-    except HelperUnavailable:
+        return private_cache.private_cache_dir()
+    except private_cache.CacheUnavailable:
         return None
 
 

@@ -12,8 +12,9 @@ adopt   goes on with a log that has no checkpoint here (restored from a backup, 
         verifies, and records `audit_adopted`. --new-key: the log's key is gone (or it was never
         signed): checks it as far as it can, makes a new key, and records the change.
 replay  decides every recorded command call of a time range again under a draft policy (nothing
-        runs) and prints the calls whose decision would change, grouped by rule (replay.py).
-        Exit 0 when nothing would change, 1 when something would, 2 on errors.
+        runs) and prints the calls whose decision would change, grouped by rule (gateway/replay.py,
+        above the gate: the CLI runs it). Exit 0 when nothing would change, 1 when something would,
+        2 on errors.
 head    prints the current head as a checkpoint line, to copy off the machine (cron, a remote
         sink); `verify --checkpoint FILE` checks the log against every line of such a file.
 export  streams the records a selection keeps as JSON lines (`jsonl`, `ecs`, `ocsf`) on stdout,
@@ -60,8 +61,6 @@ def main(args: argparse.Namespace, directory: Path) -> int:
         return _head(args, directory)
     if args.action == "adopt":
         return _adopt(args, directory)
-    if args.action == "replay":
-        return _replay(args, directory)
     if args.action == "export":
         return _export(args, directory)
     return _verify(args, directory)
@@ -273,29 +272,6 @@ def _head(args: argparse.Namespace, directory: Path) -> int:
     return OK
 
 
-def _replay(args: argparse.Namespace, directory: Path) -> int:
-    from gateway.audit.replay import ReplayError, describe, replay
-
-    if not args.policy:
-        return _fail("audit replay needs --policy DRAFT (the policy to decide the recorded calls under)")
-    for name in ("max_rows", "max_calls"):
-        if getattr(args, name) < 0:
-            return _fail(f"audit replay --{name.replace('_', '-')} {getattr(args, name)}: expected 0 or more")
-    try:
-        report = replay(
-            Path(args.policy), directory, args.since, args.until,
-            workspace=Path(args.workspace) if args.workspace else None,
-            max_rows=args.max_rows, max_calls=args.max_calls,
-        )  # fmt: skip
-    except ReplayError as exc:
-        return _fail(str(exc))
-    if args.json:
-        print(json.dumps(report.to_json(), ensure_ascii=False))
-    else:
-        print(describe(report))
-    return BROKEN if report.changed else OK
-
-
 def selection(args: argparse.Namespace, calls: list[str] | None = None) -> Selection:
     """The reading verbs' filters from the command line. Raises TimeSpecError."""
     return Selection.of(
@@ -321,7 +297,8 @@ def _export(args: argparse.Namespace, directory: Path) -> int:
             return _fail("audit export --format otlp needs --endpoint URL (or OTEL_EXPORTER_OTLP_ENDPOINT): "
                          "nothing is sent anywhere unless you say where")  # fmt: skip
         try:
-            from gateway.audit import otlp  # the optional `otel` extra
+            # lazy: the optional `otel` extra (the OpenTelemetry SDK may not be installed)
+            from gateway.audit import otlp
         except ImportError as exc:
             return _fail(f"audit export --format otlp needs the OpenTelemetry SDK: pip install 'agent-gateway[otel]' "
                          f"({exc})")  # fmt: skip

@@ -47,11 +47,11 @@ from typing import IO, Any, Protocol
 
 import orjson
 
-from gateway import __version__
 from gateway.audit.calls import Call, Folder, subject
 from gateway.audit.follow import Cursor, Line, LogReader, Position
 from gateway.audit.records import SECRET_NAME, redact
 from gateway.audit.selection import Selection
+from gateway.version import __version__
 
 ECS_VERSION = "8.11.0"
 OCSF_VERSION = "1.8.0"

@@ -16,7 +16,10 @@ import re
 import stat
 from pathlib import Path
 
-from gateway.audit.records import AuditUnavailable
+
+class AuditUnavailable(Exception):
+    """The record could not be made durable. The call must be denied (AUDIT_UNAVAILABLE)."""
+
 
 FILE_NAME = re.compile(r"audit-(\d{6})\.jsonl\Z", re.ASCII)
 LOCK = ".lock"

@@ -40,9 +40,9 @@ from opentelemetry.sdk.trace.export import SpanExporter, SpanExportResult
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from gateway import __version__
 from gateway.audit.calls import Call
 from gateway.audit.export import PRODUCT, ExportFailed, span_id_of, trace_id_of, traceparent
+from gateway.version import __version__
 
 SCOPE = InstrumentationScope("gateway.audit.otlp", __version__)
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)

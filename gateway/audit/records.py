@@ -25,6 +25,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from gateway.audit.files import AuditDir
+from gateway.audit.files import AuditUnavailable as AuditUnavailable
+
 MAX_FILE_BYTES = 64 * 1024 * 1024
 MAX_FIELD_CHARS = 64 * 1024  # a command is at most 64 KiB (the analyser's cap): kept whole
 MAX_LIST_ITEMS = 1000
@@ -44,10 +47,6 @@ _IN_TEXT = [
 ]
 # a word every pattern above needs (same flags): text without one skips them all
 _IN_TEXT_HINT = re.compile(r"(?i)token|key|secret|passw|credential|auth|bearer|basic")
-
-
-class AuditUnavailable(Exception):
-    """The record could not be made durable. The call must be denied (AUDIT_UNAVAILABLE)."""
 
 
 def canonical(record: dict[str, Any]) -> str:
@@ -191,8 +190,6 @@ def parse(raw: bytes) -> dict[str, Any] | None:
 def records(directory: Path) -> Iterator[tuple[Path, int, dict[str, Any] | None, bytes]]:
     """Every line of the log in order: (file, line number, record or None if unreadable, raw).
     Files are opened by descriptor, never through a link (files.py)."""
-    from gateway.audit.files import AuditDir
-
     with AuditDir(directory) as d:
         for name in d.names():
             try:

@@ -48,9 +48,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from gateway.executors import proctree
 from gateway.log import log
-from gateway.sandbox import helper, quotas, reaper
+from gateway.sandbox import helper, identity, proctree, quotas, reaper
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
@@ -258,9 +257,7 @@ def _same_process(pid: int | None, start_ticks: int | None) -> bool:
 def _our_uids() -> tuple[int, ...]:
     """Who our processes run as: the gateway's user, or the sandbox account it switches to."""
     try:
-        from gateway.sandbox.identity import sandbox_identity
-
-        return (os.getuid(), sandbox_identity().uid)
+        return (os.getuid(), identity.sandbox_identity().uid)
     except Exception:
         return (os.getuid(),)
 

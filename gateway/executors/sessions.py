@@ -64,10 +64,10 @@ from pathlib import Path
 from typing import Any
 
 from gateway import fdwait, sandbox
-from gateway.executors.proctree import children, comm, signal_descendants
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
 from gateway.sandbox import identity, reaper
+from gateway.sandbox.proctree import children, comm, signal_descendants
 
 CANCEL_POLL_S = 0.1
 """How often a wait for a session's command looks at the call's cancel event."""

@@ -34,9 +34,21 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gateway import metrics, sandbox
+from gateway.audit import AuditUnavailable
+from gateway.audit.metered import meter
+from gateway.decide import evaluate
+from gateway.executors import shell
 from gateway.hooks.formats import AGENTS
 from gateway.hooks.service import DEADLINE_S, Caller, HookService
 from gateway.log import log
+from gateway.pipeline import unsafe_setup
+from gateway.policy.loader import PolicyError
+from gateway.policy.reload import PolicyHolder
+from gateway.policy.selftest import load_checked
+from gateway.sandbox import quotas, reaper
+from gateway.store.commands import dsn_of
+from gateway.store.ledger import open_sink
 
 PROTOCOL = b"AGW2"
 MAX_REQUEST = 32 << 20
@@ -231,18 +243,6 @@ def _watch_hangup(conn: socket.socket, cancel: threading.Event, ended: threading
 
 
 def main(args: argparse.Namespace) -> int:
-    from gateway import sandbox
-    from gateway.audit import AuditUnavailable
-    from gateway.audit.metered import meter
-    from gateway.executors import shell
-    from gateway.pipeline import unsafe_setup
-    from gateway.policy.loader import PolicyError
-    from gateway.policy.reload import PolicyHolder
-    from gateway.policy.selftest import load_checked
-    from gateway.sandbox import quotas, reaper
-    from gateway.store.commands import dsn_of
-    from gateway.store.ledger import open_sink
-
     sock_path = Path(os.path.abspath(args.socket))
     daemon = Daemon(sock_path, frozenset(args.allow_uid or ()), args.idle_exit)
     try:
@@ -290,8 +290,6 @@ def main(args: argparse.Namespace) -> int:
         deadline = args.deadline if args.deadline is not None else DEADLINE_S
         daemon.service = HookService(holder.current, audit, principal, private, sock_path, deadline, executor)
         with contextlib.suppress(Exception):  # start the parser's workers now, not on the first call
-            from gateway.decide import evaluate
-
             evaluate(policy, "true", principal)
         daemon.bind()
     except (PolicyError, AuditUnavailable, DaemonError, OSError) as exc:
@@ -320,8 +318,6 @@ def write_metrics(path: Path, interval_s: float, done: threading.Event) -> None:
     every `interval_s` and once more at the end (written aside and renamed: a reader, such as
     node_exporter's textfile collector, never sees half a file)."""
     from prometheus_client import write_to_textfile
-
-    from gateway import metrics
 
     while True:
         stopping = done.wait(max(interval_s, 1.0))

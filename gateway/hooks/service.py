@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway import sandbox
+from gateway.analysis.git_write import is_git_write
 from gateway.audit import AuditUnavailable
 from gateway.audit.sink import AuditSink
 from gateway.decide import evaluate
@@ -411,7 +412,7 @@ class HookService:
                 env={},
                 timeout_ms=timeout,
                 output_bytes=lim.get("output_bytes") or (1 << 20),
-                git_write=sandbox.git.is_git_write(analysis.commands if analysis else ()),
+                git_write=is_git_write(analysis.commands if analysis else ()),
                 cancel=cancel or threading.Event(),
             )
         except sandbox.SandboxUnavailable as exc:

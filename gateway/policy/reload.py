@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from gateway.policy.compile import CompiledPolicy
+from gateway.policy.layers import layer_files
 from gateway.policy.loader import PolicyError
 from gateway.policy.selftest import load_checked
 
@@ -55,8 +56,6 @@ class PolicyHolder:
         self.on_event("policy_loaded", {"path": str(path), "sha256": self._policy.sha256})
 
     def _files(self) -> tuple[Path, ...]:
-        from gateway.policy.layers import layer_files
-
         return layer_files(self.path)
 
     def current(self) -> CompiledPolicy:

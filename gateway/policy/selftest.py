@@ -20,7 +20,7 @@ from gateway.policy.compile import CompiledPolicy, load_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Rule, RuleDecision
 from gateway.stages.permissions import match
-from gateway.upstream.rules import example_decides, example_matches
+from gateway.stages.upstream_rules import example_decides, example_matches
 
 _ORDER = {RuleDecision.ALLOW: 0, RuleDecision.ASK: 1, RuleDecision.DENY: 2}
 

@@ -13,9 +13,12 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from gateway.analysis import Command, analyze
 from gateway.programs.argv import Reading, read
 from gateway.programs.schema import Example, ProgramModel
+from gateway.strict_yaml import YamlError, describe_errors, read_yaml
 
 DIRECTORY = Path(__file__).resolve().parent
 
@@ -39,16 +42,12 @@ class ProgramModelError(Exception):
 
 def load_models(directory: Path = DIRECTORY) -> dict[str, ProgramModel]:
     """Every model in `directory`, by each name it applies to; examples checked."""
-    from pydantic import ValidationError
-
-    from gateway.policy.loader import PolicyError, describe_errors, read_yaml
-
     out: dict[str, ProgramModel] = {}
     for path in sorted(directory.glob("*.yaml")):
         try:
-            data, positions = read_yaml(path, fast=True)
-        except PolicyError as exc:
-            raise ProgramModelError(str(exc).replace("the policy", "the program model")) from None
+            data, positions = read_yaml(path, fast=True, what="the program model")
+        except YamlError as exc:
+            raise ProgramModelError(str(exc)) from None
         try:
             model = ProgramModel.model_validate(data)
         except ValidationError as exc:

@@ -17,9 +17,8 @@ from typing import Any
 
 from gateway.analysis import Command, Expansion, Word
 from gateway.analysis.words import numeric_only, unquoted_expansion
-from gateway.programs import awk, jq, sed
+from gateway.programs import awk, jq, producers, sed
 from gateway.programs.schema import Kind, Option, ProgramModel
-from gateway.stages import producers
 
 _OPERATORS = frozenset({"(", ")", "!", ",", "-not", "-a", "-and", "-o", "-or"})
 _PATH_EXPANSIONS = frozenset({Expansion.GLOB, Expansion.TILDE})
@@ -84,7 +83,7 @@ class _Refused(Exception):
 def could_be_option(w: Word, model: ProgramModel | None = None) -> bool:
     """Could the word, known only at run time, be (or be split into) an option? Only a word
     that starts with a literal character other than `-` cannot (`x$y`); a leading expansion can
-    be anything. A producer's listing (`$(find lib)`, stages/producers.py) can too, since it is
+    be anything. A producer's listing (`$(find lib)`, programs/producers.py) can too, since it is
     split at blanks (a directory named `x --file=` gives the word `--file=...`), but where
     every option of the program only reads (`model.only_reads`: grep, head, cat...) the sandbox
     bounds what such an option reads, as it bounds the listing's paths (docs/analysis.md)."""

@@ -28,6 +28,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from gateway.log import log
 from gateway.sandbox import git, identity, masks, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
 from gateway.sandbox.plan import HOME, LOOP_SHELL, RUNTIME, Profile, SandboxPlan, build, host_facts, unseen
@@ -107,6 +108,4 @@ def start(
 
 
 def _unreported(event: str, data: dict[str, object]) -> None:
-    from gateway.log import log
-
     log.warning(event, **data)

@@ -29,6 +29,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from gateway import private_cache
+
 SOURCE = Path(__file__).with_name("agw_init.c")
 COMPILERS = ("cc", "gcc", "clang")
 INSTALL_HINT = "apt-get install gcc libc6-dev"
@@ -53,22 +55,12 @@ def helper_path() -> str:
 
 
 def cache_dir() -> str:
-    """Where built helpers are kept: `$AGW_CACHE_DIR`, else `~/.cache/agent-gateway`."""
-    configured = os.environ.get("AGW_CACHE_DIR")
-    if configured:
-        return os.path.abspath(configured)
+    """Where built helpers are kept: `$AGW_CACHE_DIR`, else `~/.cache/agent-gateway`
+    (gateway/private_cache.py)."""
     try:
-        home = Path.home()
-    except RuntimeError as exc:  # no HOME and no passwd entry
-        raise HelperUnavailable(f"no home directory for the helper cache ({exc}): set AGW_CACHE_DIR") from None
-    return str(home / ".cache" / "agent-gateway")
-
-
-def private_cache_dir() -> str:
-    """The cache directory, created and checked private (see `_make_private_dir`), for other
-    files the gateway builds once and trusts later (bashlex's parse tables). Raises
-    HelperUnavailable when it cannot be made so."""
-    return _make_private_dir(cache_dir())
+        return private_cache.cache_dir()
+    except private_cache.CacheUnavailable as exc:
+        raise HelperUnavailable(str(exc)) from exc
 
 
 def source_digest() -> str:
@@ -110,38 +102,12 @@ def _build_in(directory: str) -> str:
 
 
 def _make_private_dir(directory: str) -> str:
-    """Create the cache directory (0700) and check nobody else can change what is in it: it is
-    ours and writable only by us, and every directory above it belongs to us or root and is not
-    writable by others (unless sticky, like /tmp), so it cannot be renamed away and replaced.
-    Returns its real path: a symlink on the way (which its owner could point elsewhere later)
-    is not part of the path the helper is run by."""
+    """`directory`, created and checked private (gateway/private_cache.py: ours, and nobody else
+    can change it or a directory above it); its real path."""
     try:
-        os.makedirs(directory, mode=0o700, exist_ok=True)
-        directory = os.path.realpath(directory)
-        st = os.stat(directory)
-    except OSError as exc:
-        why = f"cannot create the helper cache directory {directory}: {exc}"
-        raise HelperUnavailable(f"{why}: set AGW_CACHE_DIR") from exc
-    if not stat.S_ISDIR(st.st_mode):
-        raise HelperUnavailable(f"the helper cache {directory} is not a directory: set AGW_CACHE_DIR")
-    euid = os.geteuid()
-    if st.st_uid != euid or st.st_mode & 0o022:
-        raise HelperUnavailable(
-            f"the helper cache directory {directory} is not private (owner uid {st.st_uid}, mode "
-            f"{stat.S_IMODE(st.st_mode):o}): make it yours with mode 0700, or set AGW_CACHE_DIR to another directory"
-        )
-    parent = os.path.dirname(directory)
-    while True:
-        st = os.stat(parent)
-        shared = st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX
-        if st.st_uid not in (0, euid) or shared:
-            raise HelperUnavailable(
-                f"the helper cache directory {directory} is inside {parent}, which others can change (owner uid "
-                f"{st.st_uid}, mode {stat.S_IMODE(st.st_mode):o}): set AGW_CACHE_DIR to a directory only you control"
-            )
-        if parent == "/":
-            return directory
-        parent = os.path.dirname(parent)
+        return private_cache.make_private(directory)
+    except private_cache.CacheUnavailable as exc:
+        raise HelperUnavailable(str(exc)) from exc
 
 
 def _usable(path: str) -> bool:

@@ -37,7 +37,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from gateway.executors import proctree
+from gateway.sandbox import proctree
 
 SUBTREE = "agent-gateway"
 SELF_LEAF = "agent-gateway-self"  # v2: where the gateway moves itself (no internal processes)

@@ -29,7 +29,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 
 from gateway import approval_queue, metrics
-from gateway.server.tokens import AGENT, TokenStore
+from gateway.tokens import AGENT, TokenStore
 
 PATH = "/metrics"
 AGES = (10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

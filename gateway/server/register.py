@@ -50,7 +50,7 @@ from mcp.types import CallToolRequestParams, CallToolResult, ListToolsResult, Pa
 
 from gateway import approval_queue
 from gateway.audit import open_signed
-from gateway.cli import DEFAULT_AUDIT_KEYS, DEFAULT_PROCESS_DIR, DEFAULT_STATE_DIR, DEFAULT_TOKENS
+from gateway.defaults import DEFAULT_AUDIT_KEYS, DEFAULT_PROCESS_DIR, DEFAULT_STATE_DIR, DEFAULT_TOKENS
 from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.policy.loader import PolicyError

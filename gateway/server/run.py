@@ -50,7 +50,7 @@ from gateway.server.limits import FrontLimits
 from gateway.server.metrics import PATH as METRICS_PATH
 from gateway.server.metrics import MetricsEndpoint
 from gateway.server.specs import SPECS, Spec
-from gateway.server.tokens import TokenStore
+from gateway.tokens import TokenStore
 from gateway.upstream.pins import PinStore, store_dir
 
 SCOPE = "gateway"

@@ -24,19 +24,18 @@ from typing import Any
 
 import yaml
 
-from gateway import approval_queue
+from gateway import approval_queue, tokens
 from gateway.approval import ApprovalRequest, Approver, DenyAll, TerminalApprover, escaped, shortened
 from gateway.audit import AuditUnavailable
 from gateway.audit.metered import meter
 from gateway.audit.sink import AuditSink
-from gateway.cli import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
+from gateway.defaults import DEFAULT_POLICY, DEFAULT_STATE_DIR, DEFAULT_TOKENS, PROFILE_POLICIES
 from gateway.pipeline import Gateway
 from gateway.policy.layers import MAX_INCLUDE_DEPTH
 from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.selftest import load_checked
 from gateway.sandbox.identity import IdentityUnavailable, hand_over
-from gateway.server import tokens
 from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for

@@ -44,8 +44,9 @@ from gateway.analysis import Command, Expansion, RedirectMode, Word
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy, Grant
 from gateway.policy.schema import PathArgs
+from gateway.programs import producers
 from gateway.sandbox import masks, plan
-from gateway.stages import decision_cache, globs, producers
+from gateway.stages import decision_cache, globs
 from gateway.stages.permissions import Match, attached_value, option_values
 
 STAGE = "pathjail"

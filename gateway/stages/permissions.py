@@ -18,10 +18,9 @@ from gateway.analysis.words import numeric_only
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Rule, RuleDecision, Tool
-from gateway.programs import Reading, model_for, models_subcommand, reading_of
+from gateway.programs import Reading, model_for, models_subcommand, producers, reading_of
 from gateway.programs.argv import could_be_option, may_split
 from gateway.regex import MAX_BACKTRACKING_INPUT, PolicyPattern
-from gateway.stages import producers
 
 STAGE = "permissions"
 _JAIL_EXPANDS = frozenset({Expansion.GLOB, Expansion.TILDE})

@@ -18,11 +18,11 @@ from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, SigningKey, VerifyKey
 from gateway.audit.records import canonical
 from gateway.audit.sink import AuditSink
-from gateway.server.tokens import AGENT, METRICS, SUPERVISOR, TokenError, TokenStore
 from gateway.store import approvals, db, ledger, reader, sequencer
 from gateway.store import tokens as store_tokens
 from gateway.store.policy import PolicySync, RolloutError, publish
 from gateway.store.tokens import StoreTokens
+from gateway.tokens import AGENT, METRICS, SUPERVISOR, TokenError, TokenStore
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE = 0, 1, 2
 

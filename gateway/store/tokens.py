@@ -1,7 +1,7 @@
 """Bearer tokens kept in the store, so that a token made or revoked on one host holds on every
 gateway of the fleet within seconds (`gateway token create|list|revoke --store`).
 
-`StoreTokens` is the server's `TokenStore` (gateway/server/tokens.py) with its entries read from
+`StoreTokens` is the server's `TokenStore` (gateway/tokens.py) with its entries read from
 `agw.token` instead of the file: the valid tokens of this host (not revoked; no host list, or
 one naming this host), re-read when older than `REFRESH_S`. With the store unreachable, the
 entries last read are honoured for `MAX_AGE_S`, then none is (fail closed) until it answers.
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import psycopg
 
-from gateway.server.tokens import _LISTS, _PREFIXES, TokenEntry, TokenError, TokenStore, digest
 from gateway.store import db
+from gateway.tokens import LISTS, PREFIXES, TokenEntry, TokenError, TokenStore, digest
 
 REFRESH_S = 1.0
 MAX_AGE_S = 60.0
@@ -67,12 +67,12 @@ def create(
     store: db.Store, principal: str, label: str = "", kind: str = "agent", hosts: list[str] | None = None
 ) -> tuple[str, TokenEntry]:
     """Make a token in the store (shown once: only its digest is kept). Raises TokenError."""
-    if kind not in _LISTS:
-        raise TokenError(f"kind {kind!r}: expected one of {sorted(_LISTS)}")
+    if kind not in LISTS:
+        raise TokenError(f"kind {kind!r}: expected one of {sorted(LISTS)}")
     if not principal or any(not ch.isprintable() for ch in principal) or len(principal) > 64:
         raise TokenError(f"name {principal!r}: expected 1 to 64 printable characters")
-    token = _PREFIXES[kind][0] + secrets.token_urlsafe(32)
-    token_id = _PREFIXES[kind][1] + secrets.token_hex(4)
+    token = PREFIXES[kind][0] + secrets.token_urlsafe(32)
+    token_id = PREFIXES[kind][1] + secrets.token_hex(4)
     with store.connection() as conn:
         row = conn.execute(
             "INSERT INTO agw.token (id, kind, principal, sha256, label, hosts) VALUES (%s, %s, %s, %s, %s, %s) "

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from gateway import envstore as store
+from gateway.audit import SECRET_NAME
 from gateway.calls import EnvCall
 from gateway.decision import Decision, Reason, Verdict
-from gateway.executors import env as store
 from gateway.pipeline import Gated, error, tool_decision
 from gateway.policy.schema import Tool
 
@@ -17,8 +18,6 @@ if TYPE_CHECKING:
 def arguments(call: EnvCall) -> dict[str, Any]:
     """The call's arguments as the audit log keeps them (a secret-looking name's value redacted
     here; the writer redacts the policy's names too)."""
-    from gateway.audit import SECRET_NAME
-
     out: dict[str, Any] = {"action": call.action, "name": call.name}
     if call.value is not None:
         out["value"] = store.REDACTED if call.name and SECRET_NAME.search(call.name) else call.value

@@ -23,6 +23,7 @@ from gateway.sandbox import disk, identity, masks
 from gateway.sandbox import plan as sandbox_plan
 from gateway.stages import permissions
 from gateway.stages.pathjail import PathRefused, check_path, settled_realpath
+from gateway.tools.replies import saved_outputs_dir
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway
@@ -46,11 +47,6 @@ def with_saved_outputs(gw: Gateway, grant: Grant, call: FilesCall) -> Grant:
     if own is None or call.action not in READS:
         return grant
     return replace(grant, read_roots=(*grant.read_roots, own), outputs=own)
-
-
-def saved_outputs_dir(gw: Gateway, principal: str) -> Path | None:
-    """Where the gateway keeps `principal`'s saved outputs (None: it runs without a state dir)."""
-    return gw.state_dir / "outputs" / principal if gw.state_dir is not None else None
 
 
 def decide(

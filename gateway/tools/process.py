@@ -9,26 +9,24 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import cancellation, sandbox
+from gateway import cancellation, envstore, sandbox
 from gateway.analysis import analyze
+from gateway.analysis.git_write import is_git_write
 from gateway.calls import ProcessCall, RunCall
-from gateway.executors import env as envstore
-from gateway.executors.processes import Spawnable
+from gateway.executors.processes import ProcessManager, ProcessRecord, Spawnable
 from gateway.executors.shell import SHELL, scrubbed_env
+from gateway.log import log
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
-from gateway.tools.run import DEFAULT_REPLY_BYTES, fit_reply
+from gateway.tools.replies import DEFAULT_REPLY_BYTES, fit_reply
 
 if TYPE_CHECKING:
-    from gateway.executors.processes import ProcessManager, ProcessRecord
     from gateway.pipeline import Gateway
 
 
 def manager(gw: Gateway) -> ProcessManager | None:
     """The gateway's process manager, made (and its records rehydrated) when the gateway starts."""
-    from gateway.executors.processes import ProcessManager
-
     if gw.state_dir is None:
         return None
     with gw._processes_lock:
@@ -60,7 +58,7 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
     if policy is None:  # fail closed: never a sandbox from a policy nobody decided under
         raise RuntimeError("no decision for this start")
     analysis = analyze(rec.command)  # the same text the gate decided: the same programs
-    git_write = analysis.denial is None and sandbox.git.is_git_write(analysis.commands)
+    git_write = analysis.denial is None and is_git_write(analysis.commands)
     plan, launch = sandbox.start(
         gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,
@@ -110,8 +108,6 @@ def _event(gw: Gateway, event: str, rec: ProcessRecord, data: dict[str, Any]) ->
     try:
         gw.audit.append(event, principal=rec.principal, tool="process", data={"process_id": rec.id, **data})
     except Exception:  # an event of a running process: the process stays; the log reports it
-        from gateway.log import log
-
         log.warning("audit_failed", record=event, process_id=rec.id)
 
 

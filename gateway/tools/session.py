@@ -9,10 +9,9 @@ import hashlib
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from gateway import cancellation, runfiles, sandbox
+from gateway import cancellation, envstore, runfiles, sandbox
 from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
-from gateway.executors import env as envstore
 from gateway.executors import shell
 from gateway.executors.sessions import Session, SessionError, names_the_loop, reserved_message
 from gateway.pipeline import (
@@ -27,7 +26,7 @@ from gateway.pipeline import (
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.stages.pathjail import PathRefused, check_path, real_path
-from gateway.tools.run import DEFAULT_REPLY_BYTES, fit_reply
+from gateway.tools.replies import DEFAULT_REPLY_BYTES, fit_reply
 
 if TYPE_CHECKING:
     from gateway.pipeline import Gateway

@@ -1,6 +1,6 @@
 """The `upstream` tool family: a call to a tool of an upstream MCP server (docs/upstream.md).
 
-    decide (the rules naming the tool, their argument conditions, the path jail: upstream/rules.py)
+    decide (the rules naming the tool, their argument conditions, the path jail: stages/upstream_rules.py)
     -> the tool offered now with its pinned definition (upstream/hub.py, pins.py; else denied)
     -> audit(decision) -> [approval if ask] -> audit(approval)
     -> the definition still the one decided -> forward (the checked arguments)
@@ -21,8 +21,9 @@ from gateway.calls import UpstreamCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.pipeline import Gated, error
 from gateway.policy.compile import CompiledPolicy
+from gateway.stages import upstream_rules as rules
 from gateway.upstream import replay as _replay  # noqa: F401  (registers the replay of upstream decisions)
-from gateway.upstream import results, rules
+from gateway.upstream import results
 from gateway.upstream.hub import Hub, UpstreamFailure, hub_for
 
 if TYPE_CHECKING:

@@ -46,7 +46,7 @@ from gateway.policy.layers import resolve_roots
 from gateway.policy.upstreams import SEPARATOR, Upstream
 from gateway.sandbox import identity, reaper
 from gateway.sandbox.egress import Egress
-from gateway.upstream import rules
+from gateway.stages import upstream_rules as rules
 from gateway.upstream.pins import PinError, PinStore, definition, fingerprint, store_dir
 from gateway.upstream.transport import Limits, Watch, http_streams, stdio_streams
 

@@ -3,7 +3,7 @@ what-if): the recorded tool and arguments through the draft's rules (rules.decid
 upstream's state at the time (the tool not offered, not pinned, changed, unreachable) is a fact
 of that moment, not of the policy: a call it denied stays denied, with the same reasons.
 
-Registered with the replay (gateway/audit/replay.py `DECIDERS`) when this module is imported:
+Registered with the replay (gateway/replay.py `DECIDERS`) when this module is imported:
 the `upstream` tool family and the CLI import it."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.audit import REDACTED
-from gateway.audit.replay import DECIDERS
 from gateway.decision import Decision, Reason, Verdict
 from gateway.policy.compile import CompiledPolicy
-from gateway.upstream import rules
+from gateway.replay import DECIDERS
+from gateway.stages import upstream_rules as rules
 
 
 def _holds(value: Any, text: str) -> bool:

@@ -1,4 +1,4 @@
-"""What-if replay (gateway/audit/replay.py): a log written by the real pipeline under the shipped
+"""What-if replay (gateway/replay.py): a log written by the real pipeline under the shipped
 policy, decided again under drafts. Nothing in the replay runs, asks or writes."""
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ import pytest
 
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, records
-from gateway.audit.replay import ReplayError, replay
 from gateway.calls import FilesCall, RunCall, SessionCall
 from gateway.pipeline import Gateway
 from gateway.policy.selftest import load_checked
+from gateway.replay import ReplayError, replay
 from gateway.sandbox.identity import hand_over
 
 SHIPPED = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"

@@ -36,7 +36,7 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.schema import LIMIT_DEFAULTS, Limits, Policy, Tool
 from gateway.sandbox.identity import hand_over
-from gateway.tools.run import DEFAULT_REPLY_BYTES
+from gateway.tools.replies import DEFAULT_REPLY_BYTES
 
 CI_RUNNER = Path(__file__).resolve().parents[2] / "policies" / "examples" / "ci-runner.yaml"
 

@@ -669,7 +669,7 @@ def test_a_secret_for_a_host_that_is_not_intercepted_is_a_load_error(tmp_path: P
 
 def test_network_decisions_replay_under_a_draft_policy(tmp_path: Path, server: int) -> None:
     """`gateway audit replay`: the recorded connections and lookups decided again under a draft."""
-    from gateway.audit.replay import replay
+    from gateway.replay import replay
 
     ws, policy, audit = _setup(tmp_path, f'{{allow: ["localhost:{server}", "127.0.0.1"]}}')
     run(policy, ws, audit, f"python3 client.py raw localhost.,{server},localhost")

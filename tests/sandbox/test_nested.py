@@ -82,6 +82,7 @@ from pathlib import Path
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.selftest import load_checked
 ws, audit = Path(sys.argv[1]), Path(sys.argv[2])
 gw = Gateway(load_checked(Path("policies/default.yaml"), ws), AuditLog(audit))

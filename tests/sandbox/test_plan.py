@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from gateway.analysis import analyze
+from gateway.analysis.git_write import is_git_write as git_write_of
 from gateway.sandbox import git, masks
 from gateway.sandbox.plan import HOME, RUNTIME, HostFacts, Mount, Profile, SandboxPlan, build
 from gateway.sandbox.quotas import Quotas
@@ -168,7 +169,7 @@ def test_include_and_hooks_path_targets_in_a_write_root_are_read_only() -> None:
 def test_which_calls_are_git_writes(command: str, git_write: bool) -> None:
     analysis = analyze(command)
     assert analysis.denial is None
-    assert git.is_git_write(analysis.commands) is git_write
+    assert git_write_of(analysis.commands) is git_write
 
 
 def test_git_runs_no_hook_editor_or_pager_in_any_sandbox() -> None:

@@ -26,6 +26,7 @@ from test_gateway import PERMISSIVE
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
@@ -103,6 +104,7 @@ from test_gateway import PERMISSIVE
 from gateway.audit import AuditLog
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over

@@ -21,9 +21,8 @@ from mcp import Client, StdioServerParameters
 from mcp.client.streamable_http import streamable_http_client
 from mcp.types import CallToolResult
 
-from gateway import approval_queue
+from gateway import approval_queue, tokens
 from gateway.audit import verify
-from gateway.server import tokens
 from tests.conftest import eventually
 from tests.server.conftest import (
     GATEWAY,

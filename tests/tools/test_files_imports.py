@@ -36,6 +36,7 @@ sys.meta_path.insert(0, Watch())
 from gateway.audit import AuditLog
 from gateway.calls import FilesCall
 from gateway.pipeline import Gateway
+import gateway.tools  # the tool families register with the gate, as in every face
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over

@@ -17,11 +17,11 @@ from pydantic import ValidationError
 from gateway.approval import CallbackApprover
 from gateway.audit import AuditLog, records, verify
 from gateway.calls import RunCall, SessionCall
-from gateway.executors.proctree import descendants
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+from gateway.sandbox.proctree import descendants
 from tests.conftest import PATIENCE_S, eventually
 
 POLICY: dict[str, Any] = {

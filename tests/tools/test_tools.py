@@ -351,7 +351,7 @@ def test_stop_ends_every_process_of_the_sandbox(gw: Gateway) -> None:
     out = proc(gw, "start", command="sleep 61 & sleep 62")
     assert out["status"] == "ok", out
     outer = out["process"]["pid"]
-    from gateway.executors.proctree import descendants
+    from gateway.sandbox.proctree import descendants
 
     def both_sleeping() -> list[int]:  # both started: not always within 0.3 s on a loaded machine
         found = descendants(outer)

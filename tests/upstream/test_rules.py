@@ -1,4 +1,4 @@
-"""Deciding an upstream tool call (gateway/upstream/rules.py): the rules naming the tool, their
+"""Deciding an upstream tool call (gateway/stages/upstream_rules.py): the rules naming the tool, their
 argument conditions at JSON pointers, the path jail, levels; and the policy errors an admin gets."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.loader import PolicyError
 from gateway.policy.schema import Policy
 from gateway.policy.selftest import check_examples
-from gateway.upstream.rules import decide, pointer_get, visible
+from gateway.stages.upstream_rules import decide, pointer_get, visible
 
 UPSTREAM = {"command": ["/usr/bin/true"]}
 

@@ -48,18 +48,18 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, RedirectResponse, Response
 
-from gateway import approval_queue
+from gateway import approval_queue, replay
 from gateway.approval import escaped
-from gateway.audit import SECRET_NAME, AuditUnavailable, replay
+from gateway.audit import SECRET_NAME, AuditUnavailable
+from gateway.audit.describe import describe_record
 from gateway.audit.keys import VerifyKey
 from gateway.audit.sink import AuditSink
 from gateway.audit.timespec import TimeSpecError
-from gateway.cli import describe_record
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
 from gateway.server.console.feed import END, Feed
 from gateway.server.console.sessions import COOKIE, Session, Sessions
-from gateway.server.tokens import AGENT, TokenEntry, TokenStore
+from gateway.tokens import AGENT, TokenEntry, TokenStore
 from gateway.upstream.pins import PinError, PinStore
 
 PREFIX = "/console"

@@ -30,9 +30,13 @@ from typing import Any
 
 from gateway.audit import timespec
 from gateway.audit.records import REDACTED, records
+from gateway.decide import evaluate
+from gateway.decision import Decision, Reason, Verdict
+from gateway.escaping import escaped
 from gateway.policy.compile import CompiledPolicy
-from gateway.policy.loader import PolicyError
+from gateway.policy.loader import PolicyError, parse_policy_at
 from gateway.policy.schema import Tool
+from gateway.policy.selftest import load_checked
 
 MAX_ROWS = 200
 """Changed calls shown (all groups together); every change is counted all the same."""
@@ -195,7 +199,6 @@ class _Drafts:
 
     def load(self, recorded: str | None) -> CompiledPolicy | str:
         """The draft for a record's workspace, or why it cannot be had."""
-        from gateway.policy.selftest import load_checked
 
         where = str(self.workspace) if self.workspace is not None else (recorded or "")
         found = self.loaded.get(where)
@@ -253,7 +256,6 @@ def replay(
 
 def _check_includes(path: Path) -> None:
     """A confined draft includes no file: the loader would read any path it names, as the server."""
-    from gateway.policy.loader import parse_policy_at
 
     try:
         includes = parse_policy_at(path)[0].include
@@ -316,8 +318,6 @@ def _decisions(
 
 
 def _replay_one(record: dict[str, Any], drafts: _Drafts, report: ReplayReport) -> None:
-    from gateway.decide import evaluate
-    from gateway.decision import Decision, Reason, Verdict
 
     call_id = str(record.get("call_id") or "")
     tool = str(record.get("tool") or "")
@@ -490,7 +490,6 @@ def _resolve_cwd(policy: CompiledPolicy, cwd: str | None) -> Path:
 
 def describe(report: ReplayReport) -> str:
     """The report for a terminal: counts, then each group with its calls (escaped, never cut)."""
-    from gateway.approval import escaped
 
     lines = [
         f"replayed {report.replayed} of {report.decisions} decisions under {report.draft} "

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from gateway.executors import proctree
+from gateway.sandbox import proctree
 
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 

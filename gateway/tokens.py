@@ -38,8 +38,8 @@ PREFIX = "agw_"
 SUPERVISOR_PREFIX = "agws_"
 METRICS_PREFIX = "agwm_"
 AGENT, SUPERVISOR, METRICS = "agent", "supervisor", "metrics"
-_LISTS = {AGENT: "tokens", SUPERVISOR: "supervisors", METRICS: "metrics"}
-_PREFIXES = {AGENT: (PREFIX, "t-"), SUPERVISOR: (SUPERVISOR_PREFIX, "s-"), METRICS: (METRICS_PREFIX, "m-")}
+LISTS = {AGENT: "tokens", SUPERVISOR: "supervisors", METRICS: "metrics"}
+PREFIXES = {AGENT: (PREFIX, "t-"), SUPERVISOR: (SUPERVISOR_PREFIX, "s-"), METRICS: (METRICS_PREFIX, "m-")}
 
 
 class TokenError(Exception):
@@ -79,7 +79,7 @@ def load(path: Path) -> list[TokenEntry]:
             if not isinstance(data.get(extra, []), list):
                 raise ValueError(f'{extra}: expected a list, like "tokens"')
         out = []
-        for kind, key in _LISTS.items():
+        for kind, key in LISTS.items():
             for n, item in enumerate(data.get(key, [])):
                 try:
                     out.append(
@@ -102,7 +102,7 @@ def load(path: Path) -> list[TokenEntry]:
 def _save(path: Path, entries: list[TokenEntry]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
     body: dict[str, Any] = {"version": 1}
-    for kind, key in _LISTS.items():
+    for kind, key in LISTS.items():
         mine = [{k: v for k, v in e.__dict__.items() if k != "kind"} for e in entries if e.kind == kind]
         if mine or kind == AGENT:
             body[key] = mine
@@ -126,16 +126,16 @@ def create(
     """Make a token for `principal` (an agent's, or with `kind` SUPERVISOR a supervisor's secret
     for the person named `principal`); returns (the token, its entry). `replace_label` first
     revokes the principal's tokens of that kind with the same label."""
-    if kind not in _LISTS:
-        raise TokenError(f"{path}: kind {kind!r}: expected one of {sorted(_LISTS)}")
+    if kind not in LISTS:
+        raise TokenError(f"{path}: kind {kind!r}: expected one of {sorted(LISTS)}")
     if not principal or any(not ch.isprintable() for ch in principal) or len(principal) > 64:
         raise TokenError(f"{path}: name {principal!r}: expected 1 to 64 printable characters")
     entries = load(path)
     if replace_label:
         entries = [e for e in entries if not (e.kind == kind and e.principal == principal and e.label == label)]
-    token = _PREFIXES[kind][0] + secrets.token_urlsafe(32)
+    token = PREFIXES[kind][0] + secrets.token_urlsafe(32)
     entry = TokenEntry(
-        _PREFIXES[kind][1] + secrets.token_hex(4), principal, digest(token),
+        PREFIXES[kind][1] + secrets.token_hex(4), principal, digest(token),
         datetime.now(UTC).isoformat(timespec="seconds"), label, kind,
     )  # fmt: skip
     _save(path, [*entries, entry])

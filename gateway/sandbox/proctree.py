@@ -1,4 +1,5 @@
-"""The process tree, read from /proc: what sessions and processes signal and inspect."""
+"""The process tree, read from /proc: what the sandbox's quotas, sessions and processes signal and
+inspect. Below the executors (in the sandbox package) because the sandbox's quota kill uses it too."""
 
 from __future__ import annotations
 

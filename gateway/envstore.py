@@ -1,4 +1,5 @@
-"""The session environment behind the `env` tool: per principal, in the gateway's memory.
+"""The session environment behind the `env` tool: per principal, in the gateway's memory. Part
+of the gate (not an executor): the gate decides what a command inherits from it.
 
 Later `run`, `session` and `process` calls of the principal inherit it. A name may be set only
 if the policy's `environment.allow` lists it and it is not protected (PATH, HOME, LD_*, BASH_ENV,

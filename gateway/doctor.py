@@ -8,7 +8,8 @@ what stands in when they are missing. `Report.ok` is false when a required item 
 Doctor looks and never changes the host's configuration, with two exceptions that the gateway
 would make on its first command anyway: the C helper is built if it is not yet, and probing
 cgroups creates (and removes) a group (on cgroup v2 this may move this process into a leaf of
-its own; see quotas.py). A missing sandbox account is not created: doctor says it will be.
+its own; see sandbox/quotas.py). A missing sandbox account is not created: doctor says it will be.
+It reads a policy's demands, so it is a face's report above the sandbox, not part of it.
 """
 
 from __future__ import annotations
@@ -138,6 +139,7 @@ def _run(argv: list[str], **kwargs: Any) -> tuple[int | None, str]:
 
 
 def _bubblewrap() -> Item:
+    # lazy: startup (`gateway check` imports NETWORK_TRUE_WARNING from here, not the launcher)
     from gateway.sandbox import launch  # the launcher's own binary and self-check
 
     label = "bubblewrap"
@@ -271,6 +273,7 @@ def _cgroups(account: Item) -> Item:
 def _helper() -> Item:
     label = "C helper"
     try:
+        # lazy: doctor reports a helper module that does not import, rather than failing itself
         module = importlib.import_module("gateway.sandbox.helper")
     except ModuleNotFoundError as exc:
         if exc.name != "gateway.sandbox.helper":

@@ -13,7 +13,7 @@ from gateway.decision import Verdict
 from gateway.pipeline import evaluate
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.selftest import load_checked
-from gateway.stages.producers import starting_points
+from gateway.programs.producers import starting_points
 
 
 def last_word(text: str) -> list[str] | None:
