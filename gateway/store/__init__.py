@@ -12,7 +12,10 @@ or `AGW_STORE`). Without it the gateway keeps its files, as it always has (docs/
 - reader.py      the audit readers (`audit tail|show|query|calls --store`) over every stream
 - commands.py    the CLI verbs (`gateway store ...`, `audit verify --store`, `approvals --store`)
 
-Layers: db.py imports nothing of the gateway; ledger.py, sequencer.py and reader.py sit with the
-audit log; approvals.py and policy.py with the gate; tokens.py and commands.py with the faces.
-This file imports none of them.
+Layers (pyproject.toml's `store` and `store-ledger` contracts, docs/architecture.md): the package
+sits under the faces that choose it and over the gate. Inside it, db.py imports nothing of the
+gateway; ledger.py, sequencer.py and reader.py import only the audit log and the shared values
+(the gate reaches the ledger through the AuditSink seam, never by name); approvals.py, policy.py
+and tokens.py use the gate's approver and decisions and the shared tokens (gateway/tokens.py);
+commands.py, on top, is what the CLI and the faces call. This file imports none of them.
 """
