@@ -18,6 +18,10 @@ list (fail closed). Their secrets begin `agws_`, agents' `agw_`, so a person can
 
 Metrics tokens (`gateway token create --metrics NAME`, a scraper's: `agwm_...`, in `"metrics"`)
 read `/metrics` and nothing else: no lookup but `lookup_metrics` sees them.
+
+A shared value (it imports nothing of the gateway): the server and the console look tokens up
+here, and the fleet's store keeps them as rows through the same `TokenStore`
+(gateway/store/tokens.py).
 """
 
 from __future__ import annotations
