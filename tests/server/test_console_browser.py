@@ -316,6 +316,29 @@ def test_the_call_timeline_and_a_call_page_that_reads_like_a_story(
         assert first.is_displayed() and f'"call_id": "{call_id}"' in first.text
         assert browser.current_url.endswith(f"#call/{call_id}")
         shot(browser, tmp_path, "console-call.png")
+
+        # what-if: a draft that denies deleting shows its flips as a table and a chart, by rule
+        draft = yaml.safe_load(policy_file.read_text())
+        for rule in draft["rules"]:
+            if rule["id"] == "rm-by-supervisor":
+                rule["decision"] = "deny"
+            if rule["id"] == "basics":
+                rule["decision"] = "ask"
+        (policy_file.parent / "draft.yaml").write_text(yaml.safe_dump(draft, sort_keys=False))
+        browser.find_element(By.ID, "tab-replay").click()
+        browser.find_element(By.CSS_SELECTOR, "#replay-form input[name=policy_file]").send_keys("draft.yaml")
+        browser.find_element(By.CSS_SELECTOR, "#replay-form button[type=submit]").click()
+        flips = until(browser, "the flips chart", lambda d: d.find_elements(By.CSS_SELECTOR, "svg.flips rect"))
+        drawn = {
+            (r.get_attribute("data-rule"), r.get_attribute("data-to")): r.get_attribute("data-count") for r in flips
+        }
+        assert drawn == {("rm-by-supervisor", "deny"): "1", ("basics", "ask"): "1"}, drawn
+        table = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                 for tr in browser.find_elements(By.CSS_SELECTOR, "table.changes tr.change")]  # fmt: skip
+        assert sorted(table) == [["basics", "allow", "ask", "basics", "1"],
+                                 ["rm-by-supervisor", "ask", "deny", "rm-by-supervisor", "1"]], table  # fmt: skip
+        assert "2 would change" in browser.find_element(By.ID, "replay-summary").text
+        shot(browser, tmp_path, "console-replay.png")
     finally:
         server.stop()
 
