@@ -301,6 +301,8 @@ def test_the_call_timeline_and_a_call_page_that_reads_like_a_story(
         rm.find_element(By.CSS_SELECTOR, "button.expand").click()
         records = until(browser, "the records", lambda d: d.find_elements(By.CSS_SELECTOR, "tr.records li .event"))
         assert [e.text for e in records] == ["decision", "supervisor_answer", "approval", "result"]
+        no_page_overflow(browser)
+        shot(browser, tmp_path, "console-calls.png")
         call_id = rm.get_attribute("data-call-id")
         rm.find_element(By.CSS_SELECTOR, "a.call-link").click()
         steps = until(browser, "the story", lambda d: d.find_elements(By.CSS_SELECTOR, "#call-body ol.story li"))
@@ -404,5 +406,8 @@ def test_overview_charts_count_a_ledger_with_known_counts(
         assert browser.find_element(By.ID, "overview-summary").text.startswith("16 calls from")
         no_page_overflow(browser)
         shot(browser, tmp_path, "console-overview.png")
+        browser.set_window_size(360, 900)  # a phone: the charts shrink with the page
+        no_page_overflow(browser)
+        shot(browser, tmp_path, "console-overview-360.png")
     finally:
         server.stop()

@@ -399,13 +399,21 @@ async function openCall(callId) {
 
 // --- overview ----------------------------------------------------------------------------------
 const COLOURS = ["allow", "ask", "deny", "other"];
+let lastOverview = null;
+
+// Charts are drawn in the page's own units (a viewBox as wide as the box they go in, up to 720),
+// so their text stays readable on a phone; they are drawn again when the window changes width.
+function chartWidth(box, columns) {
+  const inner = box.clientWidth / (columns || 1) - 30;
+  return Math.max(260, Math.min(720, Math.round(inner)));
+}
 
 function legend(names) {
   return el("p", { class: "legend" }, ...names.map((n) => el("span", { class: "key " + n, text: n })));
 }
 
-function stackedBars(o) {
-  const width = 720, height = 220, left = 36, bottom = 28, top = 10;
+function stackedBars(o, width) {
+  const height = 220, left = 36, bottom = 28, top = 10;
   const n = o.per_bucket.length;
   const max = Math.max(1, ...o.per_bucket.map((b) => COLOURS.reduce((s, d) => s + b[d], 0)));
   const bw = (width - left - 4) / Math.max(1, n);
@@ -415,7 +423,7 @@ function stackedBars(o) {
     chart.append(svg("line", { x1: left, x2: width, y1: y(tickValue), y2: y(tickValue), class: "grid" }),
       svg("text", { x: left - 4, y: y(tickValue) + 4, class: "axis", "text-anchor": "end", text: String(tickValue) }));
   }
-  const every = Math.max(1, Math.ceil(n / 8));
+  const every = Math.max(1, Math.ceil(n / Math.max(3, Math.floor(width / 90))));
   o.per_bucket.forEach((b, i) => {
     let base = 0;
     const x = left + i * bw;
@@ -431,22 +439,23 @@ function stackedBars(o) {
   return chart;
 }
 
-function hbars(rows, cls, labelOf) {
-  const width = 720, rowH = 30;
+function hbars(rows, cls, labelOf, width) {
+  const rowH = 36;
   const max = Math.max(1, ...rows.map((r) => r.count));
   const chart = svg("svg", { viewBox: "0 0 " + width + " " + Math.max(rowH, rows.length * rowH), class: "chart hbars " + cls, role: "img" });
   rows.forEach((r, i) => {
     const label = labelOf(r);
-    const short = label.length > 70 ? label.slice(0, 69) + "…" : label;
-    chart.append(svg("text", { x: 0, y: i * rowH + 11, class: "label", text: short }, svg("title", { text: label })),
-      svg("rect", { x: 0, y: i * rowH + 15, height: 10, width: Math.max(2, (width - 60) * r.count / max), class: "bar deny", "data-name": label, "data-count": r.count }),
-      svg("text", { x: Math.max(2, (width - 60) * r.count / max) + 6, y: i * rowH + 25, class: "axis", text: String(r.count) }));
+    const fits = Math.floor(width / 8);
+    const short = label.length > fits ? label.slice(0, fits - 1) + "…" : label;
+    chart.append(svg("text", { x: 0, y: i * rowH + 13, class: "label", text: short }, svg("title", { text: label })),
+      svg("rect", { x: 0, y: i * rowH + 17, height: 12, width: Math.max(2, (width - 60) * r.count / max), class: "bar deny", "data-name": label, "data-count": r.count }),
+      svg("text", { x: Math.max(2, (width - 60) * r.count / max) + 6, y: i * rowH + 29, class: "axis", text: String(r.count) }));
   });
   return chart;
 }
 
-function stackedRows(rows) {
-  const width = 720, rowH = 30, labelW = 140;
+function stackedRows(rows, width) {
+  const rowH = 30, labelW = Math.min(140, width / 3);
   const max = Math.max(1, ...rows.map((r) => r.calls));
   const chart = svg("svg", { viewBox: "0 0 " + width + " " + Math.max(rowH, rows.length * rowH), class: "chart principals", role: "img" });
   rows.forEach((r, i) => {
@@ -464,8 +473,8 @@ function stackedRows(rows) {
   return chart;
 }
 
-function waitBars(w) {
-  const width = 720, height = 170, bottom = 28, top = 10;
+function waitBars(w, width) {
+  const height = 190, bottom = 28, top = 26;
   const n = w.buckets.length;
   const max = Math.max(1, ...w.buckets.map((b) => b.count));
   const bw = width / n;
@@ -474,7 +483,7 @@ function waitBars(w) {
     const h = (height - top - bottom) * b.count / max;
     chart.append(svg("rect", { x: i * bw + 8, width: bw - 16, y: height - bottom - h, height: Math.max(0, h), class: "bar ask", "data-label": b.label, "data-count": b.count }, svg("title", { text: b.label + ": " + b.count })),
       svg("text", { x: i * bw + bw / 2, y: height - bottom - h - 4, class: "axis", "text-anchor": "middle", text: String(b.count) }),
-      svg("text", { x: i * bw + bw / 2, y: height - 8, class: "axis", "text-anchor": "middle", text: b.label }));
+      svg("text", { x: i * bw + bw / 2, y: height - 8, class: width < 500 ? "axis small" : "axis", "text-anchor": "middle", text: width < 500 ? b.label.replace("under ", "<").replace("over ", ">") : b.label }));
   });
   return chart;
 }
@@ -495,18 +504,26 @@ async function loadOverview() {
     summary.textContent = "could not count: " + (err.message || err);
     return;
   }
+  lastOverview = o;
+  drawOverview(o);
+}
+
+function drawOverview(o) {
+  const summary = byId("overview-summary");
   const w = o.waits;
+  const charts = byId("charts");
+  const width = chartWidth(charts, charts.clientWidth >= 1136 ? 2 : 1);  // the grid's columns (console.css)
   summary.textContent = o.calls + " calls from " + when(o.since) + " to " + when(o.until) + " UTC, " + o.denied.count + " denied";
   const stats = "answered " + w.answered + ", timed out " + w.timed_out + ", withdrawn " + w.withdrawn + ", waiting now " + w.waiting
     + (w.median_ms !== null ? " · median " + took(w.median_ms) + ", 90% within " + took(w.p90_ms) + ", longest " + took(w.max_ms) : "");
   const none = (list) => (list.top.length ? null : el("p", { class: "empty", text: "none" }));
   const more = (list) => (list.others ? el("p", { class: "note", text: list.others + " more in other entries" }) : null);
   byId("charts").replaceChildren(
-    panel("chart-per-bucket", "Calls per " + o.bucket + " by decision", legend(COLOURS), stackedBars(o)),
-    panel("chart-denied-rules", "Top denied rules", none(o.denied.rules), hbars(o.denied.rules.top, "rules", (r) => r.name), more(o.denied.rules)),
-    panel("chart-denied-commands", "Top denied commands", none(o.denied.commands), hbars(o.denied.commands.top, "commands", (r) => r.name), more(o.denied.commands)),
-    panel("chart-waits", "Approvals' waiting times", el("p", { class: "note waits-stats", text: stats }), waitBars(w)),
-    panel("chart-principals", "Per principal", legend(COLOURS), stackedRows(o.principals),
+    panel("chart-per-bucket", "Calls per " + o.bucket + " by decision", legend(COLOURS), stackedBars(o, width)),
+    panel("chart-denied-rules", "Top denied rules", none(o.denied.rules), hbars(o.denied.rules.top, "rules", (r) => r.name, width), more(o.denied.rules)),
+    panel("chart-denied-commands", "Top denied commands", none(o.denied.commands), hbars(o.denied.commands.top, "commands", (r) => r.name, width), more(o.denied.commands)),
+    panel("chart-waits", "Approvals' waiting times", el("p", { class: "note waits-stats", text: stats }), waitBars(w, width)),
+    panel("chart-principals", "Per principal", legend(COLOURS), stackedRows(o.principals, width),
       o.principals_others ? el("p", { class: "note", text: o.principals_others + " more principals" }) : null));
 }
 
@@ -535,7 +552,7 @@ async function runReplay(event) {
   const parts = [];
   if (report.groups.length) {
     const flips = report.groups.map((g) => ({ ...g, label: (g.from.rule || "(no rule)") + ": " + g.from.decision + " → " + g.to.decision + (g.to.rule !== g.from.rule ? " (" + (g.to.rule || "no rule") + ")" : "") }));
-    parts.push(el("h3", { text: "Decisions that would flip, by rule" }), flipChart(flips));
+    parts.push(el("h3", { text: "Decisions that would flip, by rule" }), flipChart(flips, chartWidth(byId("replay-result"))));
     const table = el("table", { class: "changes" },
       el("thead", {}, el("tr", {}, ...["rule now", "decision now", "under the draft", "draft's rule", "calls"].map((h) => el("th", { text: h })))),
       el("tbody", {}, ...report.groups.map((g) => el("tr", { class: "change" },
@@ -556,15 +573,15 @@ async function runReplay(event) {
   byId("replay-result").replaceChildren(...parts);
 }
 
-function flipChart(flips) {
-  const width = 720, rowH = 30;
+function flipChart(flips, width) {
+  const rowH = 36;
   const max = Math.max(1, ...flips.map((f) => f.count));
   const chart = svg("svg", { viewBox: "0 0 " + width + " " + flips.length * rowH, class: "chart flips", role: "img", "aria-label": "decisions that would flip, by rule" });
   flips.forEach((f, i) => {
     const w = Math.max(2, (width - 60) * f.count / max);
-    chart.append(svg("text", { x: 0, y: i * rowH + 11, class: "label", text: f.label }),
-      svg("rect", { x: 0, y: i * rowH + 15, height: 10, width: w, class: "bar " + f.to.decision, "data-rule": f.from.rule || "", "data-to": f.to.decision, "data-count": f.count }, svg("title", { text: f.label + ": " + f.count })),
-      svg("text", { x: w + 6, y: i * rowH + 25, class: "axis", text: String(f.count) }));
+    chart.append(svg("text", { x: 0, y: i * rowH + 13, class: "label", text: f.label }),
+      svg("rect", { x: 0, y: i * rowH + 17, height: 12, width: w, class: "bar " + f.to.decision, "data-rule": f.from.rule || "", "data-to": f.to.decision, "data-count": f.count }, svg("title", { text: f.label + ": " + f.count })),
+      svg("text", { x: w + 6, y: i * rowH + 29, class: "axis", text: String(f.count) }));
   });
   return chart;
 }
@@ -617,6 +634,13 @@ async function start() {
   byId("replay-form").onsubmit = runReplay;
   byId("call-close").onclick = () => { window.location.hash = "#calls"; };
   document.addEventListener("keydown", keys);
+  let drawn = window.innerWidth;
+  window.addEventListener("resize", () => {
+    if (lastOverview && !byId("overview").hidden && Math.abs(window.innerWidth - drawn) > 40) {
+      drawn = window.innerWidth;
+      drawOverview(lastOverview);
+    }
+  });
   window.addEventListener("hashchange", route);
   listen();
   route();
