@@ -31,6 +31,7 @@ a record it cannot place (no `call_id`) is left to the record views.
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -51,6 +52,12 @@ MAX_SUBJECT = 500
 
 def _text(value: Any) -> str | None:
     return value if isinstance(value, str) and value else None
+
+
+def _shared(value: Any) -> str | None:
+    """A short value many calls repeat (a principal, a tool, a rule, a policy's digest), kept
+    once however many calls name it (a long-lived fold, the console's, holds every call)."""
+    return sys.intern(value) if isinstance(value, str) and value and len(value) <= 128 else _text(value)
 
 
 def _map(value: Any) -> dict[str, Any]:
@@ -79,7 +86,7 @@ def subject(arguments: Any) -> str:
     return shown if len(shown) <= MAX_SUBJECT else shown[:MAX_SUBJECT] + "..."
 
 
-@dataclass
+@dataclass(slots=True)
 class Call:
     call_id: str
     when: str = ""
@@ -116,7 +123,7 @@ class Call:
     events: list[str] = field(default_factory=list)
     records: list[dict[str, Any]] = field(default_factory=list)
     """The call's records, in order (only when the folder keeps them)."""
-    hosts: set[str] = field(default_factory=set)
+    hosts: frozenset[str] = frozenset()
     text_seen: bool = False
 
     def add(self, r: dict[str, Any], keep: bool) -> None:
@@ -124,18 +131,20 @@ class Call:
         ts = r.get("ts") if isinstance(r.get("ts"), str) else ""
         self.when = self.when or str(ts)
         self.ended = str(ts) or self.ended
-        self.events.append(event)
+        self.events.append(sys.intern(event))
         seq = r.get("seq") if isinstance(r.get("seq"), int) else None
         self.first_seq = self.first_seq if self.first_seq is not None else seq
         self.last_seq = seq if seq is not None else self.last_seq
         digest = r.get("hash") if isinstance(r.get("hash"), str) else ""
         self.first_hash = self.first_hash or str(digest)
         self.last_hash = str(digest) or self.last_hash
-        self.principal = self.principal or _text(r.get("principal"))
-        self.tool = self.tool or _text(r.get("tool"))
+        self.principal = self.principal or _shared(r.get("principal"))
+        self.tool = self.tool or _shared(r.get("tool"))
         self.parent = self.parent or _text(r.get("parent"))
-        self.policy_sha256 = self.policy_sha256 or _text(r.get("policy_sha256"))
-        self.hosts |= hosts_of(r)
+        self.policy_sha256 = self.policy_sha256 or _shared(r.get("policy_sha256"))
+        named = hosts_of(r)
+        if named and not named <= self.hosts:
+            self.hosts = self.hosts | named
         if keep:
             self.records.append(r)
         data = _map(r.get("data"))
@@ -144,9 +153,9 @@ class Call:
         if not self.command and r.get("arguments") is not None:
             self.command = subject(r.get("arguments"))
         if event == "decision" and self.decision is None:
-            self.decision = _text(r.get("decision"))
+            self.decision = _shared(r.get("decision"))
             self.final = self.decision
-            self.rule = _text(r.get("rule"))
+            self.rule = _shared(r.get("rule"))
             reasons = r.get("reasons") if isinstance(r.get("reasons"), list) else []
             first = _map(reasons[0]) if reasons else {}
             if self.decision != "allow" and first:
