@@ -222,13 +222,23 @@ def test_cards_at_360_and_1400_px_and_answered_from_the_keyboard(
     try:
         agent = server.token("agent")
         browser.set_window_size(360, 900)
+        base = server.url.removesuffix("/mcp")
+        browser.execute_cdp_cmd("Browser.grantPermissions", {"origin": base, "permissions": ["notifications"]})
         sign_in(browser, server)
+        assert not browser.find_element(By.ID, "notify").is_displayed()  # granted: nothing to ask
+        browser.execute_script(  # the desktop notifications shown, recorded as they are made
+            "window.shown = []; const Real = window.Notification;"
+            "window.Notification = class extends Real { constructor(t, o) { super(t, o); window.shown.push(t); } };"
+        )
         script = ask_in_background(server, agent, ("run", {"command": "python3 tool.py"}))
         cards = (By.CSS_SELECTOR, "li.approval")
         until(browser, "the first card", lambda d: len(d.find_elements(*cards)) == 1)
         rm = ask_in_background(server, agent, ("run", {"command": "rm -f a b c d e"}))
         until(browser, "two cards", lambda d: len(d.find_elements(*cards)) == 2)
         until(browser, "the tab's title", lambda d: d.title.startswith("(2) waiting"))
+        shown = until(browser, "two notifications", lambda d: len(d.execute_script("return window.shown")) == 2
+                      and d.execute_script("return window.shown"))  # fmt: skip
+        assert shown == ["1 call waits for a supervisor", "2 calls wait for a supervisor"], shown
         first, second = browser.find_elements(*cards)
         assert first.find_element(By.CSS_SELECTOR, "pre.command").text == "python3 tool.py"
         runs = first.find_element(By.CSS_SELECTOR, "dd.runs").text

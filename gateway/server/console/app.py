@@ -434,8 +434,11 @@ class Console:
                 row = _pending(r, policy, now)
                 key = (r["call_id"], str(r.get("digest")), policy.sha256)
                 if key not in self._cards:  # made once per pending call: it analyses the command again
-                    paths = cards.jail_paths(policy, r)
-                    self._cards[key] = cards.card(r, self.calls.ask(r["call_id"]), policy, paths)
+                    try:
+                        paths = cards.jail_paths(policy, r)
+                        self._cards[key] = cards.card(r, self.calls.ask(r["call_id"]), policy, paths)
+                    except Exception as exc:  # the call is still shown whole, and can be answered
+                        self._cards[key] = cards.unknown(f"{type(exc).__name__}: {exc}")
                 row["card"] = self._cards[key]
                 shown.append(row)
             waiting = {r["call_id"] for r in pending}

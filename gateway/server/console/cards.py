@@ -175,6 +175,13 @@ def card(
     return out
 
 
+def unknown(why: str) -> dict[str, Any]:
+    """The card of a call whose summary could not be made: it says so (the command, its
+    environment and files are shown whole all the same)."""
+    return {"runs": [_group(f"cannot summarise this call ({why}): read the details below", [], "warn")],
+            "reads": [], "writes": [], "rules": [], "recorded": False, "paths_known": False}  # fmt: skip
+
+
 _TEXT = ("principal", "tool", "command", "approved_by", "approval_reason", "reason", "error", "parent", "call_id")
 
 
