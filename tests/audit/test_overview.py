@@ -145,3 +145,18 @@ def test_the_console_folds_the_calls_as_the_cli_does_and_reads_only_what_was_app
     assert [c.command for c in found["calls"]] == ["rm b"], found
     denied = index.calls(Selection.of(decision="deny"), 50, None, None)
     assert {c.call_id for c in denied["calls"]} == {"c00004", "c00006", "c00007", "c00008", "c00009"}
+
+
+def test_the_inbox_never_waits_for_a_fold_under_way(tmp_path: Path) -> None:
+    """The card of a waiting call takes its decision record from the fold, but a fold under way
+    (a large log's first one takes seconds) never holds the inbox up: the card is made without
+    the record, and made again once the fold has it."""
+    ledger = Ledger(tmp_path / "audit")
+    known(ledger)
+    ledger.call(50, T0 + timedelta(hours=4), "agent", "rm z", "ask", "rm")  # asked, not answered yet
+    index = CallIndex(tmp_path / "audit")
+    with index._lock:  # a fold under way on another thread
+        assert index.ask("c00050") is None
+    waiting = index.ask("c00050")
+    assert waiting is not None and waiting["arguments"] == {"command": "rm z"}
+    assert index.ask("c00005") is None  # answered: its record is not kept

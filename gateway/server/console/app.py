@@ -433,13 +433,15 @@ class Console:
             for r in pending:
                 row = _pending(r, policy, now)
                 key = (r["call_id"], str(r.get("digest")), policy.sha256)
-                if key not in self._cards:  # made once per pending call: it analyses the command again
+                made = self._cards.get(key)
+                if made is None or not made["recorded"]:  # made once per call: it analyses the command
                     try:
                         paths = cards.jail_paths(policy, r)
-                        self._cards[key] = cards.card(r, self.calls.ask(r["call_id"]), policy, paths)
+                        made = cards.card(r, self.calls.ask(r["call_id"]), policy, paths)
                     except Exception as exc:  # the call is still shown whole, and can be answered
-                        self._cards[key] = cards.unknown(f"{type(exc).__name__}: {exc}")
-                row["card"] = self._cards[key]
+                        made = cards.unknown(f"{type(exc).__name__}: {exc}")
+                    self._cards[key] = made
+                row["card"] = made
                 shown.append(row)
             waiting = {r["call_id"] for r in pending}
             for key in [k for k in self._cards if k[0] not in waiting]:

@@ -207,10 +207,12 @@ class CallIndex:
             self.asks.pop(call.call_id, None)
 
     def ask(self, call_id: str) -> dict[str, Any] | None:
-        """The decision record of an ask not answered yet (what the inbox's card summarises)."""
-        self.refresh()
-        with self._lock:
+        """The decision record of an ask not answered yet, if the fold has it. Never waits for
+        a fold under way (a large log's first one takes seconds): the inbox must not."""
+        if self._lock.locked():
             return self.asks.get(call_id)
+        self.refresh()
+        return self.asks.get(call_id)
 
     def calls(self, chosen: Selection, limit: int, before_seq: int | None, texts: set[str] | None) -> dict[str, Any]:
         """The newest `limit` calls the selection keeps (begun before `before_seq` if given);

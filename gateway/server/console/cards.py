@@ -73,10 +73,12 @@ def _paths(verb: str, paths: list[str], total: int, cwd: str) -> dict[str, Any] 
     return _group(f"{verb} {_plural(total, 'path')}: {', '.join(parts)}{more}", shown)
 
 
-def _runs(decision: dict[str, Any] | None, command: str) -> list[dict[str, Any]]:
+def _runs(decision: dict[str, Any] | None, command: str, analysed: list[Any]) -> list[dict[str, Any]]:
+    """The programs the command runs: as its decision record has them, or as the analyser
+    reads the command now (`analysed`, from `jail_paths`) when the record is not at hand."""
     commands = [_map(c) for c in _list(_map(_map(decision).get("data")).get("commands"))]
     argvs = [[str(w) for w in _list(c.get("argv"))] for c in commands]
-    argvs = [a for a in argvs if a]
+    argvs = [a for a in argvs if a] or [[str(w) for w in _list(a)] for a in analysed if _list(a)]
     if not argvs:
         return [_group(f"runs {command}", [command])] if command else []
     programs = list(dict.fromkeys(a[0] for a in argvs))
@@ -140,10 +142,11 @@ def jail_paths(policy: CompiledPolicy, request: dict[str, Any]) -> dict[str, Any
                                  analysis.commands, matches, sandboxed=True)  # fmt: skip
     except Exception:  # the card says the paths are unknown; the decision stands as recorded
         return None
+    argvs = [[w.value for w in cmd.argv] for cmd in analysis.commands if cmd.argv]
     found = next((r for r in decided.reasons if r.code == "paths_checked"), None)
     if found is not None:
-        return dict(found.details)
-    return {"read": [], "write": []} if not decided.reasons else None
+        return {**found.details, "commands": argvs}
+    return {"read": [], "write": [], "commands": argvs} if not decided.reasons else None
 
 
 def card(
@@ -165,7 +168,7 @@ def card(
                       "why": escaped(rule.justification) if rule else escaped(str(request.get("reason", ""))),
                       "risk": escaped(rule.risk) if rule is not None and rule.risk else None})  # fmt: skip
     out = {
-        "runs": _runs(decision, command) + _files(files, cwd),
+        "runs": _runs(decision, command, _list(_map(paths).get("commands"))) + _files(files, cwd),
         "reads": [g for g in [_paths("reads", reads, counts.get("read", 0), cwd)] if g],
         "writes": [g for g in [_paths("writes", writes, counts.get("write", 0), cwd)] if g],
         "rules": rules,
