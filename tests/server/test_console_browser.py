@@ -303,17 +303,27 @@ def test_the_call_timeline_and_a_call_page_that_reads_like_a_story(
         by_command = {r.find_element(By.CSS_SELECTOR, "td.what").text: r for r in browser.find_elements(*rows)}
         assert set(by_command) == {"echo hello", "curl x", "rm -f gone.txt"}, by_command
         rm = by_command["rm -f gone.txt"]
+        call_id = rm.get_attribute("data-call-id")
         cells = [td.text for td in rm.find_elements(By.TAG_NAME, "td")]
         assert "ask · rm-by-supervisor → allow" in cells and "alice" in cells and "ok · exit 0" in cells, cells
         assert "deny · no-curl" in by_command["curl x"].text and "POLICY_DENIED" in by_command["curl x"].text
         assert "3 calls match" in browser.find_element(By.ID, "matched").text
+        # every record, those about no call too (the sign-in), one click away
+        browser.find_element(By.ID, "as-records").click()
+        events = (By.CSS_SELECTOR, "#records tbody td[data-label=event]")
+        until(browser, "the records", lambda d: "console_login" in [e.text for e in d.find_elements(*events)])
+        assert len([e for e in browser.find_elements(*events) if e.text == "decision"]) == 3
+        browser.find_element(By.ID, "as-records").click()
+        until(browser, "the calls again", lambda d: d.find_element(By.ID, "timeline").is_displayed())
+        rm = until(
+            browser, "the row again", lambda d: d.find_element(By.CSS_SELECTOR, f'tr.call[data-call-id="{call_id}"]')
+        )
         # a row opens to its records
         rm.find_element(By.CSS_SELECTOR, "button.expand").click()
         records = until(browser, "the records", lambda d: d.find_elements(By.CSS_SELECTOR, "tr.records li .event"))
         assert [e.text for e in records] == ["decision", "supervisor_answer", "approval", "result"]
         no_page_overflow(browser)
         shot(browser, tmp_path, "console-calls.png")
-        call_id = rm.get_attribute("data-call-id")
         rm.find_element(By.CSS_SELECTOR, "a.call-link").click()
         steps = until(browser, "the story", lambda d: d.find_elements(By.CSS_SELECTOR, "#call-body ol.story li"))
         names = [s.find_element(By.CSS_SELECTOR, ".step-name").text for s in steps]

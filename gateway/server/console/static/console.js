@@ -352,7 +352,32 @@ function callRow(c) {
   return row;
 }
 
+async function loadRecords() {
+  let body;
+  try {
+    body = await api("audit?" + filters().toString());
+  } catch (err) {
+    byId("matched").textContent = "could not load the log: " + (err.message || err);
+    return;
+  }
+  byId("matched").textContent = body.matched + " records match" + (body.truncated ? ", newest " + body.items.length + " shown" : "");
+  byId("records").tBodies[0].replaceChildren(...body.items.map(({ record: r, summary }) => el("tr", { class: r.decision || "" },
+    el("td", { "data-label": "when", text: when(r.ts) }), el("td", { "data-label": "seq", text: String(r.seq ?? "") }),
+    el("td", { "data-label": "event", text: r.event || "" }), el("td", { "data-label": "principal", text: r.principal || "" }),
+    el("td", { "data-label": "tool", text: r.tool || "" }), el("td", { "data-label": "decision", class: "decision " + (r.decision || ""), text: r.decision || "" }),
+    el("td", { "data-label": "rule", text: r.rule || "" }),
+    el("td", { "data-label": "call" }, r.call_id ? el("a", { href: "#call/" + encodeURIComponent(r.call_id), text: r.call_id }) : ""),
+    el("td", { "data-label": "what", class: "what" }, breakable(summary)))));
+}
+
 async function loadCalls(more) {
+  const asRecords = byId("as-records").checked;
+  byId("records").hidden = !asRecords;
+  byId("timeline").hidden = asRecords;
+  if (asRecords) {
+    byId("more").hidden = true;
+    return loadRecords();
+  }
   const params = filters();
   if (more && oldest !== null) params.set("before_seq", String(oldest));
   let body;
@@ -619,6 +644,7 @@ async function start() {
     loadCalls();
   };
   byId("refresh").onclick = () => loadCalls();
+  byId("as-records").onchange = () => loadCalls();
   byId("more").onclick = () => loadCalls(true);
   byId("range").onsubmit = (event) => {
     event.preventDefault();
