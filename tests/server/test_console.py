@@ -22,6 +22,7 @@ import yaml
 from gateway import approval_queue
 from gateway.approval import ApprovalRequest
 from gateway.audit import AuditLog
+from gateway.server.console import cards
 from gateway.server.console.auditview import VerifyStatus
 from tests.server.conftest import HttpGateway, audit_records, envelope_of, gateway_cmd
 from tests.server.test_supervisor_side import PADDED, approvals, ask_in_background, wait_for
@@ -633,8 +634,6 @@ def test_calls_stories_and_the_overview_escape_what_the_agent_wrote(console: Con
 def test_a_card_groups_what_an_ask_runs_reads_and_writes(policy: Any) -> None:
     """Seven module lookups that find nothing are one line ("binds 7 module paths as absent"),
     many paths are counted by directory, a file that cannot be bound is a warning."""
-    from gateway.server.console import cards
-
     lookups = [{"path": f"/w/helper_{k}", "why": "python imports it", "kind": "python-lookup", "sha256": "ab" * 32}
                for k in range(7)]  # fmt: skip
     files = [*lookups, {"path": "/w/tool.py", "why": "python3's script", "sha256": "cd" * 32, "bytes": 80},
