@@ -160,3 +160,12 @@ def test_the_inbox_never_waits_for_a_fold_under_way(tmp_path: Path) -> None:
     waiting = index.ask("c00050")
     assert waiting is not None and waiting["arguments"] == {"command": "rm z"}
     assert index.ask("c00005") is None  # answered: its record is not kept
+
+
+def test_the_console_keeps_the_newest_calls_and_says_how_many_it_let_go(tmp_path: Path) -> None:
+    ledger = Ledger(tmp_path / "audit")
+    known(ledger)
+    index = CallIndex(tmp_path / "audit", max_calls=4)
+    kept = [c.call_id for c in index.all_calls()]
+    assert kept == ["c00007", "c00008", "c00009", "c00010"] and index.dropped == 6
+    assert index.calls(Selection(), 50, None, None)["dropped"] == 6

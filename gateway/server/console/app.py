@@ -556,7 +556,8 @@ class Console:
             raise Refused(400, "since: expected a time before until")
         if until - since > timedelta(days=MAX_OVERVIEW_DAYS):
             raise Refused(400, f"since, until: at most {MAX_OVERVIEW_DAYS} days at once")
-        return cards.overview_shown(overview(self.calls.all_calls(), since, until))
+        counted = overview(self.calls.all_calls(), since, until)
+        return {**cards.overview_shown(counted), "dropped": self.calls.dropped}
 
     def _still_signed_in(self, who: Who) -> bool:
         """Is the one who opened a stream still allowed to read it (secret not revoked, session

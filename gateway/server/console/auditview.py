@@ -107,6 +107,8 @@ MAX_CHILDREN = 200
 """Calls a call carried (a session write's lines) listed on its page."""
 CHUNK = 4 << 20
 """Bytes of the log read at a time while folding."""
+MAX_CALLS = 1_000_000
+"""Calls the console keeps folded (about 1.4 KB each); older ones are let go and counted."""
 
 
 def _parse(line: bytes) -> dict[str, Any] | None:
@@ -118,8 +120,9 @@ def _parse(line: bytes) -> dict[str, Any] | None:
 
 
 class CallIndex:
-    def __init__(self, directory: Path) -> None:
+    def __init__(self, directory: Path, max_calls: int = MAX_CALLS) -> None:
         self.directory = Path(directory)
+        self.max_calls = max_calls
         self._lock = threading.Lock()
         self._reset()
         self.reads = 0  # bytes read so far (tests check a refresh reads only what was appended)
@@ -128,6 +131,9 @@ class CallIndex:
         self.folder = Folder()
         self._offsets: dict[str, int] = {}
         self.asks: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self.dropped = 0
+        """The oldest calls let go to keep `max_calls` (the pages say so: `gateway audit calls`
+        reads them all)."""
 
     def refresh(self) -> None:
         """Fold what was appended since the last look (without the cycle collector meanwhile:
@@ -198,6 +204,10 @@ class CallIndex:
         call = self.folder.add(r)
         if call is None:
             return
+        calls = self.folder.calls
+        if len(calls) > self.max_calls:  # the oldest call goes (dicts keep the order calls began)
+            del calls[next(iter(calls))]
+            self.dropped += 1
         event = r.get("event")
         if event == "decision" and r.get("decision") == "ask":
             self.asks[call.call_id] = r
@@ -233,7 +243,7 @@ class CallIndex:
             matched += 1
             if len(out) < limit:
                 out.append(call)
-        return {"calls": out, "matched": matched, "truncated": matched > len(out)}
+        return {"calls": out, "matched": matched, "truncated": matched > len(out), "dropped": self.dropped}
 
     def all_calls(self) -> list[Call]:
         self.refresh()

@@ -391,7 +391,8 @@ async function loadCalls(more) {
   if (more) byId("timeline").tBodies[0].append(...rows);
   else byId("timeline").tBodies[0].replaceChildren(...rows);
   if (body.calls.length) oldest = body.calls[body.calls.length - 1].first_seq;
-  byId("matched").textContent = more ? "" : body.matched + " calls match" + (body.truncated ? ", newest " + body.calls.length + " shown" : "");
+  byId("matched").textContent = more ? "" : body.matched + " calls match" + (body.truncated ? ", newest " + body.calls.length + " shown" : "")
+    + (body.dropped ? " (the console keeps the newest calls only: " + body.dropped + " older ones are read by gateway audit calls)" : "");
   byId("more").hidden = !body.truncated;
 }
 
@@ -538,7 +539,8 @@ function drawOverview(o) {
   const w = o.waits;
   const charts = byId("charts");
   const width = chartWidth(charts, charts.clientWidth >= 1136 ? 2 : 1);  // the grid's columns (console.css)
-  summary.textContent = o.calls + " calls from " + when(o.since) + " to " + when(o.until) + " UTC, " + o.denied.count + " denied";
+  summary.textContent = o.calls + " calls from " + when(o.since) + " to " + when(o.until) + " UTC, " + o.denied.count + " denied"
+    + (o.dropped ? " (" + o.dropped + " of the oldest calls are not kept by the console: gateway audit calls reads them)" : "");
   const stats = "answered " + w.answered + ", timed out " + w.timed_out + ", withdrawn " + w.withdrawn + ", waiting now " + w.waiting
     + (w.median_ms !== null ? " · median " + took(w.median_ms) + ", 90% within " + took(w.p90_ms) + ", longest " + took(w.max_ms) : "");
   const none = (list) => (list.top.length ? null : el("p", { class: "empty", text: "none" }));
