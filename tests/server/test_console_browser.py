@@ -224,6 +224,8 @@ def test_cards_at_360_and_1400_px_and_answered_from_the_keyboard(
         browser.set_window_size(360, 900)
         base = server.url.removesuffix("/mcp")
         browser.execute_cdp_cmd("Browser.grantPermissions", {"origin": base, "permissions": ["notifications"]})
+        long_word = "x" * 300  # a word longer than any screen: it scrolls in its box, the page does not
+        asyncio.run(call_http(server.url, agent, "auto", ("run", {"command": f"echo {long_word}"})))
         sign_in(browser, server)
         assert not browser.find_element(By.ID, "notify").is_displayed()  # granted: nothing to ask
         browser.execute_script(  # the desktop notifications shown, recorded as they are made
@@ -277,6 +279,10 @@ def test_cards_at_360_and_1400_px_and_answered_from_the_keyboard(
         refused = envelope_of(wait_for("the denied call's result", lambda: script)[0][0])
         assert refused["error"]["code"] == "APPROVAL_DENIED", refused
         assert "import what exactly?" in refused["error"]["message"], refused
+        browser.set_window_size(360, 900)  # the calls on a phone, a very long word among them
+        browser.find_element(By.ID, "tab-calls").click()
+        until(browser, "the calls", lambda d: len(d.find_elements(By.CSS_SELECTOR, "#timeline tr.call")) == 3)
+        no_page_overflow(browser)
     finally:
         server.stop()
 
