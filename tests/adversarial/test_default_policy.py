@@ -373,6 +373,10 @@ POLICY_ROUND = [
     'V=-f/etc/passwd; date "$V"',  # date -f reads the file and prints its lines as bad dates
     "echo -f/etc/passwd | xargs date",
     'V=-g; npm install "$V" left-pad',  # a global install writes outside the workspace
+    # a wrapper's option value the shell splits: the command starts later (issue 26, point 14)
+    "V='1 sh -c id'; nice -n $V echo hi",  # nice -n 1 sh -c id echo hi
+    "V='L sh -c id'; stdbuf -o $V echo hi",
+    "V='1 sh -c id'; xargs -n $V echo < README.md",  # xargs -n 1 sh -c id echo
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 
