@@ -518,6 +518,24 @@ def test_attack_is_denied(policy: CompiledPolicy, command: str) -> None:
     assert decision.verdict is Verdict.DENY, decision
 
 
+# In a `run` call a variable nothing sets is empty (gateway/analysis/unset.py): these attacks
+# harm nothing there unless something sets the variable, so that is how they are sent.
+SET_IN_A_RUN_CALL = {
+    "grep root $FILE": "FILE=/etc/passwd; grep root $FILE",
+    'grep -r x "$DIR"': 'DIR=/etc; grep -r x "$DIR"',
+    'git rev-parse "$V" /etc/passwd': 'V=--resolve-git-dir; git rev-parse "$V" /etc/passwd',
+    "git rev-parse $V": "V='--resolve-git-dir /etc/passwd'; git rev-parse $V",
+    'git reset --hard "$V"': 'read V < list.txt; git reset --hard "$V"',
+}
+RUN_CALL_ATTACKS = [SET_IN_A_RUN_CALL.get(a, a) for a in ATTACKS]
+
+
+@pytest.mark.parametrize("command", RUN_CALL_ATTACKS, ids=[a[:60] for a in RUN_CALL_ATTACKS])
+def test_attack_is_denied_in_a_run_call(policy: CompiledPolicy, command: str) -> None:
+    decision = evaluate(policy, command, "agent", sandboxed=True, fresh_shell=True).decision
+    assert decision.verdict is Verdict.DENY, decision
+
+
 @pytest.mark.parametrize("command", HONEST, ids=[h[:60] for h in HONEST])
 def test_honest_command_is_allowed(policy: CompiledPolicy, command: str) -> None:
     decision = evaluate(policy, command, "agent").decision
