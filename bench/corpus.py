@@ -20,7 +20,7 @@ from gateway.decide import evaluate  # noqa: E402
 from gateway.decision import Verdict  # noqa: E402
 from gateway.policy.selftest import load_checked  # noqa: E402
 from tests.adversarial.honest_corpus import POLICIES, load, make_workspace, measure  # noqa: E402
-from tests.adversarial.test_default_policy import ATTACKS, HONEST  # noqa: E402
+from tests.adversarial.test_default_policy import ATTACKS, HONEST, RUN_CALL_ATTACKS  # noqa: E402
 
 
 def adversarial(ws: Path) -> None:
@@ -36,6 +36,10 @@ def adversarial(ws: Path) -> None:
     honest = Counter(evaluate(policy, c, "agent").decision.verdict.label for c in HONEST)
     held = attacks[Verdict.DENY.label]
     print(f"adversarial suite (shipped policy): {held}/{len(ATTACKS)} attacks denied {dict(attacks)};")
+    run_calls = Counter(
+        evaluate(policy, c, "agent", sandboxed=True, fresh_shell=True).decision.verdict.label for c in RUN_CALL_ATTACKS
+    )
+    print(f"  as run calls: {run_calls[Verdict.DENY.label]}/{len(RUN_CALL_ATTACKS)} denied {dict(run_calls)};")
     print(f"  {honest['allow']}/{len(HONEST)} of its honest commands allowed {dict(honest)}")
 
 

@@ -21,12 +21,14 @@ from pathlib import Path
 from typing import Any
 
 from gateway import programs
-from gateway.analysis import Analysis, Assignment, Command, OpinionStatus, Word, analyze
+from gateway.analysis import Analysis, Assignment, Command, OpinionStatus, Word, analyze, unset
 from gateway.analysis.hazards import PROTECTED_PREFIXES, PROTECTED_VARIABLES
 from gateway.decision import Decision, Reason, Verdict
+from gateway.executors.shell import scrubbed_env
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.schema import Tool
 from gateway.policy.selftest import Case
+from gateway.sandbox.plan import proxy_environment
 from gateway.stages import decision_cache, pathjail, permissions
 
 
@@ -56,6 +58,26 @@ def _stored(policy: CompiledPolicy, name: str) -> bool:
     return any(name == a or (a.endswith("*") and name.startswith(a[:-1])) for a in allowed)
 
 
+# What a `run` call's shell starts with besides the call's env and the stored variables: the
+# allowlist (executors/shell.py), and the sandbox's HOME and git settings (sandbox/plan.py).
+_BASE_ENV = frozenset(scrubbed_env({})) | {"HOME"}
+
+
+def _may_be_set(policy: CompiledPolicy, principal: str, env: dict[str, str] | None, name: str) -> bool:
+    """Could a `run` call's new shell start with `name` set (analysis/unset.py)? Its fixed
+    names, the network policy's (the proxy, the presets' variables, the CA bundle, secrets'
+    placeholders), the call's, and any the env tool may have stored."""
+    if name in _BASE_ENV or name in (env or {}) or name.startswith("GIT_"):
+        return True
+    _, egress = policy.network_of(principal)
+    if egress is not None and name in proxy_environment(egress):
+        return True
+    if name in PROTECTED_VARIABLES or name.startswith(PROTECTED_PREFIXES):
+        return True
+    allowed = policy.policy.environment.allow
+    return any(name == a or (a.endswith("*") and name.startswith(a[:-1])) for a in allowed)
+
+
 UNFINISHED = (OpinionStatus.TIMEOUT, OpinionStatus.FAILED)
 """A second opinion that did not finish: the next decision asks again, so it is not kept."""
 
@@ -69,6 +91,7 @@ def evaluate(
     tool: Tool = Tool.RUN,
     homes: pathjail.Homes | None = None,
     sandboxed: bool = False,
+    fresh_shell: bool = False,
 ) -> CheckResult:
     """The decision for running `command` as `principal` in `cwd` (default: the workspace), with
     `env` set for it (checked like `NAME=value` before every command), through `tool` (run,
@@ -76,15 +99,17 @@ def evaluate(
     means to the shell that will run it (default: the gateway's sandbox, the policy's `home`).
     `sandboxed`: the command will run in the gateway's sandbox, which masks the policy's
     deny_read paths; without it (an agent runs it itself) a search reading a tree that holds one
-    is refused. A decision made before for the same inputs is served from the policy's cache
+    is refused. `fresh_shell`: the text runs in a new bash whose environment the gateway builds
+    (a `run` call), so a variable nothing could have set is empty (analysis/unset.py). A
+    decision made before for the same inputs is served from the policy's cache
     when every path component it resolved is still as it was (stages/decision_cache.py)."""
     variables = tuple(sorted((env or {}).items()))
-    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes, sandboxed)
+    key = (principal, str(cwd) if cwd is not None else None, variables, tool, command, homes, sandboxed, fresh_shell)
     found = policy.decisions.get(key) if policy.casbin.enforcing else None
     if isinstance(found, CheckResult):
         return found
     with decision_cache.observing() as seen, pathjail.shell_homes(homes):
-        result = _evaluate(policy, command, principal, cwd, env, tool, sandboxed)
+        result = _evaluate(policy, command, principal, cwd, env, tool, sandboxed, fresh_shell)
     failed = any(r.stage == "pipeline" for r in result.decision.reasons)
     analysis = result.analysis
     unfinished = analysis is not None and analysis.second_opinion.unfinished
@@ -101,6 +126,7 @@ def _evaluate(
     env: dict[str, str] | None,
     tool: Tool,
     sandboxed: bool = False,
+    fresh_shell: bool = False,
 ) -> CheckResult:
     analysis: Analysis | None = None
     try:
@@ -111,6 +137,9 @@ def _evaluate(
             return CheckResult(
                 Decision(Verdict.DENY, None, (Reason("parse", d.code, d.message, None, d.details),)), analysis
             )
+        if fresh_shell:
+            commands = unset.resolve(command, analysis.commands, lambda name: _may_be_set(policy, principal, env, name))
+            analysis = replace(analysis, commands=commands)
         decisions: list[Decision] = []
         family = tool_decision(policy, principal, tool)
         if family.verdict is not Verdict.ALLOW:  # an allow names no rule: the command's rule decides

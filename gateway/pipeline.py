@@ -272,7 +272,9 @@ class Gateway:
                 "tool", "shell_not_allowed", f"shell {shell!r} is not in the policy's shells {policy.policy.shells}"
             )
             return CheckResult(Decision(Verdict.DENY, None, (reason,)), None)
-        return evaluate(policy, command, principal, cwd, env, family, sandboxed=True)  # its sandbox masks secrets
+        # its sandbox masks secrets; a run call's bash starts with the environment the gateway builds
+        fresh = tool == "run" and shell == "bash"
+        return evaluate(policy, command, principal, cwd, env, family, sandboxed=True, fresh_shell=fresh)
 
     def check_command(
         self,

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field, replace
 
 from gateway.analysis.model import Assignment, Command, Context, Expansion, Flag, Word
 from gateway.analysis.primary import Unmodelled
+from gateway.analysis.words import numeric_only, unquoted_expansion
 
 NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_")
 
@@ -177,6 +178,8 @@ def _option_words(argv: tuple[Word, ...], start: int, spec: Options, who: str) -
             if name in spec.long_flags and "=" not in v:
                 i += 1
             elif name in spec.long_with_arg:
+                if "=" not in v:
+                    _value_word(argv, i + 1, who, v)
                 i += 1 if "=" in v else 2
             elif name in spec.long_optional_arg:
                 i += 1
@@ -201,8 +204,29 @@ def _option_words(argv: tuple[Word, ...], start: int, spec: Options, who: str) -
             if c not in spec.short_flags:
                 raise Unmodelled("unknown_wrapper_option", f"{who}: unknown option '-{c}' in '{v}'", v)
             j += 1
+        if consumed_next:
+            _value_word(argv, i + 1, who, v)
         i += 2 if consumed_next else 1
     return i
+
+
+def _value_word(argv: tuple[Word, ...], k: int, who: str, option: str) -> None:
+    """The word at `k` is the value of `option`: one word, whatever it holds, unless the shell may
+    split it into several (an unquoted `$V`, `$(...)`, backquote, or a brace expansion left
+    unexpanded), which would move where the command it runs starts: `nice -n $V echo hi` with
+    V='1 sh -c id' runs sh."""
+    if k >= len(argv):
+        return
+    w = argv[k]
+    if w.literal or numeric_only(w.raw):
+        return  # a number is never split (analysis/hazards.py: IFS holds no digit or `-`)
+    if Expansion.BRACE in w.expansions or unquoted_expansion(w.raw):
+        raise Unmodelled(
+            "dynamic_wrapper_argument",
+            f"{who}: the value of {option}, '{w.raw or w.value}', is unquoted and known only at run time: the "
+            'shell may split it into more words, moving where the command starts: quote it ("$V")',
+            w.value,
+        )
 
 
 def _short_options_used(argv: tuple[Word, ...], start: int, end: int) -> set[str]:

@@ -208,6 +208,9 @@ class Rule(_Model):
     decision: RuleDecision
     justification: str = Field(min_length=1)
     """Returned to the agent when this rule denies or asks: say why, and what to do instead."""
+    risk: str | None = None
+    """(ask rules, mostly) what could go wrong if the call is approved, in a line: shown to the
+    supervisor on the console's card beside the justification."""
     programs: list[str] = []
     """Program names (`git`: found on PATH), absolute paths (`/usr/bin/git`), or `./NAME`: the file
     NAME in the command's directory, whose real path the jail checks as a read (a program built in

@@ -663,7 +663,10 @@ def _backups(w: Word, suffixes: list[Word]) -> list[Word]:
     return out
 
 
-_ALSO = {"git": " (git: --end-of-options where -- would make it a path)"}
+_ALSO = {
+    "git": " (git: --end-of-options where -- would make it a path; git reset takes neither before a revision in "
+    'git 2.39: give the revision a literal start, "refs/tags/$TAG")'
+}
 
 
 def read(model: ProgramModel, cmd: Command) -> Reading:

@@ -147,7 +147,9 @@ def measure(policy_name: str, workspace: Path, lines: list[Line]) -> Outcome:
         if expected == "unclear":
             outcome.unclear += 1
             continue
-        decision = evaluate(policy, line.command, PRINCIPAL).decision
+        # as a `run` call decides it: in the gateway's sandbox, a new bash with the environment
+        # the gateway builds (a CI variable the text never sets is empty there)
+        decision = evaluate(policy, line.command, PRINCIPAL, sandboxed=True, fresh_shell=True).decision
         outcome.counted += 1
         outcome.by_expect[expected] += 1
         if decision.verdict is not Verdict.parse(expected):

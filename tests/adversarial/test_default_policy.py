@@ -344,6 +344,8 @@ POLICY_ROUND = [
     'git rev-parse "$V" /etc/passwd',  # $V could be --resolve-git-dir: /etc/passwd is read
     "git rev-parse $V",  # unquoted: split into any options
     'git reset --hard "$V"',  # $V could be --pathspec-from-file=/etc/x
+    "git reset --hard --mixed HEAD -- /etc/passwd",  # --hard's operand is a commit, but --mixed comes last
+    "V='x --mixed'; git reset --hard origin/$V -- /etc/passwd",  # split: --mixed after the operand
     "git -C /etc status",
     "rg --pre=sh x",
     "rg --pr=sh x",
@@ -371,6 +373,10 @@ POLICY_ROUND = [
     'V=-f/etc/passwd; date "$V"',  # date -f reads the file and prints its lines as bad dates
     "echo -f/etc/passwd | xargs date",
     'V=-g; npm install "$V" left-pad',  # a global install writes outside the workspace
+    # a wrapper's option value the shell splits: the command starts later (issue 26, point 14)
+    "V='1 sh -c id'; nice -n $V echo hi",  # nice -n 1 sh -c id echo hi
+    "V='L sh -c id'; stdbuf -o $V echo hi",
+    "V='1 sh -c id'; xargs -n $V echo < README.md",  # xargs -n 1 sh -c id echo
 ]
 ATTACKS = NETWORK + SHELLS + INTERPRETERS + PRIVILEGE + GTFO + ENV_POISON + JAIL + CHAINING + POLICY_ROUND
 
@@ -450,6 +456,7 @@ HONEST = [
     "git switch main",
     "git restore src/app.py",
     "git reset --soft HEAD~1",
+    'git reset --hard "origin/$BRANCH"',  # a mode's operand is a commit, not a path
     "git stash",
     "git merge --no-ff feature/x",
     "mkdir -p src/pkg",
@@ -508,6 +515,24 @@ HONEST = [
 @pytest.mark.parametrize("command", ATTACKS, ids=[a[:60] for a in ATTACKS])
 def test_attack_is_denied(policy: CompiledPolicy, command: str) -> None:
     decision = evaluate(policy, command, "agent").decision
+    assert decision.verdict is Verdict.DENY, decision
+
+
+# In a `run` call a variable nothing sets is empty (gateway/analysis/unset.py): these attacks
+# harm nothing there unless something sets the variable, so that is how they are sent.
+SET_IN_A_RUN_CALL = {
+    "grep root $FILE": "FILE=/etc/passwd; grep root $FILE",
+    'grep -r x "$DIR"': 'DIR=/etc; grep -r x "$DIR"',
+    'git rev-parse "$V" /etc/passwd': 'V=--resolve-git-dir; git rev-parse "$V" /etc/passwd',
+    "git rev-parse $V": "V='--resolve-git-dir /etc/passwd'; git rev-parse $V",
+    'git reset --hard "$V"': 'read V < list.txt; git reset --hard "$V"',
+}
+RUN_CALL_ATTACKS = [SET_IN_A_RUN_CALL.get(a, a) for a in ATTACKS]
+
+
+@pytest.mark.parametrize("command", RUN_CALL_ATTACKS, ids=[a[:60] for a in RUN_CALL_ATTACKS])
+def test_attack_is_denied_in_a_run_call(policy: CompiledPolicy, command: str) -> None:
+    decision = evaluate(policy, command, "agent", sandboxed=True, fresh_shell=True).decision
     assert decision.verdict is Verdict.DENY, decision
 
 

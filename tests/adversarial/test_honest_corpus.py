@@ -18,11 +18,14 @@ import pytest
 from tests.adversarial.honest_corpus import POLICIES, Line, load, make_workspace, measure
 
 # Wrong decisions measured on main (2026-11-27); bench/corpus.py prints the same numbers.
+# 12 and 3 before a `run` call's variables that nothing sets were read as empty (issue 26, point
+# 14: `--features $TOKIO_STABLE_FEATURES`, `grep -qF "${V}"`...); one of the 3 left is a line
+# labelled deny because its path was unknown (`tar czf "$ARCHIVE.tar.gz" "$ARCHIVE"`).
 # 13 and 6 before issue 26's precision classes (read-mostly's writes, its project runs' paths
 # and the script arguments of the shipped python-script rule); 17 and 8 before git's model and
 # run-time words that could be options (issue 13, class 2); 33 and 20 before mvdan/sh confirmed
 # what bashlex cannot (issue 13, class 7); 22 and 11 before the program models (classes 5 and 6).
-MAX_WRONG = {"default": 12, "strict": 3}
+MAX_WRONG = {"default": 3, "strict": 2}
 SOURCE = re.compile(r"(github:[\w.-]+/[\w.-]+/\S+|https://\S+)")
 
 

@@ -278,6 +278,15 @@ CASES: list[tuple[str, list[list[str]] | Deny]] = [
     ("nice -n 10 make", [["nice", "-n", "10", "make"], ["make"]]),
     ("nice -5 make", [["nice", "-5", "make"], ["make"]]),
     ("nice --weird ls", Deny("unknown_wrapper_option")),
+    # an option's value the shell may split moves where the command starts (V='1 sh -c id')
+    ("nice -n $V echo hi", Deny("dynamic_wrapper_argument")),
+    ("nice -n $(cat n) echo hi", Deny("dynamic_wrapper_argument")),
+    ("stdbuf -o $V echo hi", Deny("dynamic_wrapper_argument")),
+    ("env -u $V echo hi", Deny("dynamic_wrapper_argument")),
+    ("timeout --signal $V 5 echo hi", Deny("dynamic_wrapper_argument")),
+    ("xargs -n $V echo", Deny("dynamic_wrapper_argument")),
+    ('nice -n "$V" echo hi', [["nice", "-n", "$V", "echo", "hi"], ["echo", "hi"]]),  # quoted: one word
+    ("nice -n $((N + 1)) make", [["nice", "-n", "$((N + 1))", "make"], ["make"]]),  # a number is never split
     ("nohup ./run.sh &", [["nohup", "./run.sh"], ["./run.sh"]]),
     ("timeout 60 pytest", [["timeout", "60", "pytest"], ["pytest"]]),
     ("timeout -s KILL 5 rm -rf x", [["timeout", "-s", "KILL", "5", "rm", "-rf", "x"], ["rm", "-rf", "x"]]),

@@ -134,6 +134,14 @@ ROWS = [
     ('git rev-parse "$V" /etc', DENY, "outside_read_roots"),  # $V could be --resolve-git-dir: /etc is read
     ('git diff "$V"', DENY, "no_rule"),  # git diff's model is not complete: $V could be --output=...
     ('git reset --hard "$TAG"', DENY, "no_rule"),  # $V could be --pathspec-from-file=/etc/x
+    # git reset with a mode other than --mixed takes a commit, never a path (git dies on one)
+    ('git reset --hard "origin/$BRANCH"', ALLOW, ""),  # old: deny (the revision taken for a written path)
+    ('git reset --soft "HEAD~$N"', ALLOW, ""),  # old: deny
+    ("git reset --hard origin/$BRANCH", DENY, "no_rule"),  # unquoted: split, it could be options
+    ('git reset -- "$F"', DENY, "unknown_path"),  # no mode: a path (its index entry)
+    ("git reset --hard --mixed HEAD -- /etc/passwd", DENY, "outside_write_roots"),  # the last mode wins
+    ("git reset --hard --pathspec-from-file=/etc/passwd", DENY, "outside_read_roots"),
+    ("git reset --hard --no-hard HEAD -- /etc/passwd", DENY, "no_rule"),  # --no-hard: no mode; not modelled
     ("git add -e src/app.py", DENY, "no_rule"),  # old: allow; the editor runs
     ("git grep -O sh x", DENY, "no_rule"),
     ("git grep --textconv x", DENY, "no_rule"),

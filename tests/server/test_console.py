@@ -22,6 +22,7 @@ import yaml
 from gateway import approval_queue
 from gateway.approval import ApprovalRequest
 from gateway.audit import AuditLog
+from gateway.server.console import cards
 from gateway.server.console.auditview import VerifyStatus
 from tests.server.conftest import HttpGateway, audit_records, envelope_of, gateway_cmd
 from tests.server.test_supervisor_side import PADDED, approvals, ask_in_background, wait_for
@@ -39,6 +40,8 @@ ROUTES = [
     ("POST", "/console/api/approvals/abc/deny"),
     ("GET", "/console/api/audit"),
     ("GET", "/console/api/audit/abc"),
+    ("GET", "/console/api/calls"),
+    ("GET", "/console/api/overview"),
     ("GET", "/console/api/verify"),
     ("GET", "/console/api/events"),
     ("POST", "/console/api/replay"),
@@ -590,3 +593,63 @@ def test_only_the_answer_that_wins_the_claim_is_recorded(tmp_path: Path) -> None
         approval_queue.answer(state, "c2", True, "alice", record=fails)
     assert not (state / "c2.answer.json").exists() and not (state / "c2.claim.json").exists()
     assert approval_queue.answer(state, "c2", True, "bob")["by"] == "bob"
+
+
+# --- issue 27: calls, stories, cards, the overview -------------------------------------------------
+def test_calls_stories_and_the_overview_escape_what_the_agent_wrote(console: Console) -> None:
+    """One row per call, its story and the overview's top lists carry the agent's text escaped:
+    a right-to-left override or an escape sequence in a command cannot reorder or hide what the
+    reviewer reads (the page puts it in as text: no markup either)."""
+    tricky = f"curl x{RLO}txt.exe \x1b[2K<img src=x onerror=alert(1)>"
+    asyncio.run(call_http(console.server.url, console.agent, "auto", ("run", {"command": "echo one"}),
+                          ("run", {"command": tricky})))  # fmt: skip
+    rows = console.get("/console/api/calls").json()
+    assert rows["matched"] == 2 and [r["decision"] for r in rows["calls"]] == ["deny", "allow"], rows
+    denied, allowed = rows["calls"]
+    assert denied["command"] == "curl x\\u{202e}txt.exe \\u{001b}[2K<img src=x onerror=alert(1)>", denied["command"]
+    assert (denied["outcome"], denied["error"]) == ("denied", "POLICY_DENIED"), denied
+    assert (allowed["outcome"], allowed["exit_code"], allowed["bytes"]) == ("ok", 0, 4), allowed
+    assert RLO not in json.dumps(rows, ensure_ascii=False)
+    page = console.get(f"/console/api/audit/{denied['call_id']}").json()
+    assert [s["step"] for s in page["story"]] == ["decided"]
+    assert "\\u{202e}" in page["story"][0]["text"] and RLO not in page["story"][0]["text"]
+    assert page["records"][0]["arguments"]["command"] == tricky  # the raw JSON is the record as written
+    o = console.get("/console/api/overview").json()
+    assert (o["calls"], o["denied"]["count"]) == (2, 1)
+    assert RLO not in o["denied"]["commands"]["top"][0]["name"]
+    # filters: one call by text (looked for in every record of the call), by decision
+    found = console.get("/console/api/calls", params={"text": "ECHO ONE"}).json()["calls"]
+    assert [c["command"] for c in found] == ["echo one"]
+    quoted = console.get("/console/api/calls", params={"text": "onerror=alert(1)>"}).json()["calls"]
+    assert [c["call_id"] for c in quoted] == [denied["call_id"]]
+    by_decision = console.get("/console/api/calls", params={"decision": "deny"}).json()["calls"]
+    assert [c["call_id"] for c in by_decision] == [denied["call_id"]]
+    # what a client may ask is bounded: a call id is no path, a range no longer than a year
+    assert console.get("/console/api/audit/..%2F..%2Fetc%2Fpasswd").status_code == 404
+    assert console.get("/console/api/overview", params={"since": "100000d"}).status_code == 400
+    assert console.get("/console/api/overview", params={"colour": "red"}).status_code == 400
+    assert console.get("/console/api/calls", params={"since": "soon"}).status_code == 400
+
+
+def test_a_card_groups_what_an_ask_runs_reads_and_writes(policy: Any) -> None:
+    """Seven module lookups that find nothing are one line ("binds 7 module paths as absent"),
+    many paths are counted by directory, a file that cannot be bound is a warning."""
+    lookups = [{"path": f"/w/helper_{k}", "why": "python imports it", "kind": "python-lookup", "sha256": "ab" * 32}
+               for k in range(7)]  # fmt: skip
+    files = [*lookups, {"path": "/w/tool.py", "why": "python3's script", "sha256": "cd" * 32, "bytes": 80},
+             {"path": "/w/GNUmakefile", "why": "make's makefile", "sha256": None},
+             {"path": "/w/out.sh", "why": "bash's script", "error": "a link leads out of the root /w"}]  # fmt: skip
+    request = {"call_id": "c1", "principal": "agent", "tool": "run", "command": "python3 tool.py", "cwd": "/w",
+               "rule": "rm-by-supervisor", "asking": ["rm-by-supervisor"], "reason": "r", "files": files}  # fmt: skip
+    paths = {"read": [f"/w/src/m{k}.py" for k in range(9)] + ["/w/tests/t.py", "/w/README"], "write": ["/w/out"]}
+    decision = {"data": {"commands": [{"argv": ["python3", "tool.py"]}]}}
+    c = cards.card(request, decision, policy, paths)
+    runs = [g["summary"] for g in c["runs"]]
+    assert runs == ["runs python3", "runs tool.py, bound by its content", "binds 1 path as absent (make's makefile)",
+                    "binds 7 module paths as absent", "1 file cannot be bound: approving is void"], runs  # fmt: skip
+    assert c["runs"][3]["count"] == 7 and len(c["runs"][3]["items"]) == 7 and c["runs"][4]["tone"] == "warn"
+    assert [g["summary"] for g in c["reads"]] == ["reads 11 paths: 9 in src/, 1 in tests/, 1 in ./"]
+    assert [g["summary"] for g in c["writes"]] == ["writes out"]
+    assert c["rules"] == [{"rule": "rm-by-supervisor", "why": "deleting needs a supervisor", "risk": None}]
+    unknown = cards.card(request, None, policy, None)
+    assert not unknown["recorded"] and not unknown["paths_known"] and unknown["reads"] == []

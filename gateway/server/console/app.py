@@ -39,6 +39,7 @@ import time
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -53,10 +54,14 @@ from gateway.approval import escaped
 from gateway.audit import SECRET_NAME, AuditUnavailable
 from gateway.audit.describe import describe_record
 from gateway.audit.keys import VerifyKey
+from gateway.audit.overview import overview
+from gateway.audit.selection import Selection
 from gateway.audit.sink import AuditSink
 from gateway.audit.timespec import TimeSpecError
+from gateway.audit.timespec import parse as parse_time
 from gateway.policy.compile import CompiledPolicy
-from gateway.server.console.auditview import FILTERS, AuditView, VerifyStatus
+from gateway.server.console import cards
+from gateway.server.console.auditview import FILTERS, AuditView, CallIndex, VerifyStatus
 from gateway.server.console.feed import END, Feed
 from gateway.server.console.sessions import COOKIE, Session, Sessions
 from gateway.tokens import AGENT, TokenEntry, TokenStore
@@ -78,6 +83,7 @@ HEAD_LINES = 40
 """Lines of each file the command runs shown in the inbox (as `approvals show`)."""
 AUDIT_LIMIT_DEFAULT, AUDIT_LIMIT_MAX = 200, 2000
 PING_S = 15.0
+MAX_OVERVIEW_DAYS = 366
 
 
 @dataclass(frozen=True)
@@ -140,6 +146,9 @@ class Console:
         self.sessions = Sessions()
         self.feed = Feed(config.state_dir)
         self.view = AuditView(config.audit.directory)
+        self.calls = CallIndex(config.audit.directory)
+        self._cards: dict[tuple[str, str, str], dict[str, Any]] = {}
+        self._cards_lock = threading.Lock()
         self.verify = VerifyStatus(config.audit.directory, lambda: config.verify_key, config.checkpoint)
         self.files = {name: _static(name) for name in (*STATIC, *PAGES.values())}
         self._replaying = threading.Lock()
@@ -147,6 +156,8 @@ class Console:
     def start(self) -> None:
         self.feed.start()
         self.verify.get()  # the first check starts now, not at the first visit
+        # the calls are folded now too (a large log takes seconds), not at the first visit
+        threading.Thread(target=self.calls.warm, name="console-calls", daemon=True).start()
 
     def stop(self) -> None:
         self.feed.stop()
@@ -298,9 +309,13 @@ class Console:
             return await self._answer(request, who, parts[1], parts[2] == "approve")
         if method == "GET" and route == "audit":
             return _json(await run_in_threadpool(self._audit, dict(request.query_params)))
+        if method == "GET" and route == "calls":
+            return _json(await run_in_threadpool(self._calls, dict(request.query_params)))
+        if method == "GET" and route == "overview":
+            return _json(await run_in_threadpool(self._overview, dict(request.query_params)))
         if method == "GET" and len(parts) == 2 and parts[0] == "audit":
-            found = await run_in_threadpool(self.view.call, parts[1])
-            return _json(found) if found else _error(404, f"no records for call {parts[1]!r}")
+            found = await run_in_threadpool(self.calls.call, parts[1]) if CALL_ID.fullmatch(parts[1]) else None
+            return _json(cards.call_page(found)) if found else _error(404, f"no records for call {escaped(parts[1])!r}")
         if method == "GET" and route == "verify":
             return _json(self.verify.get())
         if method == "GET" and route == "events":
@@ -318,7 +333,7 @@ class Console:
     async def _replay(self, request: Request, who: Who) -> Response:
         """`POST /console/api/replay` {"policy": YAML text | "policy_file": a name in the served
         policy's directory, "since", "until", "max_rows"}: what-if replay of a draft over the
-        recorded calls (gateway/audit/replay.py). Nothing runs and no approval is asked; the
+        recorded calls (gateway/replay.py). Nothing runs and no approval is asked; the
         request is audited (`console_replay`) with the supervisor's name and the draft's digest.
         One replay at a time: a second one meanwhile gets 429."""
         body = await self._json_body(request)
@@ -413,7 +428,26 @@ class Console:
             return {"approvals": [], "note": "this server's asks are not answered through the approvals queue"}
         policy = self.config.policy()
         now = time.time()
-        return {"approvals": [_pending(r, policy, now) for r in approval_queue.pending(self.config.state_dir)]}
+        shown = []
+        pending = approval_queue.pending(self.config.state_dir)
+        with self._cards_lock:
+            for r in pending:
+                row = _pending(r, policy, now)
+                key = (r["call_id"], str(r.get("digest")), policy.sha256)
+                made = self._cards.get(key)
+                if made is None or not made["recorded"]:  # made once per call: it analyses the command
+                    try:
+                        paths = cards.jail_paths(policy, r)
+                        made = cards.card(r, self.calls.ask(r["call_id"]), policy, paths)
+                    except Exception as exc:  # the call is still shown whole, and can be answered
+                        made = cards.unknown(f"{type(exc).__name__}: {exc}")
+                    self._cards[key] = made
+                row["card"] = made
+                shown.append(row)
+            waiting = {r["call_id"] for r in pending}
+            for key in [k for k in self._cards if k[0] not in waiting]:
+                del self._cards[key]
+        return {"approvals": shown}
 
     async def _answer(self, request: Request, who: Who, call_id: str, approved: bool) -> Response:
         body = await self._json_body(request)
@@ -475,6 +509,56 @@ class Console:
             raise Refused(400, str(exc)) from None
         items = [{"record": r, "summary": describe_record(r)} for r in found.pop("records")]
         return {"items": items, **found}
+
+    def _calls(self, params: dict[str, str]) -> dict[str, Any]:
+        """`GET calls`: one row per call (gateway/audit/calls.py, as `gateway audit calls`),
+        newest first, with the timeline's filters; `before_seq` pages (a call's `first_seq`)."""
+        chosen, limit, before = self._filters(params)
+        texts = self.calls.text_calls(chosen) if chosen.text is not None else None
+        found = self.calls.calls(chosen, limit, before, texts)
+        return {"calls": [cards.call_row(c) for c in found.pop("calls")], **found}
+
+    def _filters(self, params: dict[str, str]) -> tuple[Selection, int, int | None]:
+        known = {*FILTERS, "since", "until", "text", "limit", "before_seq"}
+        unknown = sorted(set(params) - known)
+        if unknown:
+            raise Refused(400, f"unknown filter {unknown[0]!r}: expected one of {', '.join(sorted(known))}")
+        try:
+            limit = int(params.get("limit", AUDIT_LIMIT_DEFAULT))
+            before = int(params["before_seq"]) if params.get("before_seq") else None
+        except ValueError:
+            raise Refused(400, "limit, before_seq: expected whole numbers") from None
+        if not 1 <= limit <= AUDIT_LIMIT_MAX:
+            raise Refused(400, f"limit: expected 1 to {AUDIT_LIMIT_MAX}, got {limit}")
+        f = {k: v for k, v in params.items() if v}
+        try:
+            chosen = Selection.of(
+                since=f.get("since"), until=f.get("until"), events=[f.get("event", "")],
+                call_ids=[f.get("call_id", "")], principal=f.get("principal"), tool=f.get("tool"),
+                decision=f.get("decision"), rule=f.get("rule"), host=f.get("host"), text=f.get("text"),
+            )  # fmt: skip
+        except TimeSpecError as exc:
+            raise Refused(400, str(exc)) from None
+        return chosen, limit, before
+
+    def _overview(self, params: dict[str, str]) -> dict[str, Any]:
+        """`GET overview?since=&until=`: the ledger counted (gateway/audit/overview.py); by
+        default the last 24 hours."""
+        unknown = sorted(set(params) - {"since", "until"})
+        if unknown:
+            raise Refused(400, f"unknown parameter {unknown[0]!r}: expected since, until")
+        now = datetime.now(UTC)
+        try:
+            until = parse_time(params["until"], "until", now) if params.get("until") else now
+            since = parse_time(params["since"], "since", now) if params.get("since") else until - timedelta(days=1)
+        except TimeSpecError as exc:
+            raise Refused(400, str(exc)) from None
+        if not since < until:
+            raise Refused(400, "since: expected a time before until")
+        if until - since > timedelta(days=MAX_OVERVIEW_DAYS):
+            raise Refused(400, f"since, until: at most {MAX_OVERVIEW_DAYS} days at once")
+        counted = overview(self.calls.all_calls(), since, until)
+        return {**cards.overview_shown(counted), "dropped": self.calls.dropped}
 
     def _still_signed_in(self, who: Who) -> bool:
         """Is the one who opened a stream still allowed to read it (secret not revoked, session
@@ -552,6 +636,8 @@ def _file_shown(f: dict[str, Any]) -> dict[str, Any]:
     head = str(f.get("head") or "")
     shown: dict[str, Any] = {"path": escaped(str(f.get("path", ""))), "sha256": str(f.get("sha256", "")),
                              "why": escaped(str(f.get("why", ""))), "bytes": f.get("bytes")}  # fmt: skip
+    if f.get("kind") not in (None, "file"):
+        shown["kind"] = str(f["kind"])
     if f.get("error"):
         shown["error"] = escaped(str(f["error"]))
     elif f.get("sha256") is None:
