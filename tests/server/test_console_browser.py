@@ -70,6 +70,12 @@ def until(driver: WebDriver, what: str, check: Any) -> Any:
     return wait.until(lambda d: check(d), message=f"never happened: {what}")
 
 
+def click(driver: WebDriver, css: str) -> bool:
+    """Click what `css` finds now (for `until`, which looks again when it was redrawn meanwhile)."""
+    driver.find_element(By.CSS_SELECTOR, css).click()
+    return True
+
+
 def test_a_supervisor_answers_two_calls_in_a_real_browser(
     tmp_path: Path, policy_file: Path, ws: Path, browser: WebDriver
 ) -> None:
@@ -321,16 +327,14 @@ def test_the_call_timeline_and_a_call_page_that_reads_like_a_story(
         assert len([e for e in browser.find_elements(*events) if e.text == "decision"]) == 3
         browser.find_element(By.ID, "as-records").click()
         until(browser, "the calls again", lambda d: d.find_element(By.ID, "timeline").is_displayed())
-        rm = until(
-            browser, "the row again", lambda d: d.find_element(By.CSS_SELECTOR, f'tr.call[data-call-id="{call_id}"]')
-        )
-        # a row opens to its records
-        rm.find_element(By.CSS_SELECTOR, "button.expand").click()
+        row = f'tr.call[data-call-id="{call_id}"]'
+        # a row opens to its records (looked up afresh: the live timeline may redraw it meanwhile)
+        until(browser, "the row opened", lambda d: click(d, f"{row} button.expand"))
         records = until(browser, "the records", lambda d: d.find_elements(By.CSS_SELECTOR, "tr.records li .event"))
         assert [e.text for e in records] == ["decision", "supervisor_answer", "approval", "result"]
         no_page_overflow(browser)
         shot(browser, tmp_path, "console-calls.png")
-        rm.find_element(By.CSS_SELECTOR, "a.call-link").click()
+        until(browser, "the call's page", lambda d: click(d, f"{row} a.call-link"))
         steps = until(browser, "the story", lambda d: d.find_elements(By.CSS_SELECTOR, "#call-body ol.story li"))
         names = [s.find_element(By.CSS_SELECTOR, ".step-name").text for s in steps]
         assert names == ["decided", "asked", "answered", "answered", "ran", "ended"], names
