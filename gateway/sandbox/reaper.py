@@ -19,6 +19,8 @@ import ctypes
 import os
 import threading
 
+from gateway.sandbox.proctree import nspid_depth
+
 PR_SET_CHILD_SUBREAPER = 36
 INTERVAL_S = 2.0
 """How often to look for orphans between pokes (a poke follows each killed sandbox)."""
@@ -56,12 +58,12 @@ def reaped() -> int:
 def reap_now() -> int:
     """Reap every orphaned sandbox init that has exited; returns how many."""
     global _reaped
-    mine = _depth(os.getpid())
+    mine = nspid_depth(os.getpid())
     if mine is None:
         return 0
     count = 0
     for pid in _children():
-        depth = _depth(pid)
+        depth = nspid_depth(pid)
         if depth is None or depth <= mine:
             continue  # one of our own children (or gone): its Popen waits for it
         with contextlib.suppress(ChildProcessError, OSError):
@@ -116,15 +118,3 @@ def _children() -> list[int]:
             if int(raw[raw.rindex(b")") + 2 :].split()[1]) == me:
                 found.add(int(entry))
     return sorted(found)
-
-
-def _depth(pid: int) -> int | None:
-    """How many PID namespaces (from /proc's down to the process's) give `pid` an id."""
-    try:
-        with open(f"/proc/{pid}/status", "rb") as f:
-            for line in f:
-                if line.startswith(b"NSpid:"):
-                    return len(line.split()) - 1
-    except OSError:
-        return None
-    return None
