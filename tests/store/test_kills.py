@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+import pytest
 
 from gateway.store import db, sequencer
 from gateway.store.ledger import verify_store
@@ -111,7 +112,10 @@ def test_a_gateway_killed_while_its_call_runs(dsn: str, tmp_path: Path, policy_f
         return [json.loads(b) for (b,) in rows]
 
     try:
-        (decision,) = eventually(decided)  # in the store before the command started
+        eventually(lambda: decided() or got)  # in the store before the command started
+        if not decided():  # the call ended (or never came) without a decision: say what the agent saw
+            pytest.fail(f"no decision recorded; the agent got {got!r}; the server said {server.stderr.read_text()}")
+        (decision,) = decided()
         assert decision["arguments"]["command"] == "sleep 60" and decision["decision"] == "allow"
     finally:
         server.stop(signal.SIGKILL)
