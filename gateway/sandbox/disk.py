@@ -20,6 +20,12 @@ a filesystem mounted with them: `project_quotas()` says whether a write root has
   deletions could hide growth). A command's sandbox that takes the principal past its
   budget is stopped (its cgroup killed, else its process group: `Launch.stop_for_disk`), and
   the call fails with DISK_BUDGET.
+- **Away from the interpreter lock.** The counts the watch makes while sandboxes run are made
+  in a process of its own (disk_counter.py): in the gateway, each entry's system call waits for
+  the lock behind every other busy thread, and a count of a few thousand entries took seconds
+  while the sandbox it was to stop kept writing. The first budgeted sandbox of a gateway
+  process waits until that process is ready (once, about 0.4 s); should it die, it is started
+  again and the count is made here meanwhile (slower, never wrong).
 - **Already over.** A sandbox that starts while its principal is over the budget may not add
   anything: its own limit is what the roots held when it started (so `rm` works, `dd` does not).
   Roots over twice the budget are not counted to the end: every sandbox is stopped at once.
@@ -34,13 +40,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import json
 import os
 import stat
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from gateway import fdwait
+from gateway.log import log
 from gateway.sandbox import descriptors
 
 MIN_ENTRY_BYTES = 4096
@@ -53,6 +64,9 @@ ALIVE_S = 1.0
 """How often the watch asks whether a sandbox nobody ends its watch of (a durable process's) still runs."""
 RESCAN_S = 5.0
 """A watched tree is counted at least this often (more rarely when counting it is slow)."""
+COUNTER_READY_S = 30.0
+"""How long the first budgeted sandbox of a gateway process waits for the counting process to be
+ready (once; about 0.4 s). Only a bound: past it, counts are made in the gateway meanwhile."""
 SCAN_SHARE = 0.2
 """At most this share of one core goes to the counts made besides (every RESCAN_S): a count that
 took t waits t / SCAN_SHARE. A count the free space calls for is made at once (it stops at the
@@ -219,13 +233,16 @@ class _Tree:
         grown = sum(max(0, used - self.used_then.get(dev, used)) for dev, used in now.items())
         return self.counted + grown
 
-    def count(self, stop_above: int) -> int:
-        """Count the roots now (stopping past `stop_above`). Failures count as over."""
+    def count(self, stop_above: int, away: _Counter | None = None) -> int:
+        """Count the roots now (stopping past `stop_above`), in `away`'s process when it is
+        ready. Failures count as over."""
         before = self.used_now()
         started = time.monotonic()
         self.tripped = ""
         try:
-            found = usage(self.roots, stop_above)
+            found = away.usage(self.roots, stop_above) if away is not None else None
+            if found is None:
+                found = usage(self.roots, stop_above)
         except (TooDeep, OSError) as exc:
             self.tripped = f"its write roots cannot be counted: {exc}"
             found = Usage(stop_above + 1, 0, True)
@@ -235,6 +252,84 @@ class _Tree:
         self.partial = found.partial
         self.used_then = before  # (taken before the walk: what was written during it shows as growth)
         return found.bytes
+
+
+class _Counter:
+    """`usage()` in a process of its own (disk_counter.py), one count at a time. `usage()`
+    answers None while that process is not ready yet, or when it failed (it is then started
+    again): the caller counts in this process instead, which is slower, never wrong."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._ready = False
+
+    def start(self, wait_s: float = 0.0) -> None:
+        """Start the process if it is not running, and wait up to `wait_s` until it is ready."""
+        with self._lock:
+            if self._proc is None:
+                self._spawn()
+            proc = self._proc
+            if self._ready or proc is None or proc.stdout is None:
+                return
+            if not fdwait.readable(proc.stdout.fileno(), wait_s):
+                return  # (counted here meanwhile)
+            if proc.stdout.readline() == b"ready\n":
+                self._ready = True
+            else:
+                self._failed()
+
+    def _spawn(self) -> None:
+        self._ready = False
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-m", "gateway.sandbox.disk_counter"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True,
+            )  # fmt: skip
+        except OSError as exc:
+            log.warning("disk_counter_unavailable", error=str(exc))
+            self._proc = None
+
+    def usage(self, roots: tuple[str, ...], stop_above: int | None) -> Usage | None:
+        with self._lock:
+            proc = self._proc
+            if proc is None or proc.stdin is None or proc.stdout is None:
+                return None
+            if not self._ready:
+                if not fdwait.readable(proc.stdout.fileno(), 0):
+                    return None  # still starting
+                if proc.stdout.readline() != b"ready\n":
+                    self._failed()
+                    return None
+                self._ready = True
+            try:
+                proc.stdin.write(json.dumps({"roots": list(roots), "stop_above": stop_above}).encode() + b"\n")
+                proc.stdin.flush()
+                got = json.loads(proc.stdout.readline() or b"null")
+            except (OSError, ValueError):
+                got = None
+            if not isinstance(got, dict):
+                self._failed()
+                return None
+        if "too_deep" in got:
+            raise TooDeep(str(got["too_deep"]))
+        if "errno" in got:
+            raise OSError(int(got["errno"]), str(got["message"]))
+        return Usage(int(got["bytes"]), int(got["entries"]), bool(got["partial"]))
+
+    def _failed(self) -> None:
+        """The process died or spoke out of turn: end it, and start another (lock held)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            log.warning("disk_counter_failed", exit=proc.poll())
+            with contextlib.suppress(OSError):
+                proc.kill()
+            with contextlib.suppress(Exception):
+                proc.wait(5)
+            for stream in (proc.stdin, proc.stdout):
+                with contextlib.suppress(Exception):
+                    stream.close()  # type: ignore[union-attr]
+        self._spawn()
 
 
 class Ticket:
@@ -293,6 +388,7 @@ class Watch:
         self._wake = threading.Condition(self._lock)
         self._trees: dict[tuple[str, ...], _Tree] = {}
         self._thread: threading.Thread | None = None
+        self._counter = _Counter()
 
     def start(
         self, roots: tuple[str, ...], budget: int, source: str, stop: Callable[[], None],
@@ -302,6 +398,7 @@ class Watch:
         pass it. Counts the roots first if they may be over it already (the ticket's limit is
         then what they hold, up to twice the budget; more is refused). End with `end()`, or
         give `alive`: the watch ends once it says the sandbox has ended."""
+        self._counter.start(wait_s=COUNTER_READY_S)  # before it runs: its first counts are made there
         key = tuple(sorted(set(roots)))
         with self._lock:
             tree = self._trees.get(key)
@@ -384,7 +481,7 @@ class Watch:
                 with tree.lock, contextlib.suppress(Exception):  # the watch itself never dies
                     if ended:
                         self._drop_ended(tree)
-                    self._look(tree)
+                    self._look(tree, self._counter)
             time.sleep(POLL_S)
 
     @staticmethod
@@ -395,7 +492,7 @@ class Watch:
             tree.close()
 
     @staticmethod
-    def _look(tree: _Tree) -> None:
+    def _look(tree: _Tree, away: _Counter) -> None:
         running = [t for t in tree.tickets if t.tripped is None]
         if not running:
             return
@@ -409,7 +506,7 @@ class Watch:
             oldest = time.monotonic() - min(t.since for t in running)
             if since < max(RESCAN_S, tree.scan_s / SCAN_SHARE) or oldest < RESCAN_S:
                 return
-        found = tree.count(max(t.limit for t in running))
+        found = tree.count(max(t.limit for t in running), away)
         for ticket in running:
             if found > ticket.limit or tree.tripped:
                 ticket.trip(found)

@@ -13,6 +13,7 @@ import copy
 import json
 import os
 import subprocess
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -87,6 +88,9 @@ def assert_stopped(out: dict[str, Any]) -> None:
     assert "past the disk budget of 32.0 MiB (limits.disk_bytes of role dev)" in message
 
 
+EMPTY_FILES = "mkdir many && cd many && python3 -c \"import itertools\nfor i in itertools.count(): open(f'{i}', 'wb')\""
+
+
 # --- attacks: each fails on a gateway with no budget --------------------------------------------
 
 
@@ -97,7 +101,7 @@ def assert_stopped(out: dict[str, Any]) -> None:
         "while true; do dd if=/dev/zero of=big bs=1M count=1000 oflag=append conv=notrunc 2>/dev/null; done",
         # many small files, then many empty ones (each costs the filesystem an inode and an entry)
         "python3 -c \"import itertools\nfor i in itertools.count(): open(f'f{i}', 'wb').write(b'x' * 4096)\"",
-        "mkdir many && cd many && python3 -c \"import itertools\nfor i in itertools.count(): open(f'{i}', 'wb')\"",
+        EMPTY_FILES,
         # a sparse file costs nothing until it is written: then it does
         "truncate -s 900M sparse && while true; do dd if=/dev/zero of=sparse bs=1M count=64 conv=notrunc "
         "seek=$((RANDOM % 800)) 2>/dev/null; done",
@@ -111,6 +115,32 @@ def test_a_writer_past_the_budget_is_stopped_and_its_call_fails(gw: Gateway, ws:
     out = run(gw, writer)
     assert_stopped(out)
     assert held(ws) < DISK // 2, held(ws)  # stopped long before the disk filled
+
+
+def test_a_gateway_whose_other_threads_are_busy_still_stops_a_writer_in_time(gw: Gateway, ws: Path) -> None:
+    """A gateway serving other agents has busy threads. A count made under the interpreter's lock
+    gave it up and waited for it again at every entry, behind every busy thread: a count of the
+    8,000 entries a 32 MiB budget allows took seconds, and a writer of empty files got 550 MB
+    onto the disk before it was stopped (CI saw 475 MB). The watch counts in a process of its
+    own (disk_counter.py)."""
+    done = threading.Event()
+
+    def busy() -> None:  # pure Python: holds the lock but at each switch interval
+        n = 0
+        while not done.is_set():
+            n += 1
+
+    threads = [threading.Thread(target=busy, daemon=True) for _ in range(3)]
+    for t in threads:
+        t.start()
+    try:
+        out = run(gw, EMPTY_FILES)
+    finally:
+        done.set()
+        for t in threads:
+            t.join()
+    assert_stopped(out)
+    assert held(ws) < DISK // 2, held(ws)
 
 
 def test_fallocate_takes_no_space_at_all(gw: Gateway, ws: Path) -> None:
