@@ -366,7 +366,7 @@ _UPSTREAM_CAPS = {"timeout_ms": None, "connect_timeout_ms": None, "result_bytes"
 def _upstream_widenings(lo: Policy, hi: Policy, lo_ws: Path, hi_ws: Path, wider: Callable[..., None]) -> None:
     """An upper layer runs no upstream the lower layers do not, and changes none of theirs but
     to tighten it: the same server and credentials, roots within theirs, no network they do not
-    give, no higher limit, the injection flag kept."""
+    give, no higher limit, the injection flag and identity forwarding kept."""
     for name, up in hi.upstreams.items():
         was = lo.upstreams.get(name)
         if was is None:
@@ -387,6 +387,8 @@ def _upstream_widenings(lo: Policy, hi: Policy, lo_ws: Path, hi_ws: Path, wider:
             wider(("upstreams", name, "network"), "true", "false")
         if was.injection_flag and not up.injection_flag:
             wider(("upstreams", name, "injection_flag"), "false", "true")
+        if was.forward_identity and not up.forward_identity:  # the server's own record of who asked
+            wider(("upstreams", name, "forward_identity"), "false", "true")
         for key, default in _UPSTREAM_CAPS.items():
             now, before = getattr(up, key), getattr(was, key)
             now, before = (default if now is None else now), (default if before is None else before)

@@ -92,6 +92,11 @@ class Upstream(_Model):
     """The largest result (its JSON) passed on to the agent; a larger one is refused
     (UPSTREAM_RESULT_TOO_LARGE). A message over four times this, or a server that keeps
     talking that much without answering, is cut off and its connection closed."""
+    forward_identity: StrictBool = False
+    """Tell the server on whose behalf each call is made: the principal and the call's id in the
+    request's `_meta` (`agent-gateway/principal`, `agent-gateway/call_id`) and, for an HTTP
+    server, in the headers `X-Agent-Gateway-Principal` and `X-Agent-Gateway-Call-Id`. Set by the
+    gateway from the call it decided; what the agent puts in its own `_meta` never reaches it."""
     injection_flag: StrictBool = False
     """Mark results holding text that reads like instructions to the agent. A heuristic, shown
     to the agent as such; never a security boundary: nothing is blocked because of it."""

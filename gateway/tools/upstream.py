@@ -90,8 +90,12 @@ def handle(gw: Gateway, call: UpstreamCall, call_id: str) -> dict[str, Any]:
             why = f"{name} changed after it was decided: {now.message or 'refused'}"
             return gw.record_result(gated, error(call_id, "denied", "DEFINITION_CHANGED", why))
     upstream = policy.policy.upstreams[call.upstream]
+    meta = {"agent-gateway/principal": call.principal, "agent-gateway/call_id": call_id}
     try:
-        raw = connections.call(policy, call.upstream, call.name, decided.arguments, cancellation.current_cancel())
+        raw = connections.call(
+            policy, call.upstream, call.name, decided.arguments, cancellation.current_cancel(),
+            meta if upstream.forward_identity else None,
+        )  # fmt: skip
     except UpstreamFailure as exc:
         return gw.record_result(gated, error(call_id, exc.status, exc.code, exc.message))
     settings = connections.connection(policy, call.upstream)

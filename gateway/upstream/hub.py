@@ -30,11 +30,11 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from mcp import Client
 from mcp.shared.exceptions import MCPError
-from mcp_types import Implementation
+from mcp_types import Implementation, RequestParamsMeta
 
 from gateway import sandbox
 from gateway.audit.sink import AuditSink
@@ -256,7 +256,9 @@ class Connection:
         up = self.settings.upstream
         if up.url is not None:
             headers = self._http_headers()
-            async with http_streams(up.url, headers, self.settings.limits, watch, up.connect_timeout_ms / 1000) as s:
+            async with http_streams(
+                up.url, headers, self.settings.limits, watch, up.connect_timeout_ms / 1000, up.forward_identity
+            ) as s:
                 yield s
             return
         spawned = await asyncio.to_thread(SPAWNER.call, self._spawn)
@@ -407,8 +409,9 @@ class Connection:
             await self.relist()
 
     # --- calling ------------------------------------------------------------------------------
-    async def call(self, tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
-        """The upstream's result (the protocol's JSON). Raises UpstreamFailure."""
+    async def call(self, tool: str, arguments: dict[str, Any], meta: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The upstream's result (the protocol's JSON), the request carrying `meta` as its
+        `_meta`. Raises UpstreamFailure."""
         up = self.settings.upstream
         try:
             client = await self.ensure()
@@ -416,7 +419,7 @@ class Connection:
             raise UpstreamFailure("error", "UPSTREAM_UNAVAILABLE", f"{self.name}: {exc}") from None
         stop, watch = self._stop, self._watch
         assert stop is not None
-        task = asyncio.ensure_future(client.call_tool(tool, arguments))
+        task = asyncio.ensure_future(client.call_tool(tool, arguments, meta=cast(RequestParamsMeta, meta)))
         ended = asyncio.ensure_future(stop.wait())
         try:
             done, _ = await asyncio.wait({task, ended}, timeout=up.timeout_ms / 1000, return_when="FIRST_COMPLETED")
@@ -637,14 +640,15 @@ class Hub:
 
     def call(
         self, policy: CompiledPolicy, upstream: str, tool: str, arguments: dict[str, Any],
-        cancel: threading.Event | None = None,
+        cancel: threading.Event | None = None, meta: dict[str, Any] | None = None,
     ) -> dict[str, Any]:  # fmt: skip
-        """Call the tool; its result as the protocol's JSON. Raises UpstreamFailure."""
+        """Call the tool (`meta`: the request's `_meta`); its result as the protocol's JSON.
+        Raises UpstreamFailure."""
         conn = self.connection(policy, upstream)
         if conn is None:
             raise UpstreamFailure("error", "UPSTREAM_UNAVAILABLE", f"no upstream {upstream!r}")
         try:
-            return self._wait(self._submit(conn.call(tool, arguments)), None, cancel)
+            return self._wait(self._submit(conn.call(tool, arguments, meta)), None, cancel)
         except Unavailable as exc:
             raise UpstreamFailure("error", "UPSTREAM_UNAVAILABLE", f"{upstream}: {exc}") from None
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -195,14 +196,42 @@ class _Counted(httpx2.AsyncByteStream):
         await self.inner.aclose()
 
 
-class CappedTransport(httpx2.AsyncBaseTransport):
-    """An httpx transport whose responses may carry at most `cap` bytes each."""
+IDENTITY_META = {
+    "agent-gateway/principal": "X-Agent-Gateway-Principal",
+    "agent-gateway/call_id": "X-Agent-Gateway-Call-Id",
+}
+"""The `_meta` keys the gateway sets on a call it forwards (`forward_identity`), and the header
+each is also sent as to an HTTP server."""
 
-    def __init__(self, cap: int, watch: Watch) -> None:
+
+def identity_headers(body: bytes) -> dict[str, str]:
+    """The identity headers for a request whose JSON-RPC body is `body`: from the `_meta` the
+    gateway itself set on a tools/call (nothing for any other message)."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return {}
+    params = message.get("params") if isinstance(message, dict) else None
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    if not isinstance(meta, dict) or message.get("method") != "tools/call":
+        return {}
+    return {header: value for key, header in IDENTITY_META.items() if isinstance(value := meta.get(key), str)}
+
+
+class CappedTransport(httpx2.AsyncBaseTransport):
+    """An httpx transport whose responses may carry at most `cap` bytes each; with `identity`,
+    each forwarded call also names its principal and call id in headers (from its `_meta`)."""
+
+    def __init__(self, cap: int, watch: Watch, identity: bool = False) -> None:
         self.inner = httpx2.AsyncHTTPTransport()
-        self.cap, self.watch = cap, watch
+        self.cap, self.watch, self.identity = cap, watch, identity
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if self.identity:  # only ever the gateway's own values
+            for name in IDENTITY_META.values():
+                request.headers.pop(name, None)
+            if request.method == "POST":
+                request.headers.update(identity_headers(request.content))
         response = await self.inner.handle_async_request(request)
         declared = response.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > self.cap:
@@ -220,11 +249,12 @@ class CappedTransport(httpx2.AsyncBaseTransport):
 
 @contextlib.asynccontextmanager
 async def http_streams(
-    url: str, headers: dict[str, str], limits: Limits, watch: Watch, connect_s: float
+    url: str, headers: dict[str, str], limits: Limits, watch: Watch, connect_s: float, identity: bool = False
 ) -> AsyncIterator[tuple[Any, Any]]:
-    """The SDK's streamable HTTP streams to `url`, every response counted."""
+    """The SDK's streamable HTTP streams to `url`, every response counted (`identity`: calls
+    name their principal in headers too)."""
     timeout = httpx2.Timeout(connect_s, read=300.0)
-    transport = CappedTransport(limits.max_chatter, watch)
+    transport = CappedTransport(limits.max_chatter, watch, identity)
     async with (
         httpx2.AsyncClient(headers=headers, timeout=timeout, transport=transport) as client,
         streamable_http_client(url, http_client=client, max_sse_event_size=limits.max_message) as streams,

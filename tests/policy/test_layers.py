@@ -102,6 +102,7 @@ BASE: dict[str, Any] = {
             "connect_timeout_ms": 30_000,
             "result_bytes": 1 << 20,
             "injection_flag": True,
+            "forward_identity": True,
             "memory_bytes": 256 << 20,
             "pids": 64,
         },
@@ -353,6 +354,13 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         lambda m: m.policy.upstreams["gh"].injection_flag,
         True,
         (_upstream(injection_flag=False), "upstreams.gh.injection_flag: false is wider than true"),
+    ),
+    (
+        "upstreams.*.forward_identity",
+        _upstream(forward_identity=True),
+        lambda m: m.policy.upstreams["gh"].forward_identity,
+        True,
+        (_upstream(forward_identity=False), "upstreams.gh.forward_identity: false is wider than true"),
     ),
     *[
         (

@@ -80,6 +80,20 @@ def test_an_http_upstream_gets_its_credentials_and_the_agent_never_sees_them(
     assert TICKETS_AUTH.split()[1] not in logged and TOKEN not in logged
 
 
+def test_an_http_upstream_that_asks_for_it_learns_the_principal_in_meta_and_headers(
+    tmp_path: Path, ws: Path, control: Path, http_upstream: HttpUpstream
+) -> None:
+    gw = make_gateway(compiled(with_tickets(control, http_upstream.url, forward_identity=True), tmp_path, ws), tmp_path)
+    try:
+        (who,) = run(calls(gw, ("tickets__whoami", {})))
+    finally:
+        gw.close()
+    said = json.loads(who.content[0].text)
+    call_id = who.meta["agent-gateway/call_id"]
+    assert said["meta"] == {"agent-gateway/principal": "agent", "agent-gateway/call_id": call_id}
+    assert said["identity_headers"] == {"x-agent-gateway-principal": "agent", "x-agent-gateway-call-id": call_id}
+
+
 def test_an_http_upstream_that_floods_is_cut_off(tickets_gw: Gateway, tmp_path: Path) -> None:
     flood, later = run(calls(tickets_gw, ("tickets__big", {"kib": 4096}), ("tickets__whoami", {})))
     out = envelope(flood)

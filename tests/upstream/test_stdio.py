@@ -23,7 +23,16 @@ from gateway.pipeline import Gateway
 from gateway.server.app import GatewayServer
 from gateway.upstream import hub as hub_module
 from tests.conftest import PATIENCE_S, eventually
-from tests.upstream.conftest import TOKEN, audit_records, of_call, sandboxes_of, steer
+from tests.upstream.conftest import (
+    TOKEN,
+    audit_records,
+    compiled,
+    make_gateway,
+    of_call,
+    policy_data,
+    sandboxes_of,
+    steer,
+)
 
 GATEWAY = str(Path(sys.executable).parent / "gateway")
 
@@ -92,6 +101,33 @@ def test_an_allowed_call_reaches_the_upstream_with_its_arguments(gw: Gateway, tm
     assert len(decision["data"]["definition_sha256"]) == 64
     assert result["data"]["status"] == "ok" and result["data"]["result"]["content"][0]["type"] == "text"
     assert "flaky test" not in json.dumps(result)  # the result's content is kept as its size and digest
+
+
+# --- identity forwarding -------------------------------------------------------------------------
+SPOOF = {"agent-gateway/principal": "admin", "agent-gateway/call_id": "0" * 16}
+
+
+@pytest.mark.parametrize("forward", [True, False], ids=["forwarded", "not-asked-for"])
+def test_the_principal_reaches_an_upstream_that_asks_for_it_and_the_agent_cannot_name_another(
+    tmp_path: Path, ws: Path, control: Path, forward: bool
+) -> None:
+    """`forward_identity`: the server learns on whose behalf each call is made, from the gateway,
+    never from the agent (which puts another principal in its own `_meta` here)."""
+    policy = compiled(policy_data(control, forward_identity=True) if forward else policy_data(control), tmp_path, ws)
+    g = make_gateway(policy, tmp_path)
+    try:
+
+        async def whoami() -> CallToolResult:
+            async with Client(GatewayServer(g, "agent").mcp) as c:
+                return await c.call_tool("github__whoami", {}, meta=SPOOF)  # type: ignore[arg-type]
+
+        r = run(whoami())
+    finally:
+        g.close()
+    assert not r.is_error, r
+    said = json.loads(r.content[0].text)  # type: ignore[union-attr]
+    wanted = {"agent-gateway/principal": "agent", "agent-gateway/call_id": call_id(r)} if forward else {}
+    assert said["meta"] == wanted
 
 
 # --- denied by rule, by argument, by name ---------------------------------------------------------

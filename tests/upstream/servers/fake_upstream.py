@@ -77,8 +77,13 @@ def read_file(path: str) -> str:
 def whoami(ctx: Context) -> str:
     """Say which credentials this server was given."""
     request = ctx.request_context.request
-    header = request.headers.get("authorization") if request is not None else None
-    return json.dumps({"token": os.environ.get("GH_TOKEN"), "authorization": header, "pid": os.getpid()})
+    headers = request.headers if request is not None else {}
+    meta = ctx.request_context.meta or {}
+    return json.dumps({
+        "token": os.environ.get("GH_TOKEN"), "authorization": headers.get("authorization"), "pid": os.getpid(),
+        "meta": {k: v for k, v in dict(meta).items() if k.startswith("agent-gateway/")},
+        "identity_headers": {k.lower(): v for k, v in headers.items() if k.lower().startswith("x-agent-gateway-")},
+    })  # fmt: skip
 
 
 @server.tool()
