@@ -69,35 +69,23 @@ def unquoted(text: str, *, at_word_start: bool, assignment: bool = False) -> tup
 
 def double_quoted(text: str) -> tuple[str, set[Expansion]]:
     """Value of literal text inside "...": only \\$ \\` \\" \\\\ and \\newline are escapes."""
-    out: list[str] = []
-    kinds: set[Expansion] = set()
-    i, n = 0, len(text)
-    while i < n:
-        c = text[i]
-        if c == "\\" and i + 1 < n and text[i + 1] in '$`"\\\n':
-            if text[i + 1] != "\n":
-                out.append(text[i + 1])
-            i += 2
-            continue
-        if c == "`":
-            raise UnmodelledSubstitution(text)
-        if c == "$" and i + 1 < n and _NAME_START.match(text[i + 1]):
-            if text[i + 1] in "([":
-                raise UnmodelledSubstitution(text)
-            kinds.add(Expansion.PARAMETER)
-        out.append(c)
-        i += 1
-    return "".join(out), kinds
+    return _backslashed(text, '$`"\\\n')
 
 
 def heredoc_text(text: str) -> tuple[str, set[Expansion]]:
     """Literal text of an unquoted here-document: \\$ \\` \\\\ and \\newline are escapes."""
+    return _backslashed(text, "$`\\\n")
+
+
+def _backslashed(text: str, escapes: str) -> tuple[str, set[Expansion]]:
+    """Literal text where a backslash escapes only the characters of `escapes` (a backslash
+    before a newline removes both), `$NAME` is a parameter, and a substitution is refused."""
     out: list[str] = []
     kinds: set[Expansion] = set()
     i, n = 0, len(text)
     while i < n:
         c = text[i]
-        if c == "\\" and i + 1 < n and text[i + 1] in "$`\\\n":
+        if c == "\\" and i + 1 < n and text[i + 1] in escapes:
             if text[i + 1] != "\n":
                 out.append(text[i + 1])
             i += 2
