@@ -394,7 +394,7 @@ CALL_COLUMNS = ("when", "call_id", "principal", "tool", "command", "decision", "
                 "approval_how", "outcome", "error", "exit_code", "duration_ms", "bytes", "parent", "ended")  # fmt: skip
 
 
-def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
+def _audit_replay(args: argparse.Namespace, directory: Path, source: Any = None, where: str | None = None) -> int:
     """`gateway audit replay`: the recorded command decisions decided again under a draft
     (gateway/replay.py). Exit 0 nothing would change, 1 something would, 2 errors."""
     # lazy: startup (each command imports what it uses)
@@ -412,9 +412,9 @@ def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
             return _fail(f"audit replay --{name.replace('_', '-')} {getattr(args, name)}: expected 0 or more")
     try:
         report = replay(
-            Path(args.policy), directory, args.since, args.until,
+            Path(args.policy), where or directory, args.since, args.until,
             workspace=Path(args.workspace) if args.workspace else None,
-            max_rows=args.max_rows, max_calls=args.max_calls,
+            max_rows=args.max_rows, max_calls=args.max_calls, source=source,
         )  # fmt: skip
     except ReplayError as exc:
         return _fail(str(exc))
@@ -428,24 +428,35 @@ def _audit_replay(args: argparse.Namespace, directory: Path) -> int:
 def _cmd_audit(args: argparse.Namespace) -> int:
     # lazy: startup (each command imports what it uses)
     from gateway.audit import records as audit_records
-    from gateway.store.commands import dsn_of, store_records, verify_main
-    from gateway.store.db import StoreError
+    from gateway.store import reader
+    from gateway.store.commands import dsn_of, verify_main
+    from gateway.store.db import Store, StoreError
 
     dsn = dsn_of(args)
     if dsn and args.action == "verify":
         return verify_main(args, dsn)
-    if dsn and (args.action not in ("tail", "show", "query", "calls") or args.follow):
-        return _fatal(f"audit {args.action}{' -f' if args.follow else ''} --store: not built yet (docs/fleet.md)")
+    if dsn and args.action in ("repair", "head", "adopt"):
+        return _fatal(f"audit {args.action} is for the files of one host: the store's ledger has `gateway audit "
+                      "verify --store` and `gateway store checkpoint`")  # fmt: skip
     directory = Path(args.audit_dir)
     if not dsn and not directory.is_dir():
         return _fatal(f"no audit directory at {directory}")
-    try:  # the fleet's ledger (every stream), else this host's files
-        return _audit_read(args, directory, (lambda: store_records(dsn)) if dsn else (lambda: audit_records(directory)))
+    if not dsn:
+        return _audit_read(args, directory, lambda: audit_records(directory))
+    try:  # the fleet's ledger: every stream, in the global order (gateway/store/reader.py)
+        with Store(dsn) as store:
+            return _audit_read(
+                args, directory, lambda: reader.records(store), lambda: reader.StoreLines(store), store.name
+            )
     except StoreError as exc:
         return _fatal(str(exc))
 
 
-def _audit_read(args: argparse.Namespace, directory: Path, source: Any) -> int:
+def _audit_read(
+    args: argparse.Namespace, directory: Path, source: Any, lines: Any = None, where: str | None = None
+) -> int:
+    """The reading verbs over `source` (every record, in order); `lines` makes a reader of the
+    records as they come (tail -f, export: the store's; None: the files in `directory`)."""
     # lazy: startup (each command imports what it uses)
     from gateway.audit import commands as audit_verbs
     from gateway.audit.calls import Folder
@@ -453,9 +464,9 @@ def _audit_read(args: argparse.Namespace, directory: Path, source: Any) -> int:
     from gateway.audit.timespec import TimeSpecError
 
     if args.action == "replay":
-        return _audit_replay(args, directory)
+        return _audit_replay(args, directory, source if lines is not None else None, where)
     if args.action in ("verify", "repair", "head", "adopt", "export"):
-        return audit_verbs.main(args, directory)
+        return audit_verbs.main(args, directory, lines)
     fmt = "jsonl" if args.json and args.format == "text" else args.format
     if fmt == "otlp":
         return _fatal(f"audit {args.action} --format otlp: spans go to a collector: use `gateway audit export`")
@@ -482,7 +493,7 @@ def _audit_read(args: argparse.Namespace, directory: Path, source: Any) -> int:
             out.call(call, args.records)
         matched = bool(calls)
     elif args.action == "tail" and args.follow:
-        return _follow(directory, selection, clean, out, args.n)
+        return _follow(lines() if lines is not None else None, directory, selection, clean, out, args.n)
     else:
         rows = []
         for _, _, r, raw in source():
@@ -605,15 +616,16 @@ def _print_record(r: dict[str, Any], as_json: bool) -> None:
 """What a record is about, on one escaped line (the console's timeline shows it too)."""
 
 
-def _follow(directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int) -> int:
+def _follow(reader: Any, directory: Path, selection: Any, clean: Any, out: _AuditOut, n: int) -> int:
     """`audit tail -f`: the last `n` matching records, then new ones as they are written (read
-    from where the log ended, never the whole log again; Ctrl-C ends)."""
+    from where the log ended, never the whole log again; Ctrl-C ends). `reader`: the store's
+    (gateway/store/reader.py: every stream as its records commit), else the files'."""
     import collections
 
     # lazy: startup (each command imports what it uses)
     from gateway.audit.follow import LogReader
 
-    reader = LogReader(directory, signed=False)  # every complete line, as soon as it is there
+    reader = reader or LogReader(directory, signed=False)  # every complete line, as soon as it is there
     last: collections.deque[dict[str, Any]] = collections.deque(maxlen=n)
     try:
         while lines := reader.read(64 << 20):

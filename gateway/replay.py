@@ -22,7 +22,7 @@ import hashlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -216,7 +216,7 @@ class _Drafts:
 
 def replay(
     draft: Path | str,
-    audit_dir: Path,
+    audit_dir: Path | str,
     since: str | None = None,
     until: str | None = None,
     *,
@@ -224,6 +224,7 @@ def replay(
     max_rows: int = MAX_ROWS,
     max_calls: int = MAX_CALLS,
     confined: bool = False,
+    source: Callable[[], Iterable[tuple[Any, int, dict[str, Any] | None, bytes]]] | None = None,
 ) -> ReplayReport:
     """Decide every recorded command call in [since, until) again under `draft` (a policy file,
     or its YAML text) and report those whose decision or deciding rule would change. `workspace`
@@ -232,9 +233,12 @@ def replay(
 
     `confined` (the console: whoever sends the draft may read no other file of the server): a
     draft with an `include` is refused before anything it names is read; otherwise `include:
-    [/etc/shadow]` has the loader read that file as the server and quote it in its error."""
+    [/etc/shadow]` has the loader read that file as the server and quote it in its error.
+
+    `source`: the records to replay instead of the files in `audit_dir` (the fleet's store:
+    gateway/store/reader.py, every stream in the global order); `audit_dir` then only names it."""
     lower, upper = parse_time(since, "--since"), parse_time(until, "--until")
-    if not Path(audit_dir).is_dir():
+    if source is None and not Path(audit_dir).is_dir():
         raise ReplayError(f"no audit directory at {audit_dir}")
     with _DraftFile(draft) as (path, name, text):
         if confined:
@@ -245,7 +249,8 @@ def replay(
         )  # fmt: skip
         drafts = _Drafts(path, workspace)
         drafts.load(None if workspace is None else str(workspace))  # a draft that does not load fails first
-        for record in _decisions(audit_dir, report, lower, upper):
+        rows = source() if source is not None else records(Path(audit_dir))
+        for record in _decisions(rows, report, lower, upper):
             report.decisions += 1
             if report.replayed >= max_calls:
                 report._skip("over_limit", f"more than {max_calls} calls in the range (--max-calls)", "")
@@ -296,10 +301,13 @@ class _DraftFile:
 
 
 def _decisions(
-    audit_dir: Path, report: ReplayReport, lower: datetime | None, upper: datetime | None
+    rows: Iterable[tuple[Any, int, dict[str, Any] | None, bytes]],
+    report: ReplayReport,
+    lower: datetime | None,
+    upper: datetime | None,
 ) -> Iterator[dict[str, Any]]:
     """The decision records of the range, streamed in log order."""
-    for _, _, record, _ in records(Path(audit_dir)):
+    for _, _, record, _ in rows:
         if record is None:
             report.unreadable_lines += 1
             continue

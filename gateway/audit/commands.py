@@ -33,6 +33,7 @@ import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -54,7 +55,8 @@ def _fail(message: str) -> int:
     return USAGE
 
 
-def main(args: argparse.Namespace, directory: Path) -> int:
+def main(args: argparse.Namespace, directory: Path, lines: Callable[[], exporting.LineSource] | None = None) -> int:
+    """`lines`: where `export` reads (the fleet's store); None: the files in `directory`."""
     if args.action == "repair":
         return _repair(args, directory)
     if args.action == "head":
@@ -62,7 +64,7 @@ def main(args: argparse.Namespace, directory: Path) -> int:
     if args.action == "adopt":
         return _adopt(args, directory)
     if args.action == "export":
-        return _export(args, directory)
+        return _export(args, directory, lines)
     return _verify(args, directory)
 
 
@@ -281,7 +283,7 @@ def selection(args: argparse.Namespace, calls: list[str] | None = None) -> Selec
     )  # fmt: skip
 
 
-def _export(args: argparse.Namespace, directory: Path) -> int:
+def _export(args: argparse.Namespace, directory: Path, lines: Callable[[], exporting.LineSource] | None) -> int:
     fmt = "jsonl" if args.format == "text" else args.format
     if fmt == "csv":
         return _fail("audit export --format csv: export writes jsonl, ecs, ocsf or otlp (csv is `query --format csv`)")
@@ -309,10 +311,12 @@ def _export(args: argparse.Namespace, directory: Path) -> int:
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stopping.set())
     try:
+        if lines is not None and args.cursor:
+            raise CursorError("audit export --store: --cursor is for the files of one host (not built for the store)")
         cursor = Cursor.load(Path(args.cursor), fmt) if args.cursor else None
         report = exporting.export(
             directory, fmt, sink, chosen, cursor=cursor, follow=args.follow, redact_patterns=args.redact or (),
-            stop=stopping.is_set,
+            stop=stopping.is_set, source=lines() if lines is not None else None,
         )  # fmt: skip
     except CursorError as exc:
         return _fail(str(exc))

@@ -48,7 +48,7 @@ from typing import IO, Any, Protocol
 import orjson
 
 from gateway.audit.calls import Call, Folder, subject
-from gateway.audit.follow import Cursor, Line, LogReader, Position
+from gateway.audit.follow import Cursor, CursorError, Line, LogReader, Position
 from gateway.audit.records import SECRET_NAME, redact
 from gateway.audit.selection import Selection
 from gateway.version import __version__
@@ -549,6 +549,15 @@ class Report:
     unreadable_count: int = 0
 
 
+class LineSource(Protocol):
+    """Where an export reads lines from: the log's files (follow.LogReader) or the fleet's store."""
+
+    position: Position
+    signed: bool | None
+
+    def read(self, max_bytes: int = ...) -> list[Line]: ...
+
+
 def _unreadable(report: Report, line: Line) -> None:
     report.unreadable_count += 1
     if len(report.unreadable) < 5:
@@ -567,18 +576,20 @@ def export(
     interval_s: float = 0.5,
     stop: Callable[[], bool] = lambda: False,
     max_open_calls: int = MAX_OPEN_CALLS,
+    source: LineSource | None = None,
 ) -> Report:
     """Send the log's records (`jsonl`, `ecs`, `ocsf`: to a `Sink`) or calls (`otlp`: to a
     `CallSink`) that `selection` keeps, from the cursor's position (or the start), saving the
     cursor after each batch the sink took. With `follow`, wait for new records until `stop()`.
     Raises ExportFailed (the sink refused; the cursor stays where the sink last took), and
-    CursorError (follow.py)."""
+    CursorError (follow.py). `source`: read the records from it instead of the files in
+    `directory` (the fleet's store: gateway/store/reader.py; no cursor there)."""
     selection = selection or Selection()
     clean = redactor(redact_patterns)
     collecting = gc.isenabled()
     gc.disable()  # records hold no cycles: the cyclic collector would only walk every batch again and again
     try:
-        return _export(directory, fmt, sink, selection, clean, cursor, follow, interval_s, stop, max_open_calls)
+        return _export(directory, fmt, sink, selection, clean, cursor, follow, interval_s, stop, max_open_calls, source)
     finally:
         if collecting:
             gc.enable()
@@ -586,12 +597,16 @@ def export(
 
 def _export(
     directory: Path, fmt: str, sink: Sink | CallSink, selection: Selection, clean: Redactor, cursor: Cursor | None,
-    follow: bool, interval_s: float, stop: Callable[[], bool], max_open_calls: int,
+    follow: bool, interval_s: float, stop: Callable[[], bool], max_open_calls: int, source: LineSource | None,
 ) -> Report:  # fmt: skip
     host = socket.gethostname()
+    if cursor is not None and source is not None:
+        raise CursorError("--cursor is for the files of one host: an export from the store starts from its beginning")
     if cursor is not None:
         cursor.check(directory)
-    reader = LogReader(directory, cursor.position if cursor else Position(), cursor.signed if cursor else None)
+    reader: LineSource = source or LogReader(
+        directory, cursor.position if cursor else Position(), cursor.signed if cursor else None
+    )
     report = Report()
     everything = selection.everything
     send: Callable[[list[Any]], None] = sink.send_calls if fmt == "otlp" else sink.send  # type: ignore[union-attr]

@@ -130,9 +130,13 @@ def _names(values: Iterable[str]) -> frozenset[str]:
 
 
 def hosts_of(record: dict[str, Any]) -> set[str]:
-    """The hosts a record names (lower case): its own `host` and `data.host`."""
+    """The hosts a record names (lower case): its own `host` and `data.host`, and in the fleet's
+    store the host whose stream holds it (`stream` is `HOST:PID:NONCE`)."""
     data = record.get("data")
     found = [record.get("host"), data.get("host") if isinstance(data, dict) else None]
+    stream = record.get("stream")
+    if isinstance(stream, str) and stream.count(":") >= 2:
+        found.append(stream.rsplit(":", 2)[0])
     return {h.lower() for h in found if isinstance(h, str) and h}
 
 

@@ -10,7 +10,7 @@ import os
 import shlex
 import socket
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +18,7 @@ from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, SigningKey, VerifyKey
 from gateway.audit.records import canonical
 from gateway.audit.sink import AuditSink
-from gateway.store import approvals, db, ledger, reader, sequencer
+from gateway.store import approvals, db, ledger, sequencer
 from gateway.store import tokens as store_tokens
 from gateway.store.policy import PolicySync, RolloutError, publish
 from gateway.store.tokens import StoreTokens
@@ -188,12 +188,6 @@ def token_main(args: argparse.Namespace, dsn: str) -> int:
         return _fatal(str(exc))
     finally:
         store.close()
-
-
-def store_records(dsn: str) -> Iterator[tuple[Path, int, dict[str, Any] | None, bytes]]:
-    """Every record of the fleet's ledger, for the audit readers (reader.py)."""
-    with db.Store(dsn) as store:
-        yield from reader.records(store)
 
 
 def policy_publish(args: argparse.Namespace, path: Path, dsn: str) -> int:
