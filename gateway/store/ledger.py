@@ -37,6 +37,7 @@ from typing import Any
 
 import psycopg
 
+from gateway.audit import journal
 from gateway.audit.keys import SigningKey, VerifyKey
 from gateway.audit.records import SECRET_NAME, AuditUnavailable, canonical, digest
 from gateway.audit.sink import AuditSink
@@ -121,12 +122,16 @@ class StoreLedger:
                 (self.host,),
             ).fetchone()
             previous = {"stream": row[0], "seq": row[1] or 0, "hash": row[2] or ""} if row else None
+            dead = _dead_streams(conn, self.host)
             conn.execute("INSERT INTO agw.stream (stream, host, pid) VALUES (%s, %s, %s)",
                          (self.stream, self.host, os.getpid()))  # fmt: skip
             data: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "previous": previous}
             if self.key is not None:
                 data["key"] = self.key.public.line().strip()
-            made = self._made([_Pending(STREAM_STARTED, {"data": data})])
+            if dead:
+                data["closed"] = [stream for stream, _ in dead]
+            marks = [m for stream, pid in dead for m in _interrupted(conn, stream, pid)]
+            made = self._made([_Pending(STREAM_STARTED, {"data": data}), *marks])
             for seq, hash_, body in made:
                 conn.execute(_INSERT, (self.stream, seq, hash_, body))
         self._advance(made)
@@ -261,6 +266,96 @@ class StoreLedger:
         if self.sequencer is not None:
             self.sequencer.stop()
         self.store.close()
+
+
+# --- calls a dead gateway left: interrupted ---------------------------------------------------
+def _dead_streams(conn: psycopg.Connection[Any], host: str) -> list[tuple[str, int]]:
+    """The streams of this host whose gateway is gone and that no later stream closed yet (its
+    `stream_started` names those it closed): (stream, pid), oldest first. A stream is alive
+    while its pid runs a process started no later than the stream (a pid reused since is not
+    it). Called under the host's lock, so two gateways starting at once never both close one."""
+    rows = conn.execute(
+        "SELECT s.stream, s.pid, s.started_at, r.body FROM agw.stream s "
+        "LEFT JOIN agw.record r ON r.stream = s.stream AND r.seq = 1 WHERE s.host = %s ORDER BY s.n",
+        (host,),
+    ).fetchall()
+    closed: set[str] = set()
+    for _, _, _, body in rows:
+        with contextlib.suppress(ValueError, TypeError, AttributeError):
+            named = json.loads(body)["data"].get("closed") or []
+            closed.update(x for x in named if isinstance(x, str))
+    return [(str(s), int(pid)) for s, pid, at, _ in rows if s not in closed and not _alive(int(pid), at)]
+
+
+def _alive(pid: int, since: datetime) -> bool:
+    """Whether `pid` on this host is still the process that started a stream at `since`. When
+    that cannot be told, alive: its calls are left alone rather than marked while they run."""
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            ticks = int(f.read().rsplit(b")", 1)[1].split()[19])
+        with open("/proc/stat", "rb") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith(b"btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return True
+    started = boot + ticks / os.sysconf("SC_CLK_TCK")
+    return started <= since.timestamp() + 1.0  # (btime and the ticks are whole seconds and jiffies)
+
+
+def _ends(record: dict[str, Any]) -> bool:
+    """A record that ends its call: a result, an error, ... or an approval that did not grant it."""
+    event = record.get("event")
+    return event in journal.ENDS or (event == "approval" and record.get("decision") != "allow")
+
+
+def _interrupted(conn: psycopg.Connection[Any], stream: str, pid: int) -> list[_Pending]:
+    """An `interrupted` record for each call of the dead `stream` that was decided (allowed, or
+    asked) and never ended, and its pending asks expired with the reason (`agw.abandon`)."""
+    why = (
+        f"the gateway that decided it (stream {stream}, pid {pid}) ended before it recorded how the call ended: "
+        "it was killed or it crashed. What the call did is unknown; its sandbox did not outlive that gateway"
+    )
+    asked = (
+        f"the gateway that asked (stream {stream}, pid {pid}) ended while the ask was pending (killed or "
+        "crashed): nobody waits for an answer; the call did not run"
+    )
+    expired = {str(r[0]) for r in conn.execute("SELECT call_id FROM agw.abandon(%s, %s)", (stream, asked))}
+    open_: dict[str, dict[str, Any]] = {}
+    cur = conn.execute(
+        "SELECT body FROM agw.record WHERE stream = %s AND strpos(body, '\"call_id\":') > 0 ORDER BY seq", (stream,)
+    )
+    for (body,) in cur:
+        try:
+            record = json.loads(body)
+        except ValueError:
+            continue
+        call_id = record.get("call_id") if isinstance(record, dict) else None
+        if not isinstance(call_id, str):
+            continue
+        if record.get("event") in ("decision", "approval") and record.get("decision") in ("allow", "ask"):
+            open_.setdefault(call_id, record)
+        elif call_id in open_ and _ends(record):
+            del open_[call_id]
+    out = []
+    for call_id, record in open_.items():
+        fields: dict[str, Any] = {"call_id": call_id}
+        for name in ("principal", "tool", "parent", "policy_sha256"):
+            if isinstance(record.get(name), str):
+                fields[name] = record[name]
+        pending = call_id in expired or record.get("decision") == "ask"
+        data = {"why": asked if pending else why, "stream": stream, "pid": pid, "decided_seq": record.get("seq"),
+                "decision": record.get("decision")}  # fmt: skip
+        if call_id in expired:
+            data["ask"] = "expired"
+        out.append(_Pending("interrupted", {**fields, "data": data}))
+    return out
 
 
 def open_ledger(

@@ -5,6 +5,7 @@ store before it ran; the host's next stream links on), and the sequencer killed 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import subprocess
@@ -21,7 +22,9 @@ from gateway.store.ledger import verify_store
 from tests.conftest import eventually
 from tests.server.conftest import HttpGateway, policy_file, ws
 from tests.server.test_transports import call_http
+from tests.store.test_approvals import login
 from tests.store.test_fleet import fleet_token
+from tests.store.test_ledger import gateway
 
 __all__ = ["policy_file", "ws"]
 
@@ -128,8 +131,59 @@ def test_a_gateway_killed_while_its_call_runs(dsn: str, tmp_path: Path, policy_f
         _, second = (json.loads(b) for (b,) in rows)
         assert second["data"]["previous"]["stream"] == decision["stream"]
         assert second["data"]["previous"]["seq"] >= decision["seq"]
+        assert second["data"]["closed"] == [decision["stream"]]
+        (mark,) = _records(dsn, "interrupted")  # the call the kill cut short, marked by the next gateway
+        assert mark["call_id"] == decision["call_id"] and mark["stream"] == second["stream"]
+        assert mark["data"]["stream"] == decision["stream"] and "killed or it crashed" in mark["data"]["why"]
     finally:
         again.stop()
+    (tmp_path / "three").mkdir()  # a later gateway does not mark it again
+    HttpGateway(tmp_path / "three", policy_file, ws, extra=keys).stop()
+    assert len(_records(dsn, "interrupted")) == 1
     with db.Store(dsn) as store:
         checked = verify_store(store)
     assert checked.ok, checked.lines()
+
+
+def _records(dsn: str, event: str) -> list[dict[str, Any]]:
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT body FROM agw.record WHERE body::jsonb ->> 'event' = %s", (event,)).fetchall()
+    return [json.loads(b) for (b,) in rows]
+
+
+def test_the_asks_of_a_killed_gateway_are_expired_by_the_next(
+    dsn: str, tmp_path: Path, policy_file: Path, ws: Path
+) -> None:
+    keys = ("--store", dsn, "--audit-keys", str(tmp_path / "keys"), "--pending-after", "600")
+    (tmp_path / "one").mkdir()
+    (ws / "victim").write_text("kept\n")
+    server = HttpGateway(tmp_path / "one", policy_file, ws, extra=keys)
+    token, _ = fleet_token(dsn, policy_file)
+
+    def agent() -> None:
+        with contextlib.suppress(BaseException):  # the server dies under it
+            asyncio.run(call_http(server.url, token, "auto", ("run", {"command": "rm victim"})))
+
+    threading.Thread(target=agent, daemon=True).start()
+
+    def pending() -> list[tuple[str, str]]:
+        with psycopg.connect(dsn) as conn:
+            return [(str(c), str(s)) for c, s in conn.execute("SELECT call_id, state FROM agw.approval").fetchall()]
+
+    try:
+        asked = eventually(pending)
+        assert asked and asked[0][1] == "pending", server.stderr.read_text()
+    finally:
+        server.stop(signal.SIGKILL)
+    call_id = asked[0][0]
+    (tmp_path / "two").mkdir()
+    HttpGateway(tmp_path / "two", policy_file, ws, extra=keys).stop()
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute("SELECT state, reason FROM agw.approval WHERE call_id = %s", (call_id,)).fetchone()
+    assert row is not None and row[0] == "expired" and "ended while the ask was pending" in row[1]
+    (mark,) = _records(dsn, "interrupted")
+    assert mark["call_id"] == call_id and mark["data"]["ask"] == "expired"
+    assert (ws / "victim").exists()
+    alice = login(dsn, "agw_supervisor")  # an answer now runs nothing: refused
+    late = gateway("approvals", "approve", "--store", alice, call_id)
+    assert late.returncode == 2 and "was expired" in late.stderr
