@@ -58,6 +58,7 @@ from gateway.launching import unsafe_setup as unsafe_setup
 from gateway.log import log
 from gateway.policy.compile import CompiledPolicy
 from gateway.policy.loader import UnknownPrincipal
+from gateway.policy.reload import PolicyTooOld
 from gateway.policy.schema import Tool
 from gateway.recording import CURRENT, Call, Recorder, denied
 from gateway.recording import error as error
@@ -218,6 +219,8 @@ class Gateway:
         except Exception as exc:  # fail closed, and say so
             if isinstance(exc, UnknownPrincipal):  # not a bug: who called is not in (this version of) the policy
                 envelope = error(call_id, "denied", "UNKNOWN_PRINCIPAL", str(exc))
+            elif isinstance(exc, PolicyTooOld):  # the fleet's policy is older than it allows (docs/fleet.md)
+                envelope = error(call_id, "denied", "POLICY_TOO_OLD", str(exc))
             else:
                 envelope = error(call_id, "denied", "INTERNAL_ERROR", f"{type(exc).__name__}: {exc}")
             return self._failed(call, call_id, current, envelope)

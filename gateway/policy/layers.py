@@ -311,6 +311,9 @@ def _widenings(lower: _Layer, merged: _Layer, upper: _Layer, workspace: Path | N
         wider(("shells_available",), f"{extra}", f"{offered}")
     if extra := [n for n in hi.environment.allow if not any(_covers(p, n) for p in lo.environment.allow)]:
         wider(("environment", "allow"), f"{extra}", f"{lo.environment.allow}")
+    if hi.fleet.max_policy_age_seconds > lo.fleet.max_policy_age_seconds:
+        age, limit = hi.fleet.max_policy_age_seconds, lo.fleet.max_policy_age_seconds
+        wider(("fleet", "max_policy_age_seconds"), f"{age}", f"{limit}")
     if dropped := [p for p in lo.audit.redact if p not in hi.audit.redact]:
         wider(("audit", "redact"), f"dropping {dropped}", f"{lo.audit.redact}")
     for tool in Tool:

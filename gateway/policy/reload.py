@@ -38,6 +38,11 @@ def _stamp(files: tuple[Path, ...]) -> tuple[tuple[str, int, int, int, int, int]
     return tuple(out)
 
 
+class PolicyTooOld(Exception):
+    """The policy in force may no longer be used (a fleet's gateway cut off from its store past
+    the policy's `fleet.max_policy_age_seconds`): every call is refused, with this message."""
+
+
 class PolicyHolder:
     def __init__(
         self, path: Path, workspace: Path | None = None, on_event: Event | None = None, interval: float = 1.0

@@ -489,6 +489,13 @@ _SECRET_ETC = frozenset({
 })  # fmt: skip
 
 
+class FleetSettings(_Model):
+    max_policy_age_seconds: Annotated[StrictInt, Field(ge=1, le=30 * 86400)] = 3600
+    """With `--store` and `--policy-key` (docs/fleet.md): how long a gateway cut off from the
+    store goes on deciding under the last revision it took; past it, every call is refused
+    (`POLICY_TOO_OLD`) until the store answers again. 1 s to 30 days; a layer may only lower it."""
+
+
 class AuditSettings(_Model):
     redact: list[str] = []
     """Extra regular expressions for names whose values are redacted in the audit log (besides
@@ -528,6 +535,7 @@ class Policy(_Model):
     """Credentials brokered by the network proxy (docs/sandbox.md, Credentials that never enter
     the sandbox): the key is the variable commands see, holding a placeholder."""
     audit: AuditSettings = AuditSettings()
+    fleet: FleetSettings = FleetSettings()
     environment: EnvironmentSettings = EnvironmentSettings()
     shells: list[Literal["bash", "sh"]] = ["bash"]
     """Shells `run` and `session` may use: `bash`, and `sh` (bash in POSIX mode; the analyser

@@ -231,7 +231,7 @@ def main(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     tokens_file = Path(args.tokens).absolute()
     gateway = Gateway(
-        holder.current,
+        sync.guard(holder.current) if sync else holder.current,  # the fleet's: refused past its max age
         audit,
         approver,
         approval_timeout_s=args.approval_timeout,

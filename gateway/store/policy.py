@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,8 +30,10 @@ import psycopg
 from gateway.audit.keys import SigningKey, VerifyKey
 from gateway.audit.records import canonical
 from gateway.decide import example_decisions, test_cases
+from gateway.policy.compile import CompiledPolicy
 from gateway.policy.layers import layer_files
 from gateway.policy.loader import PolicyError
+from gateway.policy.reload import PolicyTooOld
 from gateway.policy.selftest import example_cases, load_checked
 from gateway.store import db
 
@@ -100,12 +103,44 @@ class PolicySync:
         self.on_reject = on_reject
         self.rev = 0
         self.rejected: set[int] = set()
+        self.confirmed = self._confirmed_on_disk()
+        """When the store last answered (wall clock): the revision on disk was the newest then."""
         self._stop = threading.Event()
 
     def entry(self) -> Path | None:
         """The policy file of the revision on disk (the last good one taken), if any."""
         found = self.directory / ".entry"
         return self.directory / found.read_text(encoding="utf-8").strip() if found.exists() else None
+
+    def _confirmed_on_disk(self) -> float:
+        """When an earlier run last heard the store (the time stamp of `.entry`), 0: never."""
+        try:
+            return (self.directory / ".entry").stat().st_mtime
+        except OSError:
+            return 0.0
+
+    def age(self) -> float:
+        """Seconds since the store last answered (since the revision on disk was known newest)."""
+        return max(0.0, time.time() - self.confirmed) if self.confirmed else float("inf")
+
+    def guard(self, current: Callable[[], CompiledPolicy]) -> Callable[[], CompiledPolicy]:
+        """`current`, refusing once the policy in force is older than its
+        `fleet.max_policy_age_seconds` allows (raises PolicyTooOld, naming the store and the age)."""
+
+        def checked() -> CompiledPolicy:
+            policy = current()
+            limit = policy.policy.fleet.max_policy_age_seconds
+            age = self.age()
+            if age > limit:
+                heard = "never" if age == float("inf") else f"{age:.0f} s ago"
+                raise PolicyTooOld(
+                    f"the store {self.store.name} last answered {heard}: the policy in force (revision "
+                    f"{self.rev or 'taken before'}) is older than its fleet.max_policy_age_seconds ({limit} s) "
+                    "allows; every call is refused until the store answers"
+                )
+            return policy
+
+        return checked
 
     def sync(self) -> bool:
         """Take the newest revision if it is new and verifies; True when files were written.
@@ -114,6 +149,16 @@ class PolicySync:
             row = conn.execute(
                 "SELECT rev, sha256, bundle, key, sig FROM agw.policy_revision ORDER BY rev DESC LIMIT 1"
             ).fetchone()
+        taken = self._take(row)
+        self._heard()
+        return taken
+
+    def _heard(self) -> None:
+        self.confirmed = time.time()
+        with contextlib.suppress(OSError):  # kept for a restart with the store away
+            os.utime(self.directory / ".entry")
+
+    def _take(self, row: Any) -> bool:
         if row is None or int(row[0]) <= self.rev or int(row[0]) in self.rejected:
             return False
         rev, sha, text, key_line, sig = int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4])
