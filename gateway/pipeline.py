@@ -113,8 +113,12 @@ class Gateway:
         approval_timeout_s: float = APPROVAL_TIMEOUT_S,
         hidden: tuple[Path, ...] = (),
         state_dir: Path | None = None,
+        admit: Callable[[], None] | None = None,
     ) -> None:
         self._policy = policy if callable(policy) else (lambda: policy)
+        self._admit = admit
+        """Asked before every call; raises PolicyTooOld when no call may be decided now (a fleet's
+        gateway cut off from its store past the policy's maximum age: store/policy.py)."""
         self.recorder = Recorder(audit)
         self.approvals = Approvals(approver or DenyAll(), approval_timeout_s, audit, self._policy)
         self.executor = executor
@@ -206,6 +210,8 @@ class Gateway:
         token = CURRENT.set(current)
         try:
             handler = families.handler(call.tool)
+            if self._admit is not None:
+                self._admit()
             with cancellation.handling(cancel), written_call_ids() as written:
                 out: dict[str, Any] = handler(self, call, call_id)
             if not current.recorded and call_id not in written:  # it ended before any record (an unknown session, say)

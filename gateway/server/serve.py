@@ -231,12 +231,13 @@ def main(args: argparse.Namespace) -> int:
         return _fail(str(exc))
     tokens_file = Path(args.tokens).absolute()
     gateway = Gateway(
-        sync.guard(holder.current) if sync else holder.current,  # the fleet's: refused past its max age
+        holder.current,
         audit,
         approver,
         approval_timeout_s=args.approval_timeout,
         hidden=(tokens_file.parent, Path(args.audit_keys)),
         state_dir=Path(args.process_dir),
+        admit=sync.admission(holder.current) if sync else None,  # the fleet's policy: refused past its max age
     )
     unsafe = [gateway.unsafe_setup(policy, p) for p in policy.grants]
     if any(unsafe):

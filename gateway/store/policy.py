@@ -123,11 +123,12 @@ class PolicySync:
         """Seconds since the store last answered (since the revision on disk was known newest)."""
         return max(0.0, time.time() - self.confirmed) if self.confirmed else float("inf")
 
-    def guard(self, current: Callable[[], CompiledPolicy]) -> Callable[[], CompiledPolicy]:
-        """`current`, refusing once the policy in force is older than its
-        `fleet.max_policy_age_seconds` allows (raises PolicyTooOld, naming the store and the age)."""
+    def admission(self, current: Callable[[], CompiledPolicy]) -> Callable[[], None]:
+        """The gateway's check before each call (`Gateway(admit=...)`): raises PolicyTooOld,
+        naming the store and the age, once the policy in force (`current()`) is older than its
+        `fleet.max_policy_age_seconds` allows. Listing tools and the like go on meanwhile."""
 
-        def checked() -> CompiledPolicy:
+        def checked() -> None:
             policy = current()
             limit = policy.policy.fleet.max_policy_age_seconds
             age = self.age()
@@ -138,7 +139,6 @@ class PolicySync:
                     f"{self.rev or 'taken before'}) is older than its fleet.max_policy_age_seconds ({limit} s) "
                     "allows; every call is refused until the store answers"
                 )
-            return policy
 
         return checked
 

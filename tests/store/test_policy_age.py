@@ -50,11 +50,6 @@ def _call(server: HttpGateway, token: str) -> dict[str, Any]:
     return found
 
 
-@pytest.mark.xfail(
-    reason="not finished: the HTTP face reads the policy outside a call (listing tools), where the refusal "
-    "surfaces as an MCP internal error rather than the POLICY_TOO_OLD envelope",
-    strict=True,
-)
 def test_past_its_max_age_the_policy_refuses_every_call_until_the_store_answers(
     own_pg: Postgres, tmp_path: Path, policy_file: Path, ws: Path
 ) -> None:
