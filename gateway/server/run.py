@@ -34,6 +34,7 @@ from gateway.log import log
 from gateway.pipeline import Gateway
 from gateway.server.app import GatewayServer
 from gateway.server.console import Console, ConsoleConfig
+from gateway.server.console.fleet import fleet_of
 from gateway.server.front import (
     ASGIApp,
     BodyCap,
@@ -201,6 +202,7 @@ def make_console(gateway: Gateway, store: TokenStore, host: str, port: int, limi
             verify_key=audit.key.public if audit.key is not None else None,
             checkpoint=audit.checkpoint,
             pins=PinStore(store_dir(gateway.state_dir)) if gateway.state_dir is not None else None,
+            fleet=fleet_of(audit, port),
         )
     )
 

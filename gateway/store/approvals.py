@@ -216,3 +216,57 @@ def answer(
     assert done is not None
     return {"call_id": call_id, "approved": done["state"] == "approved", "by": done["answered_by"],
             "reason": done["reason"] or "", "from": done["answered_from"]}  # fmt: skip
+
+
+def answer_with_secret(
+    store: db.Store,
+    secret: str,
+    host: str,
+    call_id: str,
+    approved: bool,
+    reason: str = "",
+    scope: str = "once",
+    where: str = "",
+    digest: str | None = None,
+    record: Callable[[dict[str, Any]], None] | None = None,
+) -> dict[str, Any]:
+    """Answer a pending request on behalf of the supervisor whose console `secret` this is
+    (migrations/0007: the database checks the secret, not this process; `host`: where the
+    secret is used, for a secret limited to hosts). `store` may connect as a gateway's login.
+
+    `record(row)` is called with the answer that won, inside its transaction and before it
+    commits (the console audits it there): if it raises, the answer is rolled back and nobody
+    sees it. Raises ApprovalError with the store's reason when the answer does not take, and
+    StoreUnavailable when the store fails (the answer is then not known to stand)."""
+    with store.connection() as conn:
+        if digest is None:
+            row = conn.execute("SELECT digest FROM agw.approval WHERE call_id = %s", (call_id,)).fetchone()
+            if row is None:
+                raise ApprovalError(f"no pending request {call_id}")
+            digest = str(row[0])
+        try:
+            with conn.transaction():
+                done = _row(
+                    conn.execute(
+                        f"SELECT {_COLUMNS} FROM agw.answer_with_secret(%s, %s, %s, %s, %s, %s, %s, %s)",
+                        (secret, host, call_id, approved, digest, reason, scope, where),
+                    )
+                )
+                assert done is not None
+                if record is not None:
+                    record(done)
+        except psycopg.errors.RaiseException as exc:
+            raise ApprovalError(str(exc.diag.message_primary or exc)) from None
+        except psycopg.errors.InsufficientPrivilege as exc:
+            raise ApprovalError(
+                f"{store.name}: this identity may not pass on a supervisor's answer ({exc.diag.message_primary})"
+            ) from None
+    return {"call_id": call_id, "approved": done["state"] == "approved", "by": done["answered_by"],
+            "reason": done["reason"] or "", "from": done["answered_from"], "digest": done["digest"]}  # fmt: skip
+
+
+def states(store: db.Store, call_ids: list[str]) -> dict[str, str]:
+    """The state of each of these requests (pending, approved, denied, expired, withdrawn)."""
+    with store.connection() as conn:
+        rows = conn.execute("SELECT call_id, state FROM agw.approval WHERE call_id = ANY(%s)", (call_ids,)).fetchall()
+    return {str(c): str(s) for c, s in rows}

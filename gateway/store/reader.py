@@ -183,3 +183,15 @@ def _line(row: Row) -> Line:
     where, seq, record, raw = row
     at = Position(str(where), seq)
     return Line(record, raw, at, at)
+
+
+# --- the console's reads (gateway/server/console/fleet.py) ----------------------------------------
+def bodies_holding(store: db.Store, needle: str) -> list[bytes]:
+    """Every record whose text holds `needle` (lower case: compared with the lower-cased
+    record), in the order the store received them (a call's page, the text filter)."""
+    with store.connection() as conn:
+        rows = conn.execute(
+            "SELECT body FROM agw.record WHERE strpos(lower(body), %s) > 0 ORDER BY received_at, stream, seq",
+            (needle,),
+        ).fetchall()
+    return [str(b).encode("utf-8") for (b,) in rows]

@@ -24,6 +24,11 @@ given to the gateway; if it cannot be recorded, nothing is answered (503). An an
 the race (a terminal or another console answered first) is recorded as
 `supervisor_answer_refused` with why, never as an answer (409). The gateway's own `approval`
 record then names the supervisor whose answer took (`by`).
+
+With `--store` (`ConsoleConfig.fleet`, fleet.py) the inbox is the fleet's and the timeline,
+calls, overview and verify status read the fleet's ledger: an answer is given as the supervisor
+whose secret signed in (the store checks the secret itself), and recorded in this gateway's
+stream before it commits. A store that cannot be read is answered 503, naming it.
 """
 
 from __future__ import annotations
@@ -62,8 +67,10 @@ from gateway.audit.timespec import parse as parse_time
 from gateway.policy.compile import CompiledPolicy
 from gateway.server.console import cards
 from gateway.server.console.auditview import FILTERS, AuditView, CallIndex, VerifyStatus
-from gateway.server.console.feed import END, Feed
+from gateway.server.console.feed import END, AnswerRefused, Feed, Inbox, QueueInbox
+from gateway.server.console.fleet import Fleet
 from gateway.server.console.sessions import COOKIE, Session, Sessions
+from gateway.store.db import StoreError
 from gateway.tokens import AGENT, TokenEntry, TokenStore
 from gateway.upstream.pins import PinError, PinStore
 
@@ -106,6 +113,9 @@ class ConsoleConfig:
     pins: PinStore | None = None
     """The pinned definitions of upstream tools (gateway/upstream/pins.py): drift is shown and
     accepted here (None: this server keeps none)."""
+    fleet: Fleet | None = None
+    """With `--store`: the fleet's inbox and ledger, read and answered instead of this host's
+    files (fleet.py)."""
 
 
 class Refused(Exception):
@@ -122,6 +132,8 @@ class Who:
     via: str  # "bearer" or "session"
     session: Session | None = None
     session_id: str = ""
+    secret: str = ""
+    """Their secret, known only where the inbox checks it itself (the fleet's: the store does)."""
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -144,12 +156,15 @@ class Console:
     def __init__(self, config: ConsoleConfig) -> None:
         self.config = config
         self.sessions = Sessions()
-        self.feed = Feed(config.state_dir)
-        self.view = AuditView(config.audit.directory)
-        self.calls = CallIndex(config.audit.directory)
+        fleet = config.fleet
+        self.inbox: Inbox | None = fleet.inbox if fleet else QueueInbox(config.state_dir) if config.state_dir else None
+        self.feed = Feed(self.inbox)
+        self.view = fleet.view() if fleet else AuditView(config.audit.directory)
+        self.calls = fleet.calls() if fleet else CallIndex(config.audit.directory)
         self._cards: dict[tuple[str, str, str], dict[str, Any]] = {}
         self._cards_lock = threading.Lock()
-        self.verify = VerifyStatus(config.audit.directory, lambda: config.verify_key, config.checkpoint)
+        self.verify = fleet.verify() if fleet else \
+            VerifyStatus(config.audit.directory, lambda: config.verify_key, config.checkpoint)  # fmt: skip
         self.files = {name: _static(name) for name in (*STATIC, *PAGES.values())}
         self._replaying = threading.Lock()
 
@@ -166,7 +181,10 @@ class Console:
     async def __call__(self, scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
         request = Request(scope, receive)
         try:
-            response = await self._handle(request)
+            try:
+                response = await self._handle(request)
+            except StoreError as exc:  # the fleet's store (--store) cannot be read now: named, never a guess
+                raise Refused(503, str(exc)) from None
         except Refused as exc:
             response = _error(exc.status, exc.message)
             if exc.status == 401:
@@ -227,7 +245,8 @@ class Console:
 
     def _who(self, request: Request, bearer: TokenEntry | None, changes: bool) -> Who:
         if bearer is not None:
-            return Who(bearer.principal, bearer.id, "bearer")
+            secret = self._secret(request) if self.inbox is not None and self.inbox.needs_secret else ""
+            return Who(bearer.principal, bearer.id, "bearer", secret=secret)
         session_id = request.cookies.get(COOKIE)
         session = self.sessions.get(session_id) if session_id else None
         if session is None or session_id is None:
@@ -248,7 +267,11 @@ class Console:
             raise Refused(403, "X-CSRF-Token: not this session's")
         if changes:
             self._same_origin(request)
-        return Who(session.supervisor, session.token_id, "session", session, session_id)
+        return Who(session.supervisor, session.token_id, "session", session, session_id, session.secret)
+
+    @staticmethod
+    def _secret(request: Request) -> str:
+        return request.headers.get("authorization", "").partition(" ")[2].strip()
 
     def _same_origin(self, request: Request) -> None:
         origin = request.headers.get("origin")
@@ -264,7 +287,10 @@ class Console:
         if entry is None:
             page = self.files["login.html"].replace(b'<p id="failed" hidden>', b'<p id="failed">')
             return Response(page, status_code=401, media_type="text/html; charset=utf-8")
-        session_id, session = self.sessions.open(entry.principal, entry.id)
+        # the fleet's inbox checks the secret itself with every answer: the session keeps it (in
+        # this server's memory only, as the session itself); this host's queue never needs it
+        kept = secret if self.inbox is not None and self.inbox.needs_secret else ""
+        session_id, session = self.sessions.open(entry.principal, entry.id, kept)
         try:
             await run_in_threadpool(self.config.audit.append, "console_login", data={"supervisor": entry.principal,
                                     "token": entry.id})  # fmt: skip
@@ -336,6 +362,9 @@ class Console:
         recorded calls (gateway/replay.py). Nothing runs and no approval is asked; the
         request is audited (`console_replay`) with the supervisor's name and the draft's digest.
         One replay at a time: a second one meanwhile gets 429."""
+        if self.config.fleet is not None:
+            raise Refused(409, "replay in the console reads this host's files, and a --store gateway records in the "
+                               "fleet's ledger: replay over it is not built yet (docs/fleet.md)")  # fmt: skip
         body = await self._json_body(request)
         draft = self._draft(body)
         since, until, rows = body.get("since"), body.get("until"), body.get("max_rows", 200)
@@ -424,15 +453,17 @@ class Console:
         return data.decode("utf-8", "replace")
 
     def approvals(self) -> dict[str, Any]:
-        if self.config.state_dir is None:
+        if self.inbox is None:
             return {"approvals": [], "note": "this server's asks are not answered through the approvals queue"}
         policy = self.config.policy()
         now = time.time()
         shown = []
-        pending = approval_queue.pending(self.config.state_dir)
+        pending = self.inbox.pending()
         with self._cards_lock:
             for r in pending:
                 row = _pending(r, policy, now)
+                if r.get("host"):  # the fleet's: which gateway asks
+                    row["host"] = escaped(str(r["host"]))
                 key = (r["call_id"], str(r.get("digest")), policy.sha256)
                 made = self._cards.get(key)
                 if made is None or not made["recorded"]:  # made once per call: it analyses the command
@@ -457,27 +488,35 @@ class Console:
             raise Refused(400, f"reason: expected a string of at most {MAX_REASON} characters")
         if scope not in approval_queue.SCOPES or (scope == "session" and not approved):
             raise Refused(400, "scope: expected 'once' or, to approve, 'session'")
-        if self.config.state_dir is None:
+        shown = body.get("digest")
+        if shown is not None and (not isinstance(shown, str) or not 0 < len(shown) <= 128):
+            raise Refused(400, "digest: expected the digest of the request shown (from GET approvals)")
+        inbox = self.inbox
+        if inbox is None:
             raise Refused(409, "this server's asks are not answered through the approvals queue")
-        state_dir = self.config.state_dir
-        pending = {r["call_id"]: r for r in await run_in_threadpool(approval_queue.pending, state_dir)}
+        pending = {r["call_id"]: r for r in await run_in_threadpool(inbox.pending)}
         if not CALL_ID.fullmatch(call_id) or call_id not in pending:  # never a path from the URL
             raise Refused(404, f"no pending request {escaped(call_id)!r} (answered, withdrawn or expired?)")
         record = {"supervisor": who.supervisor, "token": who.token_id, "via": who.via,
                   "approved": approved, "scope": scope, **({"reason": reason} if reason else {})}  # fmt: skip
         req = pending[call_id]
         about = {"call_id": call_id, "principal": req.get("principal"), "tool": req.get("tool")}
+        if req.get("host"):  # the fleet's: the gateway that asked
+            record["host"] = req["host"]
 
         def recorded(given: dict[str, Any]) -> None:
             # called by the queue only for the answer that won the claim, before it is given
             self.config.audit.append("supervisor_answer", **about, data={**record, "digest": given.get("digest")})
 
         try:
-            done = await run_in_threadpool(lambda: approval_queue.answer(
-                state_dir, call_id, approved, who.supervisor, reason, scope, record=recorded))  # fmt: skip
+            done = await run_in_threadpool(lambda: inbox.answer(
+                who.supervisor, who.secret, call_id, approved, reason, scope, shown, recorded))  # fmt: skip
         except AuditUnavailable as exc:
             raise Refused(503, f"the answer could not be recorded, so it was not given: {exc}") from None
-        except approval_queue.QueueError as exc:
+        except StoreError as exc:  # the fleet's: the store failed on the way (its commit unconfirmed)
+            raise Refused(503, f"the store did not confirm the answer ({exc}): see gateway approvals show "
+                               f"--store ... {call_id}") from None  # fmt: skip
+        except AnswerRefused as exc:
             # another answer took (a terminal's, another console's) or the request went: this
             # attempt is recorded as one that did not take, never as an answer
             lost = {**record, "why": str(exc)}

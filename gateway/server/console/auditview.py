@@ -90,8 +90,11 @@ class AuditView:
         )  # fmt: skip
         out: list[dict[str, Any]] = []
         matched = 0
-        for r in reversed(self.records()):
-            if before_seq is not None and not (isinstance(r.get("seq"), int) and r["seq"] < before_seq):
+        records = self.records()
+        for at in range(len(records) - 1, -1, -1):
+            r = records[at]
+            where = self.position(at, r)
+            if before_seq is not None and not (where is not None and where < before_seq):
                 continue
             if not chosen.matches(r):
                 continue
@@ -99,6 +102,11 @@ class AuditView:
             if len(out) < limit:
                 out.append(r)
         return {"records": out, "matched": matched, "truncated": matched > len(out)}
+
+    def position(self, at: int, record: dict[str, Any]) -> int | None:
+        """Where a record stands for paging (`before_seq`): its seq in the one chain of a file log."""
+        seq = record.get("seq")
+        return seq if isinstance(seq, int) else None
 
 
 MAX_ASKS = 1000
@@ -234,7 +242,8 @@ class CallIndex:
         out: list[Call] = []
         matched = 0
         for call in reversed(everything):
-            if before_seq is not None and not (call.first_seq is not None and call.first_seq < before_seq):
+            where = self.position(call)
+            if before_seq is not None and not (where is not None and where < before_seq):
                 continue
             if texts is not None and call.call_id not in texts and call.parent not in texts:
                 continue
@@ -243,7 +252,13 @@ class CallIndex:
             matched += 1
             if len(out) < limit:
                 out.append(call)
-        return {"calls": out, "matched": matched, "truncated": matched > len(out), "dropped": self.dropped}
+        return {"calls": out, "matched": matched, "truncated": matched > len(out), "dropped": self.dropped,
+                "next_before": self.position(out[-1]) if out else None}  # fmt: skip
+
+    def position(self, call: Call) -> int | None:
+        """Where a call stands for paging (`before_seq`): the seq of its first record in the one
+        chain of a file log."""
+        return call.first_seq
 
     def all_calls(self) -> list[Call]:
         self.refresh()
@@ -281,10 +296,13 @@ class CallIndex:
                 if r is not None and isinstance(r.get("call_id"), str):
                     found.add(r["call_id"])
             return found
-        for r in _all_records(self.directory):  # text JSON writes escaped, or not ASCII: look in the values
+        for r in self.every_record():  # text JSON writes escaped, or not ASCII: look in the values
             if isinstance(r.get("call_id"), str) and any(chosen.text in v.lower() for v in strings_of(r)):
                 found.add(r["call_id"])
         return found
+
+    def every_record(self) -> Iterator[dict[str, Any]]:
+        return _all_records(self.directory)
 
     def call(self, call_id: str) -> dict[str, Any] | None:
         """Everything recorded about one call, in order: its row, its story, its decision,
@@ -358,15 +376,18 @@ class VerifyStatus:
 
     def _run(self) -> None:
         try:
-            result = self._check()
-            shown = {**result.to_json(), "state": "ok" if result.ok else "broken", "describe": result.describe(),
-                     "checked_at": datetime.now(UTC).isoformat(timespec="seconds")}  # fmt: skip
+            shown = {**self.checked(), "checked_at": datetime.now(UTC).isoformat(timespec="seconds")}
         except Exception as exc:  # a check that cannot run is not a pass
             shown = {"state": "broken", "ok": False, "problem": f"the check could not run: {exc}",
                      "describe": f"the check could not run: {exc}"}  # fmt: skip
         with self._lock:
             self.runs += 1
             self._result, self._checked, self._running = shown, time.monotonic(), False
+
+    def checked(self) -> dict[str, Any]:
+        """One whole check, as the page shows it (`state`, `ok`, `describe` and the details)."""
+        result = self._check()
+        return {**result.to_json(), "state": "ok" if result.ok else "broken", "describe": result.describe()}
 
     def _check(self) -> Verification:
         key = self.key()

@@ -1,8 +1,9 @@
-"""The approvals queue, watched for the console's live inbox.
+"""The approvals inbox, watched for the console's live inbox.
 
-One thread per server looks at the queue directory every `interval_s` (the queue is a
-directory of files that the gateway and `gateway approvals` both write, so looking is the one
-way to see every change, whoever made it) and tells each subscriber what changed:
+The inbox is this host's approvals queue (`QueueInbox`: a directory of files that the gateway
+and `gateway approvals` both write), or with `--store` the fleet's (fleet.py: rows every
+gateway writes). One thread per server looks at it every `interval_s` (looking is the one way
+to see every change, whoever made it) and tells each subscriber what changed:
 
 - `added`: a call started waiting;
 - `answered`: a supervisor answered it (here or from a terminal);
@@ -21,9 +22,10 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from gateway import approval_queue
 from gateway.log import log
@@ -33,6 +35,65 @@ END = {"kind": "end"}
 """Put on a subscriber's queue when it is dropped or the server stops: its stream ends."""
 
 
+class Inbox(Protocol):
+    """Where the console's asks wait and are answered."""
+
+    interval_s: float
+    """How often the feed looks at it."""
+
+    def pending(self) -> list[dict[str, Any]]:
+        """The requests waiting, as `gateway approvals show` prints them (`call_id`, `digest`,
+        `expires`, the call's fields)."""
+        ...
+
+    def answered(self, call_ids: list[str]) -> set[str]:
+        """Which of these requests, pending no more, were answered (the others were withdrawn)."""
+        ...
+
+    def answer(
+        self, supervisor: str, secret: str, call_id: str, approved: bool, reason: str, scope: str,
+        digest: str | None, record: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:  # fmt: skip
+        """Answer as the supervisor `secret` belongs to (`supervisor`: their name); `digest`: the
+        request they were shown, if known. `record(request)` audits the answer that won before
+        it is given (if it raises, nothing is answered). Returns `{approved, by}`; raises
+        AnswerRefused when the answer did not take (another won, it went, it expired)."""
+        ...
+
+    needs_secret: bool
+    """The inbox checks the supervisor's secret itself (the sessions must then keep it)."""
+
+
+class AnswerRefused(Exception):
+    """An answer that did not take; the message says why."""
+
+
+class QueueInbox:
+    """This host's approvals queue (gateway/approval_queue.py)."""
+
+    interval_s = 0.25
+    needs_secret = False
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = state_dir
+
+    def pending(self) -> list[dict[str, Any]]:
+        return approval_queue.pending(self.state_dir)
+
+    def answered(self, call_ids: list[str]) -> set[str]:
+        return {c for c in call_ids
+                if any((self.state_dir / f"{c}{s}").exists() for s in (".answer.json", ".answer.used"))}  # fmt: skip
+
+    def answer(
+        self, supervisor: str, secret: str, call_id: str, approved: bool, reason: str, scope: str,
+        digest: str | None, record: Callable[[dict[str, Any]], None],
+    ) -> dict[str, Any]:  # fmt: skip
+        try:
+            return approval_queue.answer(self.state_dir, call_id, approved, supervisor, reason, scope, record=record)
+        except approval_queue.QueueError as exc:
+            raise AnswerRefused(str(exc)) from None
+
+
 @dataclass
 class _Subscriber:
     loop: asyncio.AbstractEventLoop
@@ -40,9 +101,9 @@ class _Subscriber:
 
 
 class Feed:
-    def __init__(self, state_dir: Path | None, interval_s: float = 0.25) -> None:
-        self.state_dir = state_dir
-        self.interval_s = interval_s
+    def __init__(self, inbox: Inbox | None) -> None:
+        self.inbox = inbox
+        self.interval_s = inbox.interval_s if inbox is not None else 1.0
         self._lock = threading.Lock()
         self._subscribers: list[_Subscriber] = []
         self._known: dict[str, dict[str, Any]] = {}
@@ -50,9 +111,10 @@ class Feed:
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
-        if self.state_dir is None or self._thread is not None:
+        if self.inbox is None or self._thread is not None:
             return
-        self._known = {r["call_id"]: r for r in approval_queue.pending(self.state_dir)}
+        with contextlib.suppress(Exception):  # not readable now: the watch says so, and tries again
+            self._known = {r["call_id"]: r for r in self.inbox.pending()}
         self._thread = threading.Thread(target=self._watch, name="console-feed", daemon=True)
         self._thread.start()
 
@@ -101,20 +163,21 @@ class Feed:
             sub.loop.call_soon_threadsafe(deliver)
 
     def _watch(self) -> None:
-        assert self.state_dir is not None
+        assert self.inbox is not None
         while not self._stop.wait(self.interval_s):
             try:
-                self._look(self.state_dir)
+                self._look(self.inbox)
             except Exception as exc:  # looked at again next time
                 log.warning("console_feed_failed", error=f"{type(exc).__name__}: {exc}")
 
-    def _look(self, state_dir: Path) -> None:
-        now = {r["call_id"]: r for r in approval_queue.pending(state_dir)}
+    def _look(self, inbox: Inbox) -> None:
+        now = {r["call_id"]: r for r in inbox.pending()}
         for call_id in now.keys() - self._known.keys():
             self.publish({"kind": "added", "call_id": call_id})
-        for call_id in self._known.keys() - now.keys():
-            answered = any((state_dir / f"{call_id}{s}").exists() for s in (".answer.json", ".answer.used"))
-            if answered:
+        gone = sorted(self._known.keys() - now.keys())
+        answered = inbox.answered(gone) if gone else set()
+        for call_id in gone:
+            if call_id in answered:
                 self.publish({"kind": "answered", "call_id": call_id})
             else:
                 expired = float(self._known[call_id].get("expires", 0)) <= time.time()

@@ -37,6 +37,9 @@ class Session:
     csrf: str
     created: float
     last: float
+    secret: str = ""
+    """The secret itself, kept (in memory) only for an inbox that checks it with each answer
+    (the fleet's: the store checks it, not this server); empty otherwise."""
 
 
 def _key(session_id: str) -> str:
@@ -51,11 +54,11 @@ class Sessions:
         self._lock = threading.Lock()
         self._by_key: dict[str, Session] = {}  # insertion order refreshed on use: least recent first
 
-    def open(self, supervisor: str, token_id: str) -> tuple[str, Session]:
+    def open(self, supervisor: str, token_id: str, secret: str = "") -> tuple[str, Session]:
         """A new session; returns (the cookie's value, the session). Only its digest is kept."""
         session_id = secrets.token_urlsafe(32)
         now = time.monotonic()
-        session = Session(supervisor, token_id, secrets.token_urlsafe(32), now, now)
+        session = Session(supervisor, token_id, secrets.token_urlsafe(32), now, now, secret)
         with self._lock:
             self._expire(now)
             while len(self._by_key) >= self.max_sessions:

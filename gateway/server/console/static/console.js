@@ -148,7 +148,8 @@ function card(item, index) {
   const answer = (verb, body) => async () => {
     status.textContent = "";
     try {
-      await api("approvals/" + encodeURIComponent(item.call_id) + "/" + verb, { method: "POST", body: JSON.stringify(body()) });
+      // the digest shown: an answer binds to this exact request (the fleet's store checks it)
+      await api("approvals/" + encodeURIComponent(item.call_id) + "/" + verb, { method: "POST", body: JSON.stringify({ ...body(), digest: item.digest }) });
       await loadApprovals();
     } catch (err) {
       status.textContent = String(err.message || err);
@@ -166,7 +167,7 @@ function card(item, index) {
     el("button", { class: "deny", type: "button", text: "Deny", title: "d", onclick: deny }),
     status);
   const li = el("li", { class: "approval" + (index === selected ? " selected" : ""), "data-call-id": item.call_id, tabIndex: -1 },
-    el("div", { class: "head" }, el("span", { class: "who", text: item.principal + " · " + item.tool }), left,
+    el("div", { class: "head" }, el("span", { class: "who", text: item.principal + " · " + item.tool + (item.host ? " · on " + item.host : "") }), left,
       el("a", { class: "call-id", href: "#call/" + encodeURIComponent(item.call_id), text: "call " + item.call_id })),
     el("pre", { class: "command", text: item.command }),
     will, rules,
@@ -390,7 +391,7 @@ async function loadCalls(more) {
   const rows = body.calls.map(callRow);
   if (more) byId("timeline").tBodies[0].append(...rows);
   else byId("timeline").tBodies[0].replaceChildren(...rows);
-  if (body.calls.length) oldest = body.calls[body.calls.length - 1].first_seq;
+  if (body.calls.length) oldest = body.next_before ?? body.calls[body.calls.length - 1].first_seq;
   byId("matched").textContent = more ? "" : body.matched + " calls match" + (body.truncated ? ", newest " + body.calls.length + " shown" : "")
     + (body.dropped ? " (the console keeps the newest calls only: " + body.dropped + " older ones are read by gateway audit calls)" : "");
   byId("more").hidden = !body.truncated;
