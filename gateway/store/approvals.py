@@ -12,6 +12,10 @@ Exactly one answer wins: `agw.answer()` updates only a pending, unexpired row wh
 the one the supervisor was shown. A gateway that gives up (timeout, its caller went away) settles
 its request as expired or withdrawn through `agw.settle()`, in the same race: whichever commits
 first stands, and an answer that won is honoured.
+
+A gateway's web console answers on a supervisor's behalf with their console secret
+(`answer_with_secret`, `agw.answer_with_secret()` in migrations/0006): the database checks the
+secret, and records its supervisor as who answered.
 """
 
 from __future__ import annotations

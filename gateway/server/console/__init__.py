@@ -10,6 +10,8 @@ the contract).
 - `auditview.py`: the log read for the timeline of records (each file re-read only when it
   changed), the calls folded for the timeline of calls, a call's page and the overview (only
   what was appended is read), and the chain's verify status, refreshed in the background.
+- `fleet.py`: with `--store`, the fleet's inbox (answered with the supervisor's secret, which the
+  store checks) and the fleet's ledger for the timeline, calls, overview and verify status.
 - `cards.py`: what the pages show, shaped and escaped: an approval's card (what the call runs,
   reads and writes, grouped; the rules, why, the risk), a call's row and story, the overview.
 - `static/`: the page, its script and style (no inline script: the CSP forbids it).

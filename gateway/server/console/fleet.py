@@ -10,8 +10,8 @@
   inside the answer's transaction, before it commits: an answer that cannot be recorded is
   rolled back, and nobody ever sees it.
 - `FleetAuditView`, `FleetCallIndex`: the timeline of records and of calls, a call's page and the
-  overview over every stream of the store (gateway/store/reader.py), each look reading only
-  the records past each stream's last seq folded. Records are paged by their place in the
+  overview over every stream of the store (gateway/store/reader.py's Follower), each look
+  reading only the records past each stream's last seq folded. Records are paged by their place in the
   order read (a seq is per stream in the store, not one count for the fleet).
 - `FleetVerifyStatus`: `gateway audit verify --store`'s check (gateway/store/ledger.py) in the
   background, as for the files. No key is pinned here (the console holds only its own host's
@@ -88,14 +88,16 @@ class _Reader:
         self.follower = reader.Follower(store)
         self.started = False
 
-    def new(self) -> Iterator[bytes]:
-        if not self.started:
-            rows: Iterator[reader.Row] | list[reader.Row] = self.follower.start()
-            self.started = True
-        else:
-            rows = self.follower.read()
-        for _, _, _, raw in rows:
-            yield raw
+    def new(self) -> list[bytes]:
+        if self.started:
+            return [raw for _, _, _, raw in self.follower.read()]
+        try:  # read whole before it counts as read: a first read cut short starts over
+            rows = [raw for _, _, _, raw in self.follower.start()]
+        except BaseException:
+            self.follower = reader.Follower(self.follower.store)
+            raise
+        self.started = True
+        return rows
 
 
 class FleetAuditView(AuditView):
