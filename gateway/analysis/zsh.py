@@ -34,7 +34,9 @@ after the loop starts.
 
 from __future__ import annotations
 
+import itertools
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from gateway.analysis import shfmt
@@ -60,7 +62,23 @@ REFUSED_COMMANDS: dict[str, str] = {
     "zle": "zle is zsh's line editor",
     "bindkey": "bindkey is zsh's line editor",
     "vared": "vared edits a parameter by name",
-    "compctl": "compctl is zsh's completion",
+    **{
+        name: f"{name} is zsh's completion"
+        for name in (
+            "compctl",
+            "compadd",
+            "comparguments",
+            "compcall",
+            "compdescribe",
+            "compfiles",
+            "compgroups",
+            "compquote",
+            "compset",
+            "comptags",
+            "comptry",
+            "compvalues",
+        )
+    },
     "noglob": "noglob turns filename generation off for its command: zsh passes the patterns themselves",
     "nocorrect": "nocorrect is zsh's precommand modifier",
     "-": "`-` is zsh's precommand modifier (the command's argv[0] begins with -)",
@@ -203,7 +221,10 @@ def refusal(text: str, path: str | None = None) -> str | None:
         if differs is not None:
             start, end = differs
             shown = text[start:end] if 0 <= start < end <= len(text) else text
-            raise Refused(f"zsh reads `{_short(shown)}` otherwise than bash does, and the gateway decides lines as bash reads them")
+            raise Refused(
+                f"zsh reads `{_short(shown)}` otherwise than bash does, and the gateway decides lines as bash "
+                "reads them"
+            )
         _Checker(text).visit(zsh["tree"])
     except Refused as exc:
         return str(exc)
@@ -289,7 +310,9 @@ def _unquoted_chars(raw: str) -> list[tuple[str, bool]]:
     return out
 
 
-READABLE = frozenset({"ZSH_VERSION", "ZSH_PATCHLEVEL", "ZSH_NAME", "ZSH_SUBSHELL", "status", "pipestatus", "argv", "ARGC"})
+READABLE = frozenset(
+    {"ZSH_VERSION", "ZSH_PATCHLEVEL", "ZSH_NAME", "ZSH_SUBSHELL", "status", "pipestatus", "argv", "ARGC"}
+)
 """zsh's own names a line may read (not set): its version, the last statuses, the arguments."""
 
 
@@ -338,7 +361,10 @@ class _Checker:
             if loop.get("Type") == "WordIter":
                 self.refuse(_name_refusal(str((loop.get("Name") or {}).get("Value", "")), "a for loop over"))
         elif kind == "ExtGlob":
-            raise Refused(f"`{_short(self.src(node))}`: zsh reads `(...)` after a glob as glob qualifiers (which run code) or a group, bash as an extended glob")
+            raise Refused(
+                f"`{_short(self.src(node))}`: zsh reads `(...)` after a glob as glob qualifiers (which run "
+                "code) or a group, bash as an extended glob"
+            )
         elif kind == "CoprocClause":
             raise Refused(REFUSED_COMMANDS["coproc"])
         elif kind == "ParamExp":
@@ -351,11 +377,17 @@ class _Checker:
             self.word(node)
         elif kind == "DblQuoted":
             self.modifiers(node.get("Parts") or [])
+        if isinstance(node.get("N"), dict) and "Op" in node:  # a redirection: {NAME}> sets NAME
+            number = str(node["N"].get("Value", ""))
+            self.refuse(_name_refusal(number.strip("{}"), "a descriptor kept in") if number.startswith("{") else None)
         if "Stmts" in node or kind == "File":
             for stmt in node.get("Stmts") or []:
                 if stmt.get("Cmd") is None and stmt.get("Redirs"):
-                    raise Refused(f"`{_short(self.src(stmt))}`: a redirection with no command runs $NULLCMD or $READNULLCMD in zsh")
-        for key, value in node.items():
+                    raise Refused(
+                        f"`{_short(self.src(stmt))}`: a redirection with no command runs $NULLCMD or "
+                        "$READNULLCMD in zsh"
+                    )
+        for value in node.values():
             if isinstance(value, dict | list) and not _is_position(value):
                 self.visit(value, arith)
 
@@ -380,16 +412,24 @@ class _Checker:
                 continue
             nxt = chars[i + 1][0] if i + 1 < len(chars) else ""
             if c == "=" and nxt and nxt not in " ,}":
-                raise Refused(f"`{_short(self.src(word))}`: zsh reads a word beginning with = as the path of that command (=cmd)")
+                raise Refused(
+                    f"`{_short(self.src(word))}`: zsh reads a word beginning with = as the path of that command (=cmd)"
+                )
             if c == "~" and nxt and nxt not in "/,}":
-                raise Refused(f"`{_short(self.src(word))}`: zsh reads ~NAME as a named directory (any parameter holding a path), bash as a user's home")
+                raise Refused(
+                    f"`{_short(self.src(word))}`: zsh reads ~NAME as a named directory (any parameter holding "
+                    "a path), bash as a user's home"
+                )
 
     def modifiers(self, parts: list[Any]) -> None:
-        for here, after in zip(parts, parts[1:], strict=False):
-            if here.get("Type") == "ParamExp" and here.get("Short") and after.get("Type") == "Lit":
-                if MODIFIER.match(str(after.get("Value", ""))):
-                    shown = self.src(here) + str(after.get("Value", ""))[:8]
-                    raise Refused(f"`{_short(shown)}`: zsh reads what follows an unbraced parameter as a modifier or subscript (write ${{...}})")
+        for here, after in itertools.pairwise(parts):
+            short = here.get("Type") == "ParamExp" and here.get("Short") and after.get("Type") == "Lit"
+            if short and MODIFIER.match(str(after.get("Value", ""))):
+                shown = self.src(here) + str(after.get("Value", ""))[:8]
+                raise Refused(
+                    f"`{_short(shown)}`: zsh reads what follows an unbraced parameter as a modifier or "
+                    "subscript (write ${...})"
+                )
 
     def assignment(self, assign: dict[str, Any], how: str) -> None:
         name = (assign.get("Name") or {}).get("Value")
@@ -407,7 +447,9 @@ class _Checker:
                 continue
             nxt = chars[i + 1][0] if i + 1 < len(chars) else ""
             if (c == "=" and nxt) or (c == "~" and nxt and nxt not in "/:"):
-                raise Refused(f"`{_short(self.src(assign))}`: zsh expands {c} in an assignment's value otherwise than bash")
+                raise Refused(
+                    f"`{_short(self.src(assign))}`: zsh expands {c} in an assignment's value otherwise than bash"
+                )
 
     def call(self, node: dict[str, Any]) -> None:
         for assign in node.get("Assigns") or []:
@@ -435,7 +477,10 @@ class _Checker:
         elif name == "cd":
             operands = [v for v in rest if v is None or not v.startswith("-") or v == "-"]
             if len(operands) > 1 or any(v is not None and re.fullmatch(r"[+-]\d+", v) for v in operands):
-                raise Refused("`cd` with two operands (zsh replaces the first in $PWD by the second) or +N/-N (zsh's directory stack)")
+                raise Refused(
+                    "`cd` with two operands (zsh replaces the first in $PWD by the second) or +N/-N (zsh's "
+                    "directory stack)"
+                )
         if name in NAME_TAKERS:
             if name in ("typeset", "declare", "local", "export", "readonly", "unset"):
                 self.decl_options(name, rest)
@@ -458,14 +503,17 @@ class _Checker:
                 self.assignment(arg, f"`{variant}` of")
         self.decl_options(variant, options)
 
-    def decl_options(self, name: str, words: list[str | None]) -> None:
+    def decl_options(self, name: str, words: Sequence[str | None]) -> None:
         for value in words:
             if value is None or value == "--":
                 if value == "--":
                     return
                 continue
             if value.startswith(("-", "+")) and not DECL_OPTIONS.match(value):
-                raise Refused(f"`{name} {value}`: zsh's options of {name} differ from bash's (-T ties, -m matches names, -f, -h, -H)")
+                raise Refused(
+                    f"`{name} {value}`: zsh's options of {name} differ from bash's (-T ties, -m matches names, "
+                    "-f, -h, -H)"
+                )
 
     def set_options(self, words: list[str | None]) -> None:
         i = 0
@@ -475,9 +523,15 @@ class _Checker:
                 return
             if value in ("-o", "+o"):
                 if i + 1 >= len(words) or words[i + 1] not in SET_NAMES:
-                    raise Refused(f"`set {value} {words[i + 1] if i + 1 < len(words) else ''}`: zsh's option names change how later lines read (only {', '.join(sorted(SET_NAMES))} read alike)")
+                    raise Refused(
+                        f"`set {value} {words[i + 1] if i + 1 < len(words) else ''}`: zsh's option names change "
+                        f"how later lines read (only {', '.join(sorted(SET_NAMES))} read alike)"
+                    )
                 i += 2
                 continue
             if not SET_LETTERS.match(value):
-                raise Refused(f"`set {value}`: zsh reads set's option letters otherwise than bash (-A sets an array, -F turns globbing off...)")
+                raise Refused(
+                    f"`set {value}`: zsh reads set's option letters otherwise than bash (-A sets an array, -F "
+                    "turns globbing off...)"
+                )
             i += 1

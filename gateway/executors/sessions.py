@@ -110,7 +110,6 @@ done
 """
 
 
-
 ZSH_OPTIONS = (
     "NO_EQUALS", "NO_BARE_GLOB_QUAL", "NO_EXTENDED_GLOB", "NO_KSH_GLOB", "NO_GLOB_SUBST", "NO_MAGIC_EQUAL_SUBST",
     "NO_RC_EXPAND_PARAM", "NO_ALIASES", "SH_NULLCMD", "SH_WORD_SPLIT", "NO_MULTIOS", "NO_SHORT_LOOPS",
@@ -169,6 +168,7 @@ def zsh_boot_command(control_fd: int) -> str:
     """The zsh loop shell's `-c` text for a control pipe the shell inherits as `control_fd`."""
     move = "" if control_fd == LOOP_FD else f"exec {LOOP_FD}<&{control_fd}; __gw_fd={control_fd}; exec {{__gw_fd}}<&-; "
     return _ZSH_BOOT.format(move=move, fd=LOOP_FD)
+
 
 _PYTHON_SETUP = "import sys; sys.ps1 = {prompt!r} + '\\x1eGW{nonce}:0\\x1e'; sys.ps2 = '... '; del sys"
 """A Python session's REPL: the prompt it prints before reading each statement (`>>> `), then the
