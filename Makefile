@@ -44,6 +44,9 @@ test: lint $(CLIENTS_STAMP)
 	@# tests/programs/test_strace.py checks each program model against the real program under strace
 	@command -v strace >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq strace >/dev/null; } || echo "no strace: the program models go unchecked (apt-get install strace)"
+	@# seed 003's zsh shell runs a real zsh in the sandbox (tests/server/test_profile_terminal_zsh.py)
+	@command -v zsh >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
+		&& apt-get update -qq && apt-get install -y -qq zsh >/dev/null; } || echo "no zsh: a zsh shell cannot start (apt-get install zsh)"
 	@command -v rg >/dev/null || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null \
 		&& apt-get update -qq && apt-get install -y -qq ripgrep >/dev/null; } || echo "no ripgrep: rg's model goes unchecked (apt-get install ripgrep)"
 	@# tests/sandbox/test_egress.py installs a wheel with the system's pip inside the sandbox, through the proxy

@@ -124,8 +124,9 @@ class SessionCall(_Call):
     """start, resize: terminal rows (PTY only)."""
     cols: int = Field(default=80, ge=10, le=1000)
     """start, resize: terminal columns (PTY only)."""
-    shell_type: Literal["bash", "sh", "python"] = "bash"
-    """start: `bash`, or `sh` (bash in POSIX mode) where the policy's `shells` allows it; or `python`,
+    shell_type: Literal["bash", "sh", "zsh", "python"] = "bash"
+    """start: `bash`, or `sh` (bash in POSIX mode) or `zsh` where the policy's `shells` allows it
+    (a zsh line runs only where zsh reads it as bash does: gateway/analysis/zsh.py); or `python`,
     a Python REPL (PTY only) where the policy's rules allow `python3` with no arguments: its lines
     are recorded in full, not decided one by one (the sandbox is their boundary)."""
     prompt: str | None = Field(default=None, max_length=200)

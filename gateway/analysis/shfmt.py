@@ -90,9 +90,9 @@ def _installed() -> str | None:
 # -- running shfmt ----------------------------------------------------------------------------------
 
 
-def run(text: str, path: str | None = None, wall_seconds: float | None = None) -> dict[str, Any]:
-    """shfmt's tree for `text`: {"status": "ok", "tree": ...} or a failure status with an error.
-    Never raises."""
+def run(text: str, path: str | None = None, wall_seconds: float | None = None, lang: str = "bash") -> dict[str, Any]:
+    """shfmt's tree for `text` read as `lang` (bash, or zsh: gateway/analysis/zsh.py): {"status":
+    "ok", "tree": ...} or a failure status with an error. Never raises."""
     wall_seconds = WALL_SECONDS if wall_seconds is None else wall_seconds
     data = text.encode("utf-8")
     if len(data) > MAX_SHFMT_BYTES:
@@ -105,7 +105,7 @@ def run(text: str, path: str | None = None, wall_seconds: float | None = None) -
         return {"status": "failed", "error": "shfmt is not installed (the shfmt-py package)"}
     try:
         proc = subprocess.Popen(
-            [path, "-ln", "bash", "--to-json"],
+            [path, "-ln", lang, "--to-json"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

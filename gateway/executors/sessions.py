@@ -61,7 +61,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gateway import fdwait, sandbox
 from gateway.executors.shell import sandbox_pipe, scrubbed_env
@@ -108,6 +108,66 @@ while :; do
   builtin printf '%s\036GW{nonce}:%d\036' "$__gw_prompt" "$__gw_status"
 done
 """
+
+
+ZSH_OPTIONS = (
+    "NO_EQUALS", "NO_BARE_GLOB_QUAL", "NO_EXTENDED_GLOB", "NO_KSH_GLOB", "NO_GLOB_SUBST", "NO_MAGIC_EQUAL_SUBST",
+    "NO_RC_EXPAND_PARAM", "NO_ALIASES", "SH_NULLCMD", "SH_WORD_SPLIT", "NO_MULTIOS", "NO_SHORT_LOOPS",
+    "NO_AUTO_CD", "NO_CDABLE_VARS", "NO_AUTO_NAME_DIRS", "NO_AUTO_PUSHD", "NO_PROMPT_SUBST", "NO_RC_QUOTES",
+    "NO_IGNORE_BRACES", "NO_BRACE_CCL", "NO_POSIX_BUILTINS", "NO_CORRECT", "NO_CORRECT_ALL", "NO_HASH_DIRS",
+)  # fmt: skip
+"""The options a zsh session's loop sets before the first command (docs/tools.md): what zsh would
+read otherwise than bash in a line the gate let through. `=cmd` and glob qualifiers (`*(e:...:)`
+runs code) are off, aliases are never expanded, a redirection alone runs `:` (not $NULLCMD's
+`cat` or $READNULLCMD's pager), unquoted expansions split as bash splits them, and a redirection
+names one file. The lines that could change them back (`setopt`, `emulate`, `set -o`,
+`options[...]`) are refused by gateway/analysis/zsh.py."""
+
+# A zsh session's loop: the bash loop's protocol (records on LOOP_FD, the nonce'd markers, the cwd
+# per command, the EXIT trap for `exit N`), written for zsh. It sets its options, loads zsh/regex
+# (`[[ =~ ]]`), then empties `module_path` and makes it read-only: no module loads after this
+# (zsh/system, zsh/mapfile, zsh/zpty...), even through a builtin or parameter zsh would autoload.
+# `cd -q` runs no chpwd hook; `always` lets the loop go on after an error zsh would otherwise end
+# the script for (assigning to a read-only parameter).
+_ZSH_LOOP = r"""
+builtin unset __gw_loop
+builtin setopt {options}
+builtin zmodload zsh/regex 2>/dev/null
+module_path=()
+builtin typeset -r module_path
+builtin typeset -r __gw_prompt={prompt}
+{ready}
+while :; do
+  builtin unset __gw_rec __gw_cwd __gw_cmd __gw_status 2>/dev/null
+  IFS= builtin read -r -d '' __gw_rec <&{fd} || break
+  case $__gw_rec in
+    $'\x1d'*$'\x1f'*) ;;
+    *) builtin printf '\036GW{nonce}:125\036'; continue ;;
+  esac
+  __gw_rec=${{__gw_rec#$'\x1d'}}
+  __gw_cwd=${{__gw_rec%%$'\x1f'*}}
+  __gw_cmd=${{__gw_rec#*$'\x1f'}}
+  if builtin cd -q -- "$__gw_cwd" 2>/dev/null; then
+    builtin trap 'builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$?"' EXIT
+    {{ builtin eval "$__gw_cmd" {fd}<&- }} always {{ TRY_BLOCK_ERROR=0 }}
+    __gw_status=$?
+    builtin trap - EXIT
+  else
+    __gw_status=126
+  fi
+  builtin printf '%s\036GW{nonce}:%d\036' "$__gw_prompt" "$__gw_status"
+done
+"""
+
+_ZSH_BOOT = "{move}IFS= read -r -d '' __gw_loop <&{fd} && eval \"$__gw_loop\""
+"""A zsh loop's command line: zsh names only descriptors 0-9 on the left of a redirection, so the
+control pipe is moved to LOOP_FD with `3<&N` and closed through a parameter holding N."""
+
+
+def zsh_boot_command(control_fd: int) -> str:
+    """The zsh loop shell's `-c` text for a control pipe the shell inherits as `control_fd`."""
+    move = "" if control_fd == LOOP_FD else f"exec {LOOP_FD}<&{control_fd}; __gw_fd={control_fd}; exec {{__gw_fd}}<&-; "
+    return _ZSH_BOOT.format(move=move, fd=LOOP_FD)
 
 
 _PYTHON_SETUP = "import sys; sys.ps1 = {prompt!r} + '\\x1eGW{nonce}:0\\x1e'; sys.ps2 = '... '; del sys"
@@ -228,6 +288,7 @@ class Session:
         self.initial_output = ""  # what the shell printed before its first command (its prompt)
         self.echo = False  # each command's output begins with the command, as a terminal echoes it
         self.python = False  # a Python REPL: its lines are input (send_line), not records of the loop
+        self.zsh = False  # a zsh loop: each line is checked as zsh reads it (gateway/analysis/zsh.py) first
         self._carry = b""
         # Descriptors are closed exactly once, and never while another thread may use the number
         # (a closed number is reused at once by the next open anywhere in the gateway: a second
@@ -499,6 +560,7 @@ class SessionManager:
         idle_seconds: float,
         buffer_bytes: int,
         python: bool = False,
+        zsh: bool = False,
     ) -> Session:
         if prompt and any(ord(c) < 0x20 or ord(c) == 0x7F for c in prompt):
             raise SessionError("INVALID_INPUT", "prompt: control characters are not allowed")
@@ -512,7 +574,7 @@ class SessionManager:
             self._starting[principal] = self._starting.get(principal, 0) + 1
         try:
             return self._start(
-                principal, cwd, env, profile, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes, python
+                principal, cwd, env, profile, pty, rows, cols, posix, prompt, idle_seconds, buffer_bytes, python, zsh
             )
         finally:
             with self._lock:
@@ -521,6 +583,7 @@ class SessionManager:
     def _start(
         self, principal: str, cwd: Path, env: dict[str, str], profile: sandbox.Profile, pty: bool, rows: int, cols: int,
         posix: bool, prompt: str | None, idle_seconds: float, buffer_bytes: int, python: bool = False,
+        zsh: bool = False,
     ) -> Session:  # fmt: skip
         if not cwd.is_dir():
             raise SessionError("INVALID_INPUT", f"cwd {cwd} is not a directory")
@@ -533,14 +596,20 @@ class SessionManager:
             quoted_prompt = "''" if not prompt else "'" + prompt.replace("'", "'\\''") + "'"
             ready = "stty -isig 2>/dev/null; " if pty else ""
             ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
-            first = _LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready)
-            boot = boot_command(control_r)  # the loop comes through the pipe: its marker is in no argv
-            shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", boot]
+            if zsh:  # no rc files (-f); its options are the loop's first lines
+                options = " ".join(ZSH_OPTIONS)
+                first = _ZSH_LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready, options=options)
+                shell = [sandbox.LOOP_ZSH, "-f", "-c", zsh_boot_command(control_r)]
+            else:
+                first = _LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready)
+                boot = boot_command(control_r)  # the loop comes through the pipe: its marker is in no argv
+                shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", boot]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell
         base_env = scrubbed_env(env)
         base_env["TERM"] = "xterm-256color" if pty else "dumb"
         try:
-            plan, launch = sandbox.start(profile, inner, cwd, base_env, keep_fds=(control_r,), loop_shell=True)
+            loop: bool | Literal["zsh"] = "zsh" if zsh and not python else True
+            plan, launch = sandbox.start(profile, inner, cwd, base_env, keep_fds=(control_r,), loop_shell=loop)
         except BaseException:
             os.close(control_r)
             os.close(control_w)
@@ -590,7 +659,8 @@ class SessionManager:
             output, _ = session.take_output()
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.python = python
-        session.shell_pid = _find_shell(proc.pid, "python3" if python else "bash")
+        session.zsh = zsh and not python
+        session.shell_pid = _find_shell(proc.pid, "python3" if python else "zsh" if session.zsh else "bash")
         if python:  # no loop to protect: its lines are input, recorded, and the sandbox is their boundary
             if session.shell_pid is None:
                 session.kill()

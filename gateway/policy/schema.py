@@ -537,10 +537,11 @@ class Policy(_Model):
     audit: AuditSettings = AuditSettings()
     fleet: FleetSettings = FleetSettings()
     environment: EnvironmentSettings = EnvironmentSettings()
-    shells: list[Literal["bash", "sh"]] = ["bash"]
+    shells: list[Literal["bash", "sh", "zsh"]] = ["bash"]
     """Shells `run` and `session` may use: `bash`, and `sh` (bash in POSIX mode; the analyser
-    models bash, so no other shell can be checked)."""
-    shells_available: list[Literal["bash", "sh"]] = []
+    models bash, so no other shell can be checked), and `zsh` for a session only (each line runs
+    where zsh reads it as bash does, gateway/analysis/zsh.py; refused with the reason otherwise)."""
+    shells_available: list[Literal["bash", "sh", "zsh"]] = []
     """Shells a layer including this one may add to its `shells` (not in force here): the admin
     of a lower layer offers them, an upper layer (a profile's) enables them. They are a ceiling
     like `shells`: an upper layer may drop entries, never add one."""

@@ -26,17 +26,18 @@ Popen. docs/sandbox.md says what a command sees and what the sandbox guarantees.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from gateway.log import log
 from gateway.sandbox import git, identity, masks, nested
 from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
-from gateway.sandbox.plan import HOME, LOOP_SHELL, RUNTIME, Profile, SandboxPlan, build, host_facts, unseen
+from gateway.sandbox.plan import HOME, LOOP_SHELL, LOOP_ZSH, RUNTIME, Profile, SandboxPlan, build, host_facts, unseen
 from gateway.sandbox.quotas import Quotas
 
 __all__ = [
     "HOME",
     "LOOP_SHELL",
+    "LOOP_ZSH",
     "Launch",
     "Profile",
     "Quotas",
@@ -58,7 +59,7 @@ def plan_for(
     git_write: bool = False,
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
-    loop_shell: bool = False,
+    loop_shell: bool | Literal["zsh"] = False,
 ) -> SandboxPlan:
     """The plan for running `argv` in `cwd` (facts read off the host here). Raises
     SandboxUnavailable when there is no unprivileged identity to run as."""

@@ -442,7 +442,7 @@ def _prepare(
             fds.append(fd)
             args += ["--perms", "0555", "--file", str(fd), m.target]
         elif m.kind == "shell":  # a session's loop: runnable, not readable, so the kernel keeps it non-dumpable
-            fd = _system_bash()
+            fd = _system_shell(m.source or "bash")
             fds.append(fd)
             args += ["--perms", "0111", "--file", str(fd), m.target]
         elif m.kind == "copy":  # a system file, read by descriptor into the root (read-only at the end)
@@ -642,12 +642,14 @@ def is_setup_failure(returncode: int | None, stderr: str) -> bool:
 
 
 SYSTEM_BASH = ("/usr/bin/bash", "/bin/bash")
+SYSTEM_SHELLS = {"bash": SYSTEM_BASH, "zsh": ("/usr/bin/zsh", "/bin/zsh")}
 
 
-def _system_bash() -> int:
-    """The system's bash, opened by descriptor (no symlink followed on the way): the session
-    loop's shell is a copy of it (plan.LOOP_SHELL). Raises SandboxUnavailable."""
-    for path in SYSTEM_BASH:
+def _system_shell(name: str) -> int:
+    """The system's bash (or zsh), opened by descriptor (no symlink followed on the way): the
+    session loop's shell is a copy of it (plan.LOOP_SHELL, LOOP_ZSH). Raises SandboxUnavailable."""
+    paths = SYSTEM_SHELLS.get(name, ())
+    for path in paths:
         try:
             fd = descriptors.openat2(-100, path, os.O_RDONLY | os.O_CLOEXEC, descriptors.RESOLVE_NO_SYMLINKS)
         except OSError:
@@ -655,4 +657,4 @@ def _system_bash() -> int:
         if stat.S_ISREG(os.fstat(fd).st_mode):
             return fd
         os.close(fd)
-    raise SandboxUnavailable(f"no bash for a session's shell (looked at {', '.join(SYSTEM_BASH)})")
+    raise SandboxUnavailable(f"no {name} for a session's shell (looked at {', '.join(paths)})")

@@ -72,6 +72,8 @@ LOOP_SHELL = f"{RUN_DIR}/bash"
 The kernel makes a process that execs a file it cannot read non-dumpable, so the commands the
 loop runs (the same account, the same sandbox) can neither ptrace it nor open its /proc/PID/mem
 or /proc/PID/fd: they cannot answer its read of the control pipe with a record of their own."""
+LOOP_ZSH = f"{RUN_DIR}/zsh"
+"""A zsh session's loop shell: the system's zsh, copied in the same way (mode 0111)."""
 
 Kind = Literal[
     "ro-bind", "bind", "copy", "protect", "pin", "tmpfs", "hide", "dir", "symlink", "proc", "dev", "data", "helper",
@@ -253,13 +255,14 @@ def build(
     git_write: bool = False,
     die_with_parent: bool = True,
     keep_fds: tuple[int, ...] = (),
-    loop_shell: bool = False,
+    loop_shell: bool | Literal["zsh"] = False,
     masked: tuple[masks.Hit, ...] = (),
     read_only: tuple[masks.Hit, ...] = (),
 ) -> SandboxPlan:
     """The plan for running `argv` in `cwd` as `profile`'s principal. Pure: no I/O. (Everything
     but the command and its environment is the same for every call of a principal in one place:
-    that part is remembered.) `loop_shell`: a session's sandbox, which holds LOOP_SHELL.
+    that part is remembered.) `loop_shell`: a session's sandbox, which holds LOOP_SHELL (LOOP_ZSH
+    for "zsh").
     `masked`: the deny_read matches under the roots (masks.find), each covered; `read_only`: the
     deny_write matches, each bound read-only."""
     skeleton = _skeleton(
@@ -303,7 +306,7 @@ def _skeleton(
     git_write: bool,
     die_with_parent: bool,
     keep_fds: tuple[int, ...],
-    loop_shell: bool = False,
+    loop_shell: bool | Literal["zsh"] = False,
     masked: tuple[masks.Hit, ...] = (),
     read_only: tuple[masks.Hit, ...] = (),
 ) -> SandboxPlan:
@@ -363,7 +366,7 @@ def _skeleton(
     if profile.egress is not None and profile.egress.ca_bundle:
         mounts.append(Mount(CA_BUNDLE, "data", data=profile.egress.ca_bundle))
     if loop_shell:
-        mounts.append(Mount(LOOP_SHELL, "shell"))
+        mounts.append(Mount(LOOP_ZSH, "shell", "zsh") if loop_shell == "zsh" else Mount(LOOP_SHELL, "shell", "bash"))
     ordered = sorted(enumerate(mounts), key=lambda im: (_depth(im[1].target), im[0]))
     rules: list[tuple[str, str]] = []
     for m in (m for _, m in ordered):

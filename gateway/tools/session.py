@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gateway import cancellation, envstore, runfiles, sandbox
+from gateway.analysis import zsh
 from gateway.calls import SessionCall
 from gateway.decision import Decision, Reason, Verdict
 from gateway.executors import shell
@@ -141,6 +142,7 @@ def _start(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy)
             max_sessions=lim.get("sessions", DEFAULT_SESSIONS),
             idle_seconds=lim.get("session_idle_seconds", DEFAULT_SESSION_IDLE_S),
             buffer_bytes=lim.get("output_bytes") or (1 << 20), python=call.shell_type == "python",
+            zsh=call.shell_type == "zsh",
         )  # fmt: skip
     except sandbox.SandboxUnavailable as exc:
         return gw.record_result(gated, error(call_id, "error", "SANDBOX_UNAVAILABLE", str(exc)))
@@ -192,6 +194,10 @@ def _exec(
     if reserved is not None:  # the loop's own variables are not the commands' to set or clear
         return gw.refuse(call_id, call.principal, "session", arguments,
                          error(call_id, "error", "INVALID_INPUT", reserved_message(reserved)))  # fmt: skip
+    if session.zsh:  # decided as bash text only where zsh reads it as bash does (analysis/zsh.py)
+        differs = zsh.refusal(text)
+        if differs is not None:
+            return _zsh_refused(gw, call, call_id, policy, session, text, arguments, differs)
     # the policy's timeout bounds the wait, and the git write's own sandbox (red team O3: a day)
     timeout_ms = min(timeout_ms, limits(policy, call.principal).get("timeout_ms") or 120_000)
     cwd = Path(session.cwd() or policy.workspace)
@@ -232,6 +238,19 @@ def _exec(
             "in the session",
         }
     return gw.record_result(gated, _fit(gw, call.principal, call_id, policy, out))
+
+
+def _zsh_refused(
+    gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy, session: Session, text: str,
+    arguments: dict[str, Any], why: str,
+) -> dict[str, Any]:  # fmt: skip
+    """A zsh session's line that zsh reads otherwise than bash: denied with the reason, recorded."""
+    reason = Reason("zsh", "zsh_reads_otherwise", f"{why}; in a zsh session only lines zsh reads as bash does run")
+    decision = Decision(Verdict.DENY, None, (reason,))
+    cwd = Path(session.cwd() or policy.workspace)
+    refused = gw.authorize(call_id, call.principal, "session", text, cwd, {}, decision, arguments, policy)
+    assert not isinstance(refused, Gated)  # a denial is never let through
+    return refused
 
 
 PYTHON_REPL = "python3"

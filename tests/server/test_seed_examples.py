@@ -430,8 +430,13 @@ def test_seed_003_terminal_interface_examples(tmp_path: Path, ws: Path) -> None:
                 await call(word, "execute_in_shell", shell_id=sid, command=word if word != "build" else "build all")
             await call("pwd", "execute_in_shell", shell_id=sid, command="pwd")
             await call("bash", "start_interactive_shell", shell_type="bash")
-            for kind in ("zsh", "python"):
-                await call(kind, "start_interactive_shell", shell_type=kind)
+            zsh = await call(
+                "zsh", "start_interactive_shell", shell_type="zsh", working_directory=str(project),
+                startup_commands=[f"cd {project}", "git status"],
+            )  # fmt: skip
+            await call("zsh_line", "execute_in_shell", shell_id=zsh["shell_id"], command="echo $ZSH_VERSION")
+            await call("zsh_qualifier", "execute_in_shell", shell_id=zsh["shell_id"], command="ls *(e:'touch x':)")
+            await call("python", "start_interactive_shell", shell_type="python")
             return out
 
     out = asyncio.run(scenario())
@@ -464,8 +469,11 @@ def test_seed_003_terminal_interface_examples(tmp_path: Path, ws: Path) -> None:
     assert out["pwd"]["output"].startswith(str(project))
     bash = out["bash"]["available_commands"]  # what can be typed there: the programs the policy's rules allow
     assert {"git", "ls", "cat", "make", "rm"} <= set(bash) and not {"curl", "sudo", "bash"} & set(bash)
-    zsh, python = out["zsh"], out["python"]  # docs/tools.md: what still differs
-    assert zsh["success"] is False and zsh["error_code"] == "INVALID_INPUT" and "'zsh' is refused: " in zsh["error"]
+    zsh, python = out["zsh"], out["python"]  # a real zsh: the seed's example, a line, a line refused
+    assert (zsh["success"], zsh["shell_type"], zsh["startup_commands_executed"]) == (True, "zsh", 2), zsh
+    assert out["zsh_line"]["output"].startswith("5.")
+    refused = out["zsh_qualifier"]
+    assert refused["error_code"] == "POLICY_DENIED" and "*(e:'touch x':)" in refused["error"]
     # a python shell is the interpreter, decided as `python3`: the shipped policy's interpreter-repl refuses it
     assert (python["success"], python["error_code"], python["rule"]) == (False, "POLICY_DENIED", "interpreter-repl")
     assert verify(tmp_path / "audit").ok

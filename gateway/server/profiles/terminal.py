@@ -11,9 +11,15 @@ The seed's text is public: docxology/codomyrmex,
 An interactive shell is one of the gateway's sessions, on a pseudo-terminal: every line sent to
 it as a command (`startup_commands`, `execute_in_shell`, each line `send_shell_input` writes to
 the idle shell) is decided by the policy before the shell sees it, and audited with its own
-call_id. Only bash (and sh, bash in POSIX mode) can be checked, so a `shell_type` of zsh, fish,
-python or anything else is refused with the reason (INVALID_INPUT, recorded): nothing runs
-unchecked. `format_terminal_output` is pure formatting (`format_output`): no shell.
+call_id. The gateway decides shell text as bash reads it: a `shell_type` of bash (or sh, bash in
+POSIX mode, or codomyrmex, a bash with the seed's own commands) runs every allowed line. A zsh
+shell is a real zsh in the sandbox (its own loop, gateway/executors/sessions.py), and each line is
+decided as bash text only where zsh reads it as bash does (gateway/analysis/zsh.py: both of
+shfmt's parses equal, nothing zsh-only in it); a line zsh reads otherwise (`*(e:cmd:)`,
+`path=(...)`, `setopt`, a function named TRAPEXIT...) is denied with the reason that names it. A
+python shell is the interpreter where the policy allows it, each line recorded. fish and any other
+`shell_type` is refused with the reason (INVALID_INPUT, recorded): nothing runs unchecked.
+`format_terminal_output` is pure formatting (`format_output`): no shell.
 
 Every reply has `success`; a failure adds `error_code` and `error` (the message), and for a
 denial the deciding `rule` and `reasons`. A call a supervisor must approve is `success: false`
@@ -48,7 +54,7 @@ ERROR_STYLE = STYLES["error"][0]
 NAME = "terminal-interface"
 DEFAULT_TIMEOUT_S = 30
 MAX_TIMEOUT_S = 3600
-SHELL_TYPES = ("bash", "sh", "codomyrmex", "python")
+SHELL_TYPES = ("bash", "sh", "zsh", "codomyrmex", "python")
 SHELL_TOOLS = ("execute_in_shell", "send_shell_input", "read_shell_output", "close_shell", "list_shells")
 """The tools that use a started shell."""
 CODOMYRMEX = "codomyrmex"
@@ -57,11 +63,7 @@ CODOMYRMEX_COMMANDS = ("analyze", "build", "deploy", "help")
 """The seed's `available_commands` of a codomyrmex shell; each becomes a shell command (`_codomyrmex`)."""
 ERROR_SYMBOL = "\u274c"
 """The seed's symbol for an error message (its example: `\\u001b[31m\u274c Error: ...`)."""
-REFUSED_SHELLS = {
-    "zsh": "zsh reads some lines otherwise than bash (`*(e:...:)` runs code, `set -A path ...` or `path=(...)` "
-    "changes which program a name runs, a function named TRAPEXIT or chpwd runs later on its own), and the "
-    "gateway decides lines as bash reads them",
-}
+REFUSED_SHELLS: dict[str, str] = {}
 """shell_types refused, and why (docs/tools.md, terminal-interface: what still differs)."""
 
 Seconds = Annotated[float, Field(gt=0, le=MAX_TIMEOUT_S)]
@@ -109,8 +111,10 @@ class StartInteractiveShell(_Args):
     """Arguments of seed 003's `start_interactive_shell`."""
 
     shell_type: str = Field(default="bash", max_length=100)
-    """`bash` (default), `sh`, or `codomyrmex` (a bash whose own commands are analyze, build, deploy
-    and help). zsh, fish, python and other shells are refused, with the reason: the gateway checks bash."""
+    """`bash` (default), `sh`, `zsh` (a real zsh: each line runs where zsh reads it as bash does, and
+    is refused with the reason where not), `python` (where the policy allows the interpreter), or
+    `codomyrmex` (a bash whose own commands are analyze, build, deploy and help). fish and other
+    shells are refused, with the reason: the gateway checks bash."""
     working_directory: PathText | None = None
     """Directory the shell starts in (default: the workspace)."""
     prompt: str | None = Field(default=None, max_length=200)
@@ -184,11 +188,13 @@ def _start(args: StartInteractiveShell, principal: str) -> SessionCall:
         why = REFUSED_SHELLS.get(args.shell_type, "the gateway decides every line a shell runs as bash reads it")
         raise ValueError(
             f"shell_type: {args.shell_type!r} is refused: {why}; so it is not run unchecked either. Use bash "
-            f"(or sh, or codomyrmex)"
+            f"(or sh, zsh, python, or codomyrmex)"
         )
     _SHELL.set(args.shell_type)
     codomyrmex = args.shell_type == CODOMYRMEX
-    shell: Literal["bash", "sh", "python"] = args.shell_type if args.shell_type in ("sh", "python") else "bash"  # type: ignore[assignment]
+    shell: Literal["bash", "sh", "zsh", "python"] = (
+        args.shell_type if args.shell_type in ("sh", "zsh", "python") else "bash"  # type: ignore[assignment]
+    )
     return SessionCall(
         principal=principal, action="start", pty=True, shell_type=shell,
         cwd=args.working_directory, prompt=args.prompt or (CODOMYRMEX_PROMPT if codomyrmex else None),
@@ -451,7 +457,8 @@ SPECS: tuple[Spec, ...] = (
         "Start a persistent bash on a terminal (keeps cwd and variables) and run startup_commands in it: "
         "{success, shell_id, shell_type, status, startup_commands_executed, available_commands}. Use it with "
         "execute_in_shell, send_shell_input, read_shell_output, close_shell, list_shells. shell_type bash "
-        "or sh only." + _GATE,
+        "(default), sh, zsh (a line zsh reads otherwise than bash is refused with the reason), python or "
+        "codomyrmex." + _GATE,
         _RUNS,
         adapt=_start,
         reply_for=start_reply,
