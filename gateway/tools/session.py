@@ -361,7 +361,8 @@ def _write(gw: Gateway, call: SessionCall, call_id: str, policy: CompiledPolicy,
             return result
         out = _output(session, finished_only=False)
         typed = [{"as": "input", "bytes": len(call.input.encode()), "call_id": call_id}]
-        return {**_fit(gw, call.principal, call_id, policy, out), "call_id": call_id, "sent": typed}
+        signalled = {"interrupted": result["interrupted"]} if "interrupted" in result else {}  # ^C: how many
+        return {**_fit(gw, call.principal, call_id, policy, out), "call_id": call_id, "sent": typed, **signalled}
     family = tool_decision(policy, call.principal, Tool.SESSION)
     if family.verdict is Verdict.DENY:
         split = family

@@ -314,8 +314,12 @@ def test_interrupt_stops_the_program_not_the_session(gw: Gateway) -> None:
     # the ^C goes to the program once it runs (sent while a loaded machine had not started it
     # yet, it was lost and the test waited for the sleep to end by itself)
     assert eventually(lambda: any(cmdline(p) == b"sleep\x00600\x00" for p in descendants(shell)))
-    assert call(gw, "write", session_id=sid, input="\x03")["status"] == "ok"
-    assert idle(gw, sid)  # well before the sleep's 600 s: interrupted
+    sent = call(gw, "write", session_id=sid, input="\x03")
+    assert sent["status"] == "ok" and sent["interrupted"] >= 1, sent
+    if not idle(gw, sid):  # well before the sleep's 600 s: interrupted (else say what was left)
+        left = [(p, cmdline(p)) for p in descendants(shell)]
+        now = call(gw, "read", session_id=sid)
+        pytest.fail(f"the session still runs after ^C; below its shell: {left}; it reads {now}")
     alive = call(gw, "exec", session_id=sid, command="echo alive")
     assert alive.get("output", "").strip() == "alive", alive
 
