@@ -166,6 +166,7 @@ ZSH_NAMES = frozenset({
     "REPORTTIME", "REPORTMEMORY", "TIMEFMT", "DIRSTACKSIZE", "HISTFILE", "HISTORY_IGNORE", "KEYTIMEOUT",
     "LISTMAX", "POSTEDIT", "PROMPT_EOL_MARK", "RPROMPT", "RPROMPT2", "RPS1", "RPS2", "CORRECT_IGNORE",
     "CORRECT_IGNORE_FILE", "BAUD", "FCEDIT", "ZBEEP", "zle_bracketed_paste", "zle_highlight", "ENV",
+    "ARGV0",  # exported, the argv[0] zsh gives every program it runs (git-push for git...)
 })  # fmt: skip
 """Names zsh gives a meaning bash does not give them: assigning one (or reading it) is refused."""
 
@@ -192,10 +193,12 @@ DECL_OPTIONS = re.compile(r"^[-+][aAirxg]+$")
 """typeset/declare/local/export/readonly options zsh and bash read alike (zsh's -T ties, -m
 matches names by pattern, -f and -h and -H are its own: refused)."""
 
-SET_LETTERS = re.compile(r"^[-+][euxv]+$")
-SET_NAMES = frozenset({"errexit", "nounset", "xtrace", "verbose", "pipefail"})
+SET_LETTERS = re.compile(r"^(-[eu]+|\+[euxv]+)$")
+SET_NAMES = frozenset({"errexit", "nounset", "pipefail"})
 """`set` options zsh and bash read alike; other letters differ (zsh's -F is noglob, -B no beep,
--k interactive comments...), `-A` sets an array, other `-o` names change how lines read."""
+-k interactive comments...), `-A` sets an array, other `-o` names change how lines read. Tracing
+(`-x`, `-v`, xtrace, verbose) is refused too: it would print the loop's own lines, and with them
+the nonce of its end marker, which a command could then print to seem finished while it runs."""
 
 IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 MODIFIER = re.compile(r"^(?::[A-Za-z&]|\[)")
@@ -355,7 +358,7 @@ class _Checker:
         elif kind == "DeclClause":
             self.decl(node)
         elif kind == "FuncDecl":
-            self.refuse(_function_refusal(str((node.get("Name") or {}).get("Value", ""))))
+            self.refuse(_function_refusal(_unescape(str((node.get("Name") or {}).get("Value", "")))))
         elif kind == "ForClause":
             loop = node.get("Loop") or {}
             if loop.get("Type") == "WordIter":
@@ -370,6 +373,13 @@ class _Checker:
         elif kind == "ParamExp":
             name = str((node.get("Param") or {}).get("Value", ""))
             self.refuse(_name_refusal(name, "the parameter"))
+            word = (node.get("Exp") or {}).get("Word") or {}
+            for part in word.get("Parts") or []:
+                if part.get("Type") == "Lit" and ("{", False) in _unquoted_chars(str(part.get("Value", ""))):
+                    raise Refused(
+                        f"`{_short(self.src(node))}`: zsh expands braces in the word of ${{x:-word}} (two words "
+                        "`a b` of {a,b}), bash does not"
+                    )
         elif kind == "Lit" and arith:
             for name in IDENT.findall(str(node.get("Value", ""))):
                 self.refuse(_name_refusal(name, "arithmetic on"))
@@ -380,6 +390,11 @@ class _Checker:
         if isinstance(node.get("N"), dict) and "Op" in node:  # a redirection: {NAME}> sets NAME
             number = str(node["N"].get("Value", ""))
             self.refuse(_name_refusal(number.strip("{}"), "a descriptor kept in") if number.startswith("{") else None)
+            if not number.startswith("{") and len(number) != 1:
+                raise Refused(
+                    f"`{_short(self.src(node))}`: zsh names only descriptors 0-9 before a redirection; it reads "
+                    f"`{number}` as an argument of the command"
+                )
         if "Stmts" in node or kind == "File":
             for stmt in node.get("Stmts") or []:
                 if stmt.get("Cmd") is None and stmt.get("Redirs"):
@@ -474,6 +489,11 @@ class _Checker:
         name, rest = values[i] or "", values[i + 1 :]
         if name == "set":
             self.set_options(rest)
+        elif name == "shift" and any(v is None or not v.isdigit() for v in rest):
+            raise Refused(
+                "`shift` with other than a literal count: zsh shifts the arrays it names (`shift path` is PATH) "
+                "and reads the count as arithmetic"
+            )
         elif name == "cd":
             operands = [v for v in rest if v is None or not v.startswith("-") or v == "-"]
             if len(operands) > 1 or any(v is not None and re.fullmatch(r"[+-]\d+", v) for v in operands):
@@ -521,6 +541,11 @@ class _Checker:
             value = words[i]
             if value is None or value == "--" or not value.startswith(("-", "+")):
                 return
+            if value == "-o" and i + 1 < len(words) and words[i + 1] in ("xtrace", "verbose"):
+                raise Refused(
+                    f"`set -o {words[i + 1]}`: tracing prints the session loop's own lines, with the nonce of its "
+                    "end marker"
+                )
             if value in ("-o", "+o"):
                 if i + 1 >= len(words) or words[i + 1] not in SET_NAMES:
                     raise Refused(
@@ -529,6 +554,10 @@ class _Checker:
                     )
                 i += 2
                 continue
+            if value.startswith("-") and any(c in value for c in "xv"):
+                raise Refused(
+                    f"`set {value}`: tracing prints the session loop's own lines, with the nonce of its end marker"
+                )
             if not SET_LETTERS.match(value):
                 raise Refused(
                     f"`set {value}`: zsh reads set's option letters otherwise than bash (-A sets an array, -F "

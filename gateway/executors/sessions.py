@@ -123,18 +123,25 @@ runs code) are off, aliases are never expanded, a redirection alone runs `:` (no
 names one file. The lines that could change them back (`setopt`, `emulate`, `set -o`,
 `options[...]`) are refused by gateway/analysis/zsh.py."""
 
+ZSH_READONLY = ("PATH", "path", "FPATH", "fpath", "CDPATH", "cdpath", "HOME", "TMPPREFIX")
+"""The parameters a zsh session's loop makes read-only (each of a tied pair is its own parameter)."""
+
 # A zsh session's loop: the bash loop's protocol (records on LOOP_FD, the nonce'd markers, the cwd
 # per command, the EXIT trap for `exit N`), written for zsh. It sets its options, loads zsh/regex
 # (`[[ =~ ]]`), then empties `module_path` and makes it read-only: no module loads after this
 # (zsh/system, zsh/mapfile, zsh/zpty...), even through a builtin or parameter zsh would autoload.
-# `cd -q` runs no chpwd hook; `always` lets the loop go on after an error zsh would otherwise end
-# the script for (assigning to a read-only parameter).
+# The parameters zsh finds programs, functions, directories and here-documents' files by are made
+# read-only too (ZSH_READONLY): the gate refuses every line that assigns them by name, and read-only
+# they stay as they are when a line reaches them another way (`y=path=5; (( y ))`: zsh evaluates
+# the value of y as arithmetic, which assigns path). `cd -q` runs no chpwd hook; `always` lets
+# the loop go on after an error zsh would otherwise end the script for (assigning to a read-only
+# parameter).
 _ZSH_LOOP = r"""
 builtin unset __gw_loop
 builtin setopt {options}
 builtin zmodload zsh/regex 2>/dev/null
 module_path=()
-builtin typeset -r module_path
+builtin typeset -r module_path {protected}
 builtin typeset -r __gw_prompt={prompt}
 {ready}
 while :; do
@@ -598,7 +605,10 @@ class SessionManager:
             ready += f"builtin printf '%s\\036GW{nonce}:0\\036' \"$__gw_prompt\""
             if zsh:  # no rc files (-f); its options are the loop's first lines
                 options = " ".join(ZSH_OPTIONS)
-                first = _ZSH_LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready, options=options)
+                first = _ZSH_LOOP.format(
+                    fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready, options=options,
+                    protected=" ".join(ZSH_READONLY),
+                )  # fmt: skip
                 shell = [sandbox.LOOP_ZSH, "-f", "-c", zsh_boot_command(control_r)]
             else:
                 first = _LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready)
