@@ -56,6 +56,20 @@ ALLOWED_AS_BASH = {
     "cd old new": "cd",
     "cd +1": "cd",
     "x=~y": "~",
+    # red team (redzsh): each ran in a zsh session before
+    "timeout 10>/dev/null sh echo": "descriptors 0-9",  # zsh runs `timeout 10 sh echo` (the file echo)
+    "echo hi 10>x": "descriptors 0-9",
+    "T\\RAPZERR() { touch x; }": "TRAPZERR",  # the name as zsh reads it, quotes removed
+    "function ch\\pwd { touch x; }": "chpwd",
+    "b\\uiltin() { ls; }": "builtin",
+    "shift path": "shift",  # zsh shifts the array path (PATH)
+    "shift -p path": "shift",
+    "shift $x": "shift",
+    "set -x": "nonce",  # the trace prints the loop's end marker, nonce and all
+    "set -v": "nonce",
+    "set -o xtrace": "nonce",
+    "ARGV0=git-push": "ARGV0",  # exported, argv[0] of every program zsh runs
+    "echo ${x:-{a,b}}": "braces",  # zsh: two words a b
 }
 """Lines the bash analysis allows under the shipped terminal-interface policy."""
 
@@ -147,6 +161,10 @@ HONEST = [
     "f() { ls; }; f",
     "set -e",
     "set -o pipefail",
+    "set +x",
+    "shift 2",
+    'echo ${x:-"{a,b}"} 2>&1',
+    "exec 2>&1",
     "cd -",
     "local x=1",
     "declare -a arr=(1 2)",

@@ -48,6 +48,15 @@ ATTACKS: dict[str, str] = {
     "echo hi >! f": "otherwise than bash",
     "cd old new": "cd",
     "x=~root": "~",
+    # red team (redzsh): each ran in a zsh session before (the next test shows what they did)
+    "timeout 10>/dev/null sh echo": "descriptors 0-9",
+    "ch\\pwd() { touch hooked; }": "chpwd",
+    "T\\RAPZERR() { touch trapped; }": "TRAPZERR",
+    "b\\uiltin() { touch shadowed; }": "builtin",
+    "shift path": "shift",
+    "set -x": "nonce",
+    "ARGV0=git-push": "ARGV0",
+    "echo ${x:-{a,b}}": "braces",
 }
 """Each a line the shipped policy allows as bash text (tests/analysis/test_zsh.py)."""
 
@@ -160,3 +169,45 @@ def test_the_zsh_loop_keeps_its_options(tmp_path: Path, ws: Path) -> None:
     assert out["equals"]["error_code"] == "POLICY_DENIED" and out["setopt"]["error_code"] == "POLICY_DENIED"
     assert out["options"]["output"] == "off\r\n", out["options"]
     assert out["split"]["output"] == "on\r\n", out["split"]
+
+
+def test_zsh_lines_that_ran_unchecked_do_nothing(tmp_path: Path, ws: Path) -> None:
+    """Red team (redzsh): lines that got through the check and what they did in a real zsh. A
+    descriptor above 9 (`10>`) is an argument to zsh, so `timeout 10>/dev/null sh echo` (bash: the
+    wrapper over `echo`) ran the shell `sh` on a file; an escaped name (`ch\\pwd`) defined the hook
+    zsh runs on every cd; `shift path` shortened PATH; `set -x` printed the loop's end marker with
+    its nonce; and `y=path=5; (( y ))` (zsh evaluates y's value as arithmetic, assigning path) made
+    `ls` run the workspace's 5/ls. Now each is refused, or meets a read-only parameter."""
+    made = "printf '/usr/bin/touch pwned_sh\\n' > echo; mkdir 5; printf '#!/bin/sh\\n/usr/bin/touch pwned_path\\n' > 5/ls"
+    lines = {
+        "made": made + "; chmod +x 5/ls",
+        "path": "echo $PATH",
+        "fd": "timeout 10>/dev/null sh echo",
+        "hook": "ch\\pwd() { /usr/bin/touch pwned_hook; }",
+        "cd": "cd .",
+        "shift": "shift path",
+        "trace": "set -x",
+        "traced": "echo traced",
+        "arith": "y=path=5; (( y ))",
+        "arith2": "y=PATH=5; (( y ))",
+        "ls": "ls",
+        "path2": "echo $PATH",
+    }
+
+    async def scenario() -> dict[str, dict[str, Any]]:
+        async with Client(serve(tmp_path, ws, "terminal-interface")) as c:
+            sid = reply(await c.call_tool("start_interactive_shell", {"shell_type": "zsh"}))["shell_id"]
+            return {
+                key: reply(await c.call_tool("execute_in_shell", {"shell_id": sid, "command": line}))
+                for key, line in lines.items()
+            }
+
+    out = asyncio.run(scenario())
+    assert out["made"]["success"] is True, out["made"]
+    for key in ("fd", "hook", "shift", "trace"):
+        assert out[key]["error_code"] == "POLICY_DENIED" and "zsh" in out[key]["error"], (key, out[key])
+    assert out["traced"]["output"] == "traced\r\n", out["traced"]  # no trace, no nonce
+    for key in ("arith", "arith2"):
+        assert "read-only variable" in out[key]["output"], (key, out[key])
+    assert out["path2"]["output"] == out["path"]["output"] and out["ls"]["output"] == "5  echo\r\n", out
+    assert sorted(p.name for p in ws.iterdir() if p.name.startswith("pwned")) == []
