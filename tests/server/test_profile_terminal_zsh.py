@@ -178,9 +178,10 @@ def test_zsh_lines_that_ran_unchecked_do_nothing(tmp_path: Path, ws: Path) -> No
     zsh runs on every cd; `shift path` shortened PATH; `set -x` printed the loop's end marker with
     its nonce; and `y=path=5; (( y ))` (zsh evaluates y's value as arithmetic, assigning path) made
     `ls` run the workspace's 5/ls. Now each is refused, or meets a read-only parameter."""
-    made = "printf '/usr/bin/touch pwned_sh\\n' > echo; mkdir 5; printf '#!/bin/sh\\n/usr/bin/touch pwned_path\\n' > 5/ls"
+    made = "printf '/usr/bin/touch pwned_sh\\n' > echo; mkdir 5; "
+    made += "printf '#!/bin/sh\\n/usr/bin/touch pwned_path\\n' > 5/ls; chmod +x 5/ls"
     lines = {
-        "made": made + "; chmod +x 5/ls",
+        "made": made,
         "path": "echo $PATH",
         "fd": "timeout 10>/dev/null sh echo",
         "hook": "ch\\pwd() { /usr/bin/touch pwned_hook; }",
@@ -205,7 +206,7 @@ def test_zsh_lines_that_ran_unchecked_do_nothing(tmp_path: Path, ws: Path) -> No
     out = asyncio.run(scenario())
     assert out["made"]["success"] is True, out["made"]
     for key in ("fd", "hook", "shift", "trace"):
-        assert out[key]["error_code"] == "POLICY_DENIED" and "zsh" in out[key]["error"], (key, out[key])
+        assert out[key].get("error_code") == "POLICY_DENIED" and "zsh" in out[key]["error"], (key, out[key])
     assert out["traced"]["output"] == "traced\r\n", out["traced"]  # no trace, no nonce
     for key in ("arith", "arith2"):
         assert "read-only variable" in out[key]["output"], (key, out[key])
