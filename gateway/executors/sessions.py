@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from gateway import fdwait, sandbox
-from gateway.executors.shell import sandbox_pipe, scrubbed_env
+from gateway.executors.shell import READONLY, sandbox_pipe, scrubbed_env
 from gateway.executors.spawner import SPAWNER
 from gateway.sandbox import identity, reaper
 from gateway.sandbox.proctree import children, comm, signal_descendants
@@ -86,6 +86,7 @@ CANCEL_POLL_S = 0.1
 _LOOP = r"""
 builtin unset -v __gw_loop
 builtin readonly __gw_prompt={prompt}
+builtin readonly {protected}
 {ready}
 while :; do
   builtin unset -n __gw_rec __gw_cwd __gw_cmd __gw_status || break
@@ -611,7 +612,9 @@ class SessionManager:
                 )  # fmt: skip
                 shell = [sandbox.LOOP_ZSH, "-f", "-c", zsh_boot_command(control_r)]
             else:
-                first = _LOOP.format(fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready)
+                first = _LOOP.format(
+                    fd=LOOP_FD, nonce=nonce, prompt=quoted_prompt, ready=ready, protected=" ".join(READONLY)
+                )
                 boot = boot_command(control_r)  # the loop comes through the pipe: its marker is in no argv
                 shell = [sandbox.LOOP_SHELL, "--noprofile", "--norc", *(["--posix"] if posix else []), "-c", boot]
         inner = ["setsid", "-w", "-c", *shell] if pty else shell

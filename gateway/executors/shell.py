@@ -29,6 +29,29 @@ from gateway import sandbox
 from gateway.sandbox import identity, reaper
 
 SHELL = ["bash", "--noprofile", "--norc", "-c"]
+
+READONLY = (
+    "PATH", "HOME", "CDPATH", "LANG", "LANGUAGE", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS0", "PS1",
+    "PS2", "PS3", "PS4", "PROMPT_COMMAND", "BASH_LOADABLES_PATH", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD",
+    "BASH_COMPAT", "POSIXLY_CORRECT", "GLOBIGNORE", "INPUTRC", "BASH_CMDS", "BASH_ALIASES",
+)  # fmt: skip
+"""Variables every shell the gateway starts makes read-only before the agent's text runs. The
+gate refuses any text that assigns them by name (analysis/hazards.py, PROTECTED_VARIABLES), but
+bash evaluates a variable's value as arithmetic: `y=PATH=5; (( y ))` set PATH to 5 through a
+name the text never wrote as an assignment, and `ls` then ran ./5/ls. Read-only, the assignment
+fails ("readonly variable") and the command the gate decided is the one that runs. (An unset
+one stays unset: `readonly POSIXLY_CORRECT` does not turn POSIX mode on.)"""
+
+READONLY_PREFIX = f"builtin readonly {' '.join(READONLY)}; "
+"""Put before the text on its first line: line numbers in bash's messages stay the text's own."""
+
+
+def shell_argv(text: str, posix: bool = False) -> list[str]:
+    """The argv that runs `text` as the gate decided it (bash, or bash in POSIX mode for `sh`),
+    with READONLY protected first."""
+    return [*SHELL[:-1], *(["--posix"] if posix else []), "-c", READONLY_PREFIX + text]
+
+
 SAFE_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 GRACE_SECONDS = 2.0
 
@@ -114,7 +137,7 @@ def run(
     executor returns or raises before the sandbox exists."""
     if not cwd.is_dir():
         return {"status": "error", "error": {"code": "INVALID_INPUT", "message": f"cwd {cwd} is not a directory"}}
-    argv = [*SHELL[:-1], *(["--posix"] if posix else []), "-c", text]
+    argv = shell_argv(text, posix)
     plan, launch = sandbox.start(
         profile, argv, cwd, scrubbed_env(env or {}), git_write=git_write, hold=release is not None
     )

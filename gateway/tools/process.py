@@ -14,7 +14,7 @@ from gateway.analysis import analyze
 from gateway.analysis.git_write import is_git_write
 from gateway.calls import ProcessCall, RunCall
 from gateway.executors.processes import ProcessManager, ProcessRecord, Spawnable
-from gateway.executors.shell import SHELL, scrubbed_env
+from gateway.executors.shell import scrubbed_env, shell_argv
 from gateway.log import log
 from gateway.pipeline import DEFAULT_PROCESSES, Gated, error, limits, new_call_id, tool_decision
 from gateway.policy.compile import CompiledPolicy
@@ -60,12 +60,12 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
     analysis = analyze(rec.command)  # the same text the gate decided: the same programs
     git_write = analysis.denial is None and is_git_write(analysis.commands)
     plan, launch = sandbox.start(
-        gw.profile(policy, rec.principal), [*SHELL, rec.command], Path(rec.cwd), scrubbed_env(rec.env),
+        gw.profile(policy, rec.principal), shell_argv(rec.command), Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,
     )  # fmt: skip
     summary = launch.summary(plan)
     config = {
-        "command": [*SHELL, rec.command],
+        "command": shell_argv(rec.command),
         "cwd": rec.cwd,
         "env_names": sorted(plan.env),
         "die_with_parent": plan.die_with_parent,
