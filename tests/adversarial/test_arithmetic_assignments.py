@@ -20,7 +20,7 @@ from tests.server.conftest import envelope_of
 from tests.server.test_profiles import serve
 
 POLICY = Path(__file__).resolve().parents[2] / "policies" / "default.yaml"
-PLANT = "mkdir -p 5 && printf '#!/bin/sh\\ntouch pwned\\n' > 5/ls && chmod +x 5/ls"
+PLANT = "mkdir -p 5 && printf '#!/bin/sh\\n/usr/bin/touch pwned\\n' > 5/ls && chmod +x 5/ls"
 ROUTES = [
     "y=PATH=5; (( y )); ls",
     "y=PATH=5; : $(( y )); ls",
