@@ -83,13 +83,20 @@ CANCEL_POLL_S = 0.1
 # marker after `eval`: the EXIT trap, set only while a command runs, prints it with the status
 # the shell exits with (marked `x`: the shell is ending), so the reply says 3, not the previous
 # command's status, and the gateway waits for the end before it answers.
+#
+# The nonce is in the loop's own lines only, so none of them may be traced: a command that turns
+# `set -x` (or -v) on would have had the loop's printf, nonce and all, written to its output,
+# and could then print a marker of its own. Tracing is turned off, silently, as soon as a command
+# returns (and in the EXIT trap) and put back just before the next one: the agent's `set -x`
+# traces its commands and never the loop.
 _LOOP = r"""
 builtin unset -v __gw_loop
 builtin readonly __gw_prompt={prompt}
 builtin readonly {protected}
 {ready}
+__gw_trace=
 while :; do
-  builtin unset -n __gw_rec __gw_cwd __gw_cmd __gw_status || break
+  builtin unset -n __gw_rec __gw_cwd __gw_cmd __gw_status __gw_exit || break
   IFS= read -r -d '' __gw_rec <&{fd} || break
   case $__gw_rec in
     $'\x1d'*$'\x1f'*) ;;
@@ -99,9 +106,10 @@ while :; do
   __gw_cwd=${{__gw_rec%%$'\x1f'*}}
   __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
-    builtin trap 'builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$?"' EXIT
+    builtin trap '__gw_exit=$?; {{ builtin set +xv; }} 2>/dev/null; builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$__gw_exit"' EXIT
+    {{ case $__gw_trace in *x*) builtin set -x ;; esac; case $__gw_trace in *v*) builtin set -v ;; esac; }} 2>/dev/null
     eval "$__gw_cmd" {fd}<&-
-    __gw_status=$?
+    {{ __gw_status=$? __gw_trace=$-; builtin set +xv; }} 2>/dev/null
     builtin trap - EXIT
   else
     __gw_status=126

@@ -60,6 +60,7 @@ POLICY: dict[str, Any] = {
                 "touch",
                 "exit",
                 "python3",
+                "set",
             ],
             "accept_unknown": True,
             "examples": {"match": ["echo x"]},
@@ -405,6 +406,20 @@ def test_a_fake_marker_and_a_stolen_record_run_nothing_undecided(gw: Gateway, ws
             call(gw, "exec", session_id=sid, command="echo next", timeout_ms=500)
         time.sleep(0.3)
         assert not list(ws.rglob("pwned")), steal
+
+
+@pytest.mark.parametrize("pty", [False, True])
+def test_tracing_shows_the_agents_commands_and_never_the_loops_marker(gw: Gateway, pty: bool) -> None:
+    """`set -x` (or -v) in a session traced the loop's own lines too, its printf with the end
+    marker's nonce among them (a red team's find): a command could then print a marker of its
+    own and be reported finished while it ran. The agent's trace goes on; the loop's never shows."""
+    sid = start(gw, pty=pty)
+    nonce = gw.sessions.get("agent", sid).marker.pattern.split(b"GW", 1)[1].split(b":", 1)[0].decode()
+    steps = ("set -xv", "echo traced", "set +xv", "echo quiet", "set -x", "echo again; exit 3")
+    outs = [call(gw, "exec", session_id=sid, command=c) for c in steps]
+    assert not [o for o in outs if nonce in o.get("output", "")], outs
+    assert "+ echo traced" in outs[1]["output"] and "+ echo quiet" not in outs[3]["output"], outs
+    assert "+ echo again" in outs[5]["output"] and outs[5]["exit_code"] == 3, outs[5]
 
 
 FORGE = """
