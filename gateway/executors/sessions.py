@@ -106,7 +106,8 @@ while :; do
   __gw_cwd=${{__gw_rec%%$'\x1f'*}}
   __gw_cmd=${{__gw_rec#*$'\x1f'}}
   if builtin cd -- "$__gw_cwd" 2>/dev/null; then
-    builtin trap '__gw_exit=$?; {{ builtin set +xv; }} 2>/dev/null; builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$__gw_exit"' EXIT
+    builtin trap '__gw_exit=$?; {{ builtin set +xv; }} 2>/dev/null
+      builtin printf "%s\036GW{nonce}:x%d\036" "$__gw_prompt" "$__gw_exit"' EXIT
     {{ case $__gw_trace in *x*) builtin set -x ;; esac; case $__gw_trace in *v*) builtin set -v ;; esac; }} 2>/dev/null
     eval "$__gw_cmd" {fd}<&-
     {{ __gw_status=$? __gw_trace=$-; builtin set +xv; }} 2>/dev/null

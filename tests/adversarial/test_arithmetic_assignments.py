@@ -75,7 +75,8 @@ def test_a_background_process_cannot_change_path_through_arithmetic(tmp_path: Pa
     async def go() -> list[dict[str, Any]]:
         async with Client(serve(tmp_path, POLICY, ws, "gateway")) as c:
             planted = envelope_of(await c.call_tool("run", {"command": PLANT}))
-            started = envelope_of(await c.call_tool("process", {"action": "start", "command": ROUTES[0] + "; echo end > done"}))
+            command = ROUTES[0] + "; echo end > done"
+            started = envelope_of(await c.call_tool("process", {"action": "start", "command": command}))
             return [planted, started]
 
     planted, started = asyncio.run(go())
