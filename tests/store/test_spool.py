@@ -116,7 +116,9 @@ def test_a_full_spool_refuses_naming_its_bound(
     assert _commands(own_pg) == [f"echo {n} > f{n}.txt" for n in range(len(ran))] + ["echo after > after.txt"]
 
 
-def test_without_a_spool_the_call_is_refused(own_pg: Postgres, policy: CompiledPolicy, ws: Path, tmp_path: Path) -> None:
+def test_without_a_spool_the_call_is_refused(
+    own_pg: Postgres, policy: CompiledPolicy, ws: Path, tmp_path: Path
+) -> None:
     ledger = _ledger(own_pg, tmp_path, None)
     gw = Gateway(policy, ledger)
     try:
