@@ -195,7 +195,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
     from gateway.pipeline import Gateway
     from gateway.policy.loader import PolicyError
     from gateway.policy.reload import PolicyHolder
-    from gateway.store.commands import fleet_approver
+    from gateway.store.commands import fleet_approver, spool_dirs
 
     text = " ".join(args.command)
     if not text:
@@ -230,7 +230,7 @@ def _cmd_run(args: argparse.Namespace) -> int:
         print(f"gateway: asks wait for `gateway approvals approve ID --state-dir {args.state_dir}`", file=sys.stderr)
     else:
         approver = DenyAll()
-    gw = Gateway(holder.current, audit, approver, hidden=(Path(args.audit_keys),))
+    gw = Gateway(holder.current, audit, approver, hidden=(Path(args.audit_keys), *spool_dirs(args)))
     result = gw.handle(RunCall(principal=principal, command=text, cwd=args.cwd))
     gw.close()
     if result.get("stdout"):
@@ -252,11 +252,13 @@ def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
     """The gateway's ledger: the fleet's store with --store (or AGW_STORE), else the files of
     --audit-dir. Raises AuditUnavailable naming what cannot be used."""
     # lazy: startup (each command imports what it uses)
-    from gateway.store.commands import dsn_of
+    from gateway.store.commands import dsn_of, spool_of
     from gateway.store.ledger import open_sink
 
     # one call and gone: it does not compete to be the fleet's sequencer
-    return open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact, sequence=False)
+    return open_sink(
+        dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact, sequence=False, spool=spool_of(args)
+    )
 
 
 def _supervisor(args: argparse.Namespace) -> str:
@@ -805,7 +807,19 @@ def _common_options(policy_default: str | None, policy_help: str) -> argparse.Ar
     )
     common.add_argument("--principal", help="who is asking (default: the policy's only principal)")
     _store_option(common)
+    common.add_argument("--store-spool", metavar="DIR",
+                        help="with --store: keep records here while the store is away, forwarded when it is back "
+                        "(default: $AGW_STORE_SPOOL; none: calls are refused)")  # fmt: skip
+    common.add_argument("--store-spool-max", metavar="BYTES", type=_positive_int,
+                        help="the spool's bound per gateway process: past it calls are refused "
+                        "(default: $AGW_STORE_SPOOL_MAX, else 64 MiB)")  # fmt: skip
     return common
+
+
+def _positive_int(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a positive whole number")
+    return int(text)
 
 
 def _store_option(parser: argparse.ArgumentParser) -> None:

@@ -47,7 +47,7 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.selftest import load_checked
 from gateway.sandbox import quotas, reaper
-from gateway.store.commands import dsn_of
+from gateway.store.commands import dsn_of, spool_dirs, spool_of
 from gateway.store.ledger import open_sink
 
 PROTOCOL = b"AGW2"
@@ -252,9 +252,8 @@ def main(args: argparse.Namespace) -> int:
         policy_file = Path(args.policy)
         workspace = Path(args.workspace) if args.workspace else None
         first = load_checked(policy_file, workspace)
-        audit = meter(
-            open_sink(dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact)
-        )
+        keys, spool = Path(args.audit_keys), spool_of(args)
+        audit = meter(open_sink(dsn_of(args), Path(args.audit_dir), keys, first.policy.audit.redact, spool=spool))
 
         def record(kind: str, data: dict[str, Any]) -> None:
             audit.append(kind, data=data)
@@ -270,7 +269,7 @@ def main(args: argparse.Namespace) -> int:
         if principal not in policy.grants:
             names = ", ".join(sorted(policy.grants))
             raise PolicyError(f"{policy_file}: no principal {principal!r} (defined: {names})")
-        private = (Path(args.audit_keys), sock_path.parent)
+        private = (Path(args.audit_keys), sock_path.parent, *spool_dirs(args))
         unsafe = unsafe_setup(policy, principal, Path(args.audit_dir), private)
         if unsafe:
             raise PolicyError(unsafe)

@@ -40,7 +40,7 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
-from gateway.store.commands import dsn_of, fleet_approver, fleet_policy, fleet_tokens
+from gateway.store.commands import dsn_of, fleet_approver, fleet_policy, fleet_tokens, spool_dirs, spool_of
 from gateway.store.ledger import open_sink
 from gateway.store.policy import RolloutError
 
@@ -212,7 +212,9 @@ def main(args: argparse.Namespace) -> int:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
         # its appends measured for /metrics (gateway/audit/metered.py: counters, nothing waits)
         dsn = dsn_of(args)  # the fleet's store (--store, AGW_STORE), else the files of --audit-dir
-        audit = meter(open_sink(dsn, Path(args.audit_dir), Path(args.audit_keys), redact=first.policy.audit.redact))
+        audit = meter(
+            open_sink(dsn, Path(args.audit_dir), Path(args.audit_keys), first.policy.audit.redact, spool=spool_of(args))
+        )
         audit.on_health = _audit_health
         started: list[bool] = []  # set once serving: edits from then on are reported
         holder = PolicyHolder(policy_file, workspace, on_event=_policy_event(audit, started))
@@ -235,7 +237,7 @@ def main(args: argparse.Namespace) -> int:
         audit,
         approver,
         approval_timeout_s=args.approval_timeout,
-        hidden=(tokens_file.parent, Path(args.audit_keys)),
+        hidden=(tokens_file.parent, Path(args.audit_keys), *spool_dirs(args)),
         state_dir=Path(args.process_dir),
         admit=sync.admission(holder.current) if sync else None,  # the fleet's policy: refused past its max age
     )

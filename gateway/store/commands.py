@@ -16,9 +16,9 @@ from typing import Any
 
 from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, SigningKey, VerifyKey
-from gateway.audit.records import canonical
+from gateway.audit.records import AuditUnavailable, canonical
 from gateway.audit.sink import AuditSink
-from gateway.store import approvals, db, ledger, sequencer
+from gateway.store import approvals, db, ledger, sequencer, spool
 from gateway.store import tokens as store_tokens
 from gateway.store.policy import PolicySync, RolloutError, publish
 from gateway.store.tokens import StoreTokens
@@ -36,6 +36,35 @@ def dsn_of(args: argparse.Namespace) -> str | None:
     """`--store`, else AGW_STORE, else None (the files of one host)."""
     given = getattr(args, "store", None) or os.environ.get(db.ENV)
     return given or None
+
+
+def spool_dirs(args: argparse.Namespace) -> tuple[Path, ...]:
+    """`--store-spool DIR` (else AGW_STORE_SPOOL) as an absolute path, when given: a directory of
+    the gateway's own, hidden from every sandbox."""
+    given = getattr(args, "store_spool", None) or os.environ.get(spool.ENV)
+    return (Path(given).absolute(),) if given else ()
+
+
+def spool_of(args: argparse.Namespace) -> tuple[Path | None, int]:
+    """Where a batch the store does not take waits (`--store-spool`; None: it is refused) and
+    the spool's bound in bytes (`--store-spool-max`, else AGW_STORE_SPOOL_MAX). Raises
+    AuditUnavailable on a bound that is not a positive whole number, or a spool without a store."""
+    dirs = spool_dirs(args)
+    bound = getattr(args, "store_spool_max", None)
+    if bound is None:
+        text = os.environ.get(spool.ENV_MAX, "").strip()
+        if not text:
+            bound = spool.DEFAULT_MAX
+        elif not text.isdigit() or int(text) < 1:
+            raise AuditUnavailable(f"{spool.ENV_MAX}={text!r}: the spool's bound is a positive number of bytes")
+        else:
+            bound = int(text)
+    if dirs and not dsn_of(args):
+        raise AuditUnavailable(
+            f"--store-spool (or {spool.ENV}) is for a gateway with --store: it keeps the store's records while the "
+            "store is away"
+        )
+    return (dirs[0] if dirs else None), bound
 
 
 def store_main(args: argparse.Namespace) -> int:

@@ -18,6 +18,13 @@ its stream and seq, links to the record before it, seqs run 1, 2, 3 without a ga
 (each commit's last record is signed with the host's key) verify; every host's streams link in
 order; every stream holds at least what the newest signed checkpoint saw it hold
 (sequencer.py), so a stream cut short shows.
+
+With a spool (`spool`: spool.py, opt-in per host), a commit the store does not answer puts the
+batch in the stream's spool file instead, and the append succeeds; while the spool holds records
+every append goes there. `forward` inserts a spool's records in order once the store answers
+(at the next append once a probe saw the store back, and from a thread every second), verified
+first: a record already in the store with the same hash is that record (skipped), a different one
+is a fork, and a spool that fails verification is not inserted at all: both stop the stream.
 """
 
 from __future__ import annotations
@@ -42,13 +49,17 @@ from gateway.audit.keys import SigningKey, VerifyKey
 from gateway.audit.records import SECRET_NAME, AuditUnavailable, canonical, digest
 from gateway.audit.sink import AuditSink
 from gateway.audit.writer import mark_written, open_signed, prepare
+from gateway.log import log
 from gateway.store import db, sequencer
+from gateway.store import spool as spooling
 
 STREAM_STARTED = "stream_started"
 VOIDED = "audit_voided"
 _HOST_LOCK = 0x6167  # advisory lock namespace (with hashtext(host)): one stream starts at a time per host
 _LAST = "SELECT seq, hash FROM agw.record WHERE stream = %s ORDER BY seq DESC LIMIT 1"
 _INSERT = "INSERT INTO agw.record (stream, seq, hash, body) VALUES (%s, %s, %s, %s)"
+_FORWARD_EVERY_S = 1.0
+_CHUNK = 500  # records a statement of the forwarder inserts
 
 
 def _now() -> str:
@@ -81,6 +92,8 @@ class StoreLedger:
         key: SigningKey | None = None,
         host: str | None = None,
         sequence: bool = False,
+        spool: Path | None = None,
+        spool_max: int = spooling.DEFAULT_MAX,
     ) -> None:
         self.store = store
         self.directory = Path(directory)
@@ -101,11 +114,20 @@ class StoreLedger:
         """Records of a commit whose outcome is unknown (seq -> hash): read back before going on."""
         self._broken: str | None = None
         """Why this stream takes no more records (a fork): every append is refused."""
+        self.spool = spooling.Spool(spool, self.stream, spool_max) if spool is not None else None
+        """`--store-spool`: where a batch the store does not take goes (spool.py); None: refused."""
+        self._reachable = True
+        """Whether the store answered the last probe (an append forwards the spool only then)."""
+        self._stop = threading.Event()
         try:
             db.require_current(store)
+            if spool is not None:  # an earlier gateway's spool first: its records come before this stream
+                self._forward_orphans(Path(spool))
             self._start()
         except db.StoreError as exc:
             raise AuditUnavailable(str(exc)) from exc
+        if self.spool is not None:
+            threading.Thread(target=self._forwarder, name="agw-spool", daemon=True).start()
         self.sequencer: sequencer.Sequencer | None = None
         """`sequence`: this gateway competes to be the fleet's sequencer (sequencer.py)."""
         if sequence and key is not None:
@@ -200,8 +222,14 @@ class StoreLedger:
                 raise AuditUnavailable(self._broken)
             if self._sent:
                 self._settle_unknown(batch)
+            if self.spool is not None and self.spool.holding and self._reachable:
+                with contextlib.suppress(db.StoreUnavailable):  # still away: the batch joins the spool
+                    self._forward_own()
             made = self._made(batch)
-            self._insert(made)
+            if self.spool is not None and self.spool.holding:  # the chain's order: after what it holds
+                self.spool.write([body for _, _, body in made])
+            else:
+                self._insert(made)
             self._advance(made)
             for p in batch:
                 p.record = p.body
@@ -233,7 +261,14 @@ class StoreLedger:
             )
             raise AuditUnavailable(self._broken) from exc
         except db.StoreUnavailable as exc:
-            raise AuditUnavailable(f"{exc} (nothing runs unrecorded)") from exc
+            if self.spool is None:
+                raise AuditUnavailable(f"{exc} (nothing runs unrecorded)") from exc
+            # it may have landed all the same: the forwarder skips what the store holds already
+            self._sent = {}
+            self._reachable = False
+            self.spool.write([body for _, _, body in made])
+            log.warning("store_spooling", store=self.store.name, spool=str(self.spool.path), error=str(exc))
+            return
         except psycopg.Error as exc:
             self._sent = {}
             raise AuditUnavailable(f"the store {self.store.name} refused the record: {exc}") from exc
@@ -262,10 +297,163 @@ class StoreLedger:
             "why": "committed, but the gateway did not hear the commit: their calls were refused and did not run",
         }}))  # fmt: skip
 
+    # --- the spool ------------------------------------------------------------------------------
+    def _forward_own(self) -> None:
+        """Forward this stream's spool (the caller holds the commit turn). Raises StoreUnavailable
+        while the store is away; AuditUnavailable (the stream stopped) on a fork or a spool that
+        fails verification."""
+        assert self.spool is not None
+        try:
+            sent = forward(self.store, self.spool, self._keys(), end=(self._seq, self._prev))
+        except spooling.SpoolError as exc:
+            self._broken = f"{exc}; nothing of it was inserted; this gateway records nothing more: restart it"
+            log.error("store_spool_refused", spool=str(self.spool.path), error=self._broken)
+            raise AuditUnavailable(self._broken) from exc
+        except db.StoreUnavailable:
+            self._reachable = False
+            raise
+        self._reachable = True
+        log.info("store_spool_forwarded", store=self.store.name, spool=str(self.spool.path), records=sent)
+
+    def _keys(self) -> list[VerifyKey]:
+        return [self.key.public] if self.key is not None else []
+
+    def _forward_orphans(self, directory: Path) -> None:
+        """Forward the spools of this host's gateways that are gone, before this one starts.
+        Raises AuditUnavailable (the gateway does not start) on one that fails verification."""
+        try:
+            found = spooling.orphans(directory)
+        except spooling.SpoolError as exc:
+            raise AuditUnavailable(str(exc)) from exc
+        try:
+            for orphan in found:
+                try:
+                    sent = forward(self.store, orphan, None)
+                except spooling.SpoolError as exc:
+                    raise AuditUnavailable(
+                        f"{exc}; nothing of it was inserted. Keep it for whoever investigates, move it out of "
+                        f"{directory}, and start again"
+                    ) from exc
+                log.info("store_spool_forwarded", store=self.store.name, spool=str(orphan.path), records=sent)
+        finally:
+            for orphan in found:
+                orphan.close()
+
+    def _forwarder(self) -> None:
+        """Every second while the spool holds records: once the store answers, forward them."""
+        assert self.spool is not None
+        while not self._stop.wait(_FORWARD_EVERY_S):
+            if not self.spool.holding or self._broken is not None:
+                continue
+            try:  # outside the commit turn: appends go on into the spool while this waits
+                with self.store.connection() as conn:
+                    conn.execute("SELECT 1")
+            except db.StoreUnavailable:
+                self._reachable = False
+                continue
+            self._reachable = True
+            with self._cond:
+                while self._committing:
+                    self._cond.wait()
+                self._committing = True
+            try:
+                if self.spool.holding and self._broken is None:
+                    self._forward_own()
+            except Exception as exc:  # (a stopped stream is told at its next append; this thread goes on)
+                log.warning("store_spool_not_forwarded", spool=str(self.spool.path), error=str(exc))
+            finally:
+                with self._cond:
+                    self._committing = False
+                    self._cond.notify_all()
+
     def close(self) -> None:
+        self._stop.set()
         if self.sequencer is not None:
             self.sequencer.stop()
+        if self.spool is not None:
+            with self._cond:  # not while the forwarder holds the commit turn
+                while self._committing:
+                    self._cond.wait()
+                self._committing = True
+            self.spool.close()  # what it still holds is forwarded by the next gateway
         self.store.close()
+
+
+def forward(
+    store: db.Store, spool: spooling.Spool, keys: list[VerifyKey] | None, end: tuple[int, str] | None = None
+) -> int:
+    """Insert the spool's records into the store, in order, in one transaction, then remove
+    the spool; the records inserted. `keys`: what its signatures must verify with (None: the key
+    its stream names in the store); `end`: the (seq, hash) its writer knows it ends at. Raises
+    SpoolError (nothing inserted) when it fails verification or the store holds something else
+    at one of its seqs (a fork); StoreUnavailable while the store is away."""
+    text = spool.read()
+    with store.connection() as conn, conn.transaction():
+        stream = spool.stream
+        if keys is None:  # an earlier gateway's: the file names its stream; the store names its key
+            first = text.split("\n", 1)[0]
+            with contextlib.suppress(ValueError, AttributeError):
+                stream = str(json.loads(first).get("stream"))
+            keys = _stream_keys(conn, stream)
+        checked = spooling.check(text, spool.path, stream, keys)
+        records = checked.records
+        got = (int(records[-1]["seq"]), str(records[-1]["hash"])) if records else None
+        if end is not None and got != end:
+            raise spooling.SpoolError(
+                f"the spool {spool.path} ends at {f'seq {got[0]}' if got else 'nothing'}, not at the record seq "
+                f"{end[0]} this gateway wrote there: records were removed, added or edited"
+            )
+        if not records:
+            spool.clear()
+            return 0
+        row = conn.execute(_LAST, (stream,)).fetchone()
+        last, last_hash = (int(row[0]), str(row[1])) if row else (0, "")
+        first_seq = int(records[0]["seq"])
+        if first_seq > last + 1:
+            raise spooling.SpoolError(
+                f"the spool {spool.path} starts at seq {first_seq} of stream {stream}, and the store {store.name} "
+                f"holds it only to seq {last}: records {last + 1}..{first_seq - 1} are missing"
+            )
+        if first_seq == last + 1 and records[0].get("prev") != last_hash:
+            raise spooling.SpoolError(
+                f"the spool {spool.path} seq {first_seq} does not link to seq {last} of stream {stream} in the "
+                f"store {store.name}: a fork"
+            )
+        held = {
+            int(s): str(h)
+            for s, h in conn.execute(
+                "SELECT seq, hash FROM agw.record WHERE stream = %s AND seq >= %s", (stream, first_seq)
+            )
+        }
+        for record in records:
+            if record["seq"] in held and held[record["seq"]] != record["hash"]:
+                raise spooling.SpoolError(
+                    f"the store {store.name} holds another record at seq {record['seq']} of stream {stream} than "
+                    f"the spool {spool.path}: a fork"
+                )
+        new = [(r["seq"], r["hash"], line) for r, line in zip(records, checked.lines, strict=True) if r["seq"] > last]
+        try:
+            for at in range(0, len(new), _CHUNK):
+                part = new[at : at + _CHUNK]
+                sql = _INSERT + ", (%s, %s, %s, %s)" * (len(part) - 1)
+                conn.execute(sql, [x for seq, hash_, body in part for x in (stream, seq, hash_, body)])
+        except psycopg.errors.UniqueViolation as exc:
+            raise spooling.SpoolError(
+                f"another writer put records in stream {stream} while the spool {spool.path} was forwarded: a fork"
+            ) from exc
+        except psycopg.errors.IntegrityError as exc:
+            raise spooling.SpoolError(f"the store {store.name} refused the spool {spool.path}: {exc}") from exc
+    spool.clear()  # (a crash before this: the next forward finds them there, the same, and skips them)
+    return len(new)
+
+
+def _stream_keys(conn: psycopg.Connection[Any], stream: str) -> list[VerifyKey]:
+    row = conn.execute("SELECT body FROM agw.record WHERE stream = %s AND seq = 1", (stream,)).fetchone()
+    with contextlib.suppress(Exception):
+        line = json.loads(row[0])["data"]["key"] if row else None
+        if isinstance(line, str):
+            return [VerifyKey.from_line(line, f"stream {stream}")]
+    return []
 
 
 # --- calls a dead gateway left: interrupted ---------------------------------------------------
@@ -359,30 +547,45 @@ def _interrupted(conn: psycopg.Connection[Any], stream: str, pid: int) -> list[_
 
 
 def open_ledger(
-    dsn: str, directory: Path, key_dir: Path, redact: list[str] | None = None, *, sequence: bool = True
+    dsn: str,
+    directory: Path,
+    key_dir: Path,
+    redact: list[str] | None = None,
+    *,
+    sequence: bool = True,
+    spool: Path | None = None,
+    spool_max: int = spooling.DEFAULT_MAX,
 ) -> StoreLedger:
     """The ledger of a gateway run with `--store`: its records signed with this host's key (the
     one in `key_dir`, made if there is none); `sequence`: it may be the fleet's sequencer (a
-    one-shot `gateway run` is not). Raises AuditUnavailable naming the store."""
+    one-shot `gateway run` is not); `spool`: where batches wait while the store is away (None:
+    refused). Raises AuditUnavailable naming the store."""
     try:
         store = db.Store(dsn)
     except db.StoreError as exc:
         raise AuditUnavailable(str(exc)) from exc
     try:
         key = SigningKey.load_or_create(Path(key_dir))
-        return StoreLedger(store, directory, redact, key=key, sequence=sequence)
+        return StoreLedger(store, directory, redact, key=key, sequence=sequence, spool=spool, spool_max=spool_max)
     except Exception:
         store.close()
         raise
 
 
 def open_sink(
-    dsn: str | None, directory: Path, key_dir: Path, redact: list[str] | None = None, *, sequence: bool = True
+    dsn: str | None,
+    directory: Path,
+    key_dir: Path,
+    redact: list[str] | None = None,
+    *,
+    sequence: bool = True,
+    spool: tuple[Path | None, int] = (None, spooling.DEFAULT_MAX),
 ) -> AuditSink:
-    """The gateway's ledger: the fleet's store when `dsn` names one, else the files of one host
-    (`directory`, signed with the key in `key_dir`). Raises AuditUnavailable."""
+    """The gateway's ledger: the fleet's store when `dsn` names one (with `spool`: its directory
+    and bound, commands.spool_of), else the files of one host (`directory`, signed with the key
+    in `key_dir`). Raises AuditUnavailable."""
     if dsn:
-        return open_ledger(dsn, directory, key_dir, redact, sequence=sequence)
+        return open_ledger(dsn, directory, key_dir, redact, sequence=sequence, spool=spool[0], spool_max=spool[1])
     return open_signed(directory, key_dir, redact=redact)
 
 
