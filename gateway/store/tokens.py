@@ -22,21 +22,38 @@ from gateway.tokens import LISTS, PREFIXES, TokenEntry, TokenError, TokenStore, 
 
 REFRESH_S = 1.0
 MAX_AGE_S = 60.0
+MISS_REFRESH_S = 0.05
+"""A token not among the entries read is looked for again in the store once the last read is
+this old: one made a moment ago on another host is honoured at once, and a flood of wrong
+tokens reads the store at most 20 times a second."""
 
 
 class StoreTokens(TokenStore):
     """The fleet's tokens for one gateway host."""
 
     def __init__(
-        self, store: db.Store, host: str | None = None, refresh_s: float = REFRESH_S, max_age_s: float = MAX_AGE_S
-    ) -> None:
+        self, store: db.Store, host: str | None = None, refresh_s: float = REFRESH_S, max_age_s: float = MAX_AGE_S,
+        miss_refresh_s: float = MISS_REFRESH_S,
+    ) -> None:  # fmt: skip
         self.store = store
         self.host = host or socket.gethostname()
         self.refresh_s = refresh_s
         self.max_age_s = max_age_s
+        self.miss_refresh_s = miss_refresh_s
         self._read_at: float | None = None
         self._ok_at: float | None = None
         super().__init__(Path(f"{store.name}#agw.token"))
+
+    def _find(self, token: str, kind: str) -> TokenEntry | None:
+        found = super()._find(token, kind)
+        if found is None:  # made since the last read? (a token is often used the moment it is made)
+            with self._lock:
+                stale = self._read_at is not None and time.monotonic() - self._read_at >= self.miss_refresh_s
+                if stale:
+                    self._read_at = None
+            if stale:
+                found = super()._find(token, kind)
+        return found
 
     def _refresh(self) -> None:
         now = time.monotonic()

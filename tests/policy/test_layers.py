@@ -304,6 +304,13 @@ CASES: list[tuple[str, dict[str, Any], Get, object, tuple[dict[str, Any], str] |
         )
         for part in ("env", "file", "hosts")
     ],
+    (
+        "fleet.max_policy_age_seconds",
+        {"fleet": {"max_policy_age_seconds": 60}},
+        lambda m: m.policy.fleet.max_policy_age_seconds,
+        60,
+        ({"fleet": {"max_policy_age_seconds": 7200}}, "fleet.max_policy_age_seconds: 7200 is wider than 3600"),
+    ),
     # --- upstreams: the same servers with the same credentials, tightened only ------------------
     *[
         (
