@@ -108,6 +108,14 @@ import gateway.tools  # the tool families register with the gate, as in every fa
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
+import os
+# bwrap opens /proc/PID/ns/... with its own pid in this namespace; through the host's /proc that
+# names another process (a kernel thread's low pid: then it starts) or none (then it fails, which
+# this test needs). The next pids here are put where the host has none for a long stretch.
+start = int(Path("/proc/sys/kernel/pid_max").read_text()) // 2
+while any(os.path.exists(f"/proc/{q}") for q in range(start, start + 2000)):
+    start += 2000
+Path("/proc/sys/kernel/ns_last_pid").write_text(str(start))
 ws = Path(sys.argv[1])
 hand_over(ws)
 policy = compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="t")
