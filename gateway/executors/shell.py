@@ -27,23 +27,10 @@ from typing import Any
 
 from gateway import sandbox
 from gateway.sandbox import identity, reaper
+from gateway.sandbox.plan import READONLY as READONLY
+from gateway.sandbox.plan import READONLY_PREFIX
 
 SHELL = ["bash", "--noprofile", "--norc", "-c"]
-
-READONLY = (
-    "PATH", "HOME", "CDPATH", "LANG", "LANGUAGE", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS0", "PS1",
-    "PS2", "PS3", "PS4", "PROMPT_COMMAND", "BASH_LOADABLES_PATH", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD",
-    "BASH_COMPAT", "POSIXLY_CORRECT", "GLOBIGNORE", "INPUTRC", "BASH_CMDS", "BASH_ALIASES",
-)  # fmt: skip
-"""Variables every shell the gateway starts makes read-only before the agent's text runs. The
-gate refuses any text that assigns them by name (analysis/hazards.py, PROTECTED_VARIABLES), but
-bash evaluates a variable's value as arithmetic: `y=PATH=5; (( y ))` set PATH to 5 through a
-name the text never wrote as an assignment, and `ls` then ran ./5/ls. Read-only, the assignment
-fails ("readonly variable") and the command the gate decided is the one that runs. (An unset
-one stays unset: `readonly POSIXLY_CORRECT` does not turn POSIX mode on.)"""
-
-READONLY_PREFIX = f"builtin readonly {' '.join(READONLY)}; "
-"""Put before the text on its first line: line numbers in bash's messages stay the text's own."""
 
 
 def shell_argv(text: str, posix: bool = False) -> list[str]:

@@ -46,7 +46,7 @@ from gateway.sandbox import descriptors, disk, helper, landlock, quotas
 from gateway.sandbox.descriptors import Opened, PlantedLink
 from gateway.sandbox.egress import netns
 from gateway.sandbox.egress.proxy import Attachment, Owner, service
-from gateway.sandbox.plan import HELPER, Mount, SandboxPlan
+from gateway.sandbox.plan import HELPER, READONLY_PREFIX, Mount, SandboxPlan
 
 
 class SandboxUnavailable(Exception):
@@ -189,7 +189,8 @@ class Launch:
         if hooks is None:
             sockets.close()
             raise RuntimeError("nothing records this sandbox's connections: its network stays closed")
-        owner = Owner(hooks.principal, hooks.current_call(), plan.argv[-1] if plan.argv else "")
+        shown = plan.argv[-1].removeprefix(READONLY_PREFIX) if plan.argv else ""  # the text as decided
+        owner = Owner(hooks.principal, hooks.current_call(), shown)
         self.network = service().attach(sockets, plan.egress, hooks, owner)
 
     @property

@@ -72,6 +72,21 @@ LOOP_SHELL = f"{RUN_DIR}/bash"
 The kernel makes a process that execs a file it cannot read non-dumpable, so the commands the
 loop runs (the same account, the same sandbox) can neither ptrace it nor open its /proc/PID/mem
 or /proc/PID/fd: they cannot answer its read of the control pipe with a record of their own."""
+
+READONLY = (
+    "PATH", "HOME", "CDPATH", "LANG", "LANGUAGE", "BASH_ENV", "ENV", "SHELLOPTS", "BASHOPTS", "PS0", "PS1",
+    "PS2", "PS3", "PS4", "PROMPT_COMMAND", "BASH_LOADABLES_PATH", "EXECIGNORE", "HISTFILE", "BASH_XTRACEFD",
+    "BASH_COMPAT", "POSIXLY_CORRECT", "GLOBIGNORE", "INPUTRC", "BASH_CMDS", "BASH_ALIASES",
+)  # fmt: skip
+"""Variables every shell the gateway starts makes read-only before the agent's text runs. The
+gate refuses any text that assigns them by name (analysis/hazards.py, PROTECTED_VARIABLES), but
+bash evaluates a variable's value as arithmetic: `y=PATH=5; (( y ))` set PATH to 5 through a
+name the text never wrote as an assignment, and `ls` then ran ./5/ls. Read-only, the assignment
+fails ("readonly variable") and the command the gate decided is the one that runs. (An unset
+one stays unset: `readonly POSIXLY_CORRECT` does not turn POSIX mode on.)"""
+
+READONLY_PREFIX = f"builtin readonly {' '.join(READONLY)}; "
+"""Put before the text on its first line: line numbers in bash's messages stay the text's own."""
 LOOP_ZSH = f"{RUN_DIR}/zsh"
 """A zsh session's loop shell: the system's zsh, copied in the same way (mode 0111)."""
 
