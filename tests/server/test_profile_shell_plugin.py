@@ -18,6 +18,7 @@ from mcp import Client
 from mcp.types import CallToolResult, ImageContent, TextContent
 
 from gateway.audit import verify
+from gateway.sandbox.plan import READONLY_PREFIX
 from gateway.server.profiles import shell_plugin
 from gateway.server.profiles.shell_plugin import exec_output
 from tests.server.conftest import audit_records
@@ -385,7 +386,8 @@ def test_processes_examples_and_errors(tmp_path: Path, ws: Path) -> None:
     assert s["keepAlive"] is True and s["status"] == "running" and isinstance(s["pid"], int)
     assert sorted(p.name for p in folder.iterdir()) == ["process.log", "record.json", "sandbox.json"]
     sandbox = json.loads((folder / "sandbox.json").read_text())
-    assert sandbox["command"][-1] == "echo started; sleep 300" and sandbox["cwd"] == str(ws)
+    # the argv as run: the shell's read-only preamble (sandbox/plan.py READONLY_PREFIX), then the text
+    assert sandbox["command"][-1] == READONLY_PREFIX + "echo started; sleep 300" and sandbox["cwd"] == str(ws)
     assert sandbox["network"] is False and any(m["target"] == str(ws) for m in sandbox["mounts"])
     assert sandbox["die_with_parent"] is False and sandbox["landlock"] and "launched_at" in sandbox
 
