@@ -48,7 +48,10 @@ class StoreTokens(TokenStore):
         found = super()._find(token, kind)
         if found is None:  # made since the last read? (a token is often used the moment it is made)
             with self._lock:
-                stale = self._read_at is not None and time.monotonic() - self._read_at >= self.miss_refresh_s
+                # only after a read that reached the store: while it is away a flood of wrong tokens
+                # must not hold the lock through a connection timeout for every other lookup
+                answered = self._read_at is not None and self._ok_at == self._read_at
+                stale = answered and time.monotonic() - self._read_at >= self.miss_refresh_s  # type: ignore[operator]
                 if stale:
                     self._read_at = None
             if stale:
