@@ -37,13 +37,15 @@ def _run(gw: Gateway, command: str) -> dict[str, object]:
 
 
 def _commands(pg: Postgres) -> list[str]:
+    """The decisions' commands in the order the store received them (each gateway has a stream of
+    its own, named at random, so the order of stream names says nothing)."""
     store = db.Store(pg.dsn())
     try:
         checked = verify_store(store)
         assert checked.ok, checked.lines()
         with store.connection() as conn:
             sql = ("SELECT body::jsonb #>> '{arguments,command}' FROM agw.record "
-                   "WHERE body::jsonb ->> 'event' = 'decision' ORDER BY stream, seq")  # fmt: skip
+                   "WHERE body::jsonb ->> 'event' = 'decision' ORDER BY received_at, stream, seq")  # fmt: skip
             return [r[0] for r in conn.execute(sql)]
     finally:
         store.close()
