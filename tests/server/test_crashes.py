@@ -30,7 +30,7 @@ from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy, compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox import quotas
-from tests import crashload
+from tests import clonestop, crashload
 from tests.conftest import eventually
 from tests.server.conftest import GATEWAY, POLICY, env_without_state
 
@@ -237,6 +237,32 @@ def test_kill_9_of_a_real_server_right_after_a_run_starts_leaves_nothing_running
         assert not leaked, f"{len(leaked)} sandbox processes outlived their killed gateway: {leaked}"
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="traces the gateway and its sandbox's processes (root)")
+def test_kill_9_of_a_server_whose_bwrap_just_cloned_its_sandbox_leaves_nothing_running(
+    tmp_path: Path, ws: Path, policy_file: Path
+) -> None:
+    """The window itself, every time: bwrap's monitor held (traced) at the instant it has cloned
+    the sandbox's first process, before it tells that process to go on, and the server killed
+    there. That first process (PID 1 of the new namespace, still bwrap) waits for the go on an
+    eventfd nobody will ever write, with no parent-death signal armed yet: it ran on for ever,
+    as the sandbox account, out of every cgroup kill but a later gateway's."""
+    mine = _marker()
+    with contextlib.ExitStack() as stack:
+        stack.callback(lambda: crashload.kill_all(crashload.with_marker(mine)))
+        join = stack.enter_context(_cgroup_of_its_own())
+        server = _StdioGateway(tmp_path / "server", policy_file, ws, join)
+        stack.callback(server.kill)
+        tracer = clonestop.Tracer(server.proc.pid)
+        server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                     "params": {"name": "run", "arguments": {"command": f"sleep {mine}"}}})  # fmt: skip
+        held = tracer.hold_monitor_at_clone(mine)
+        stack.callback(clonestop.release, held.monitor)
+        server.kill()
+        assert clonestop.wait_gone(held.monitor), "the held bwrap outlived its gateway"
+        found = crashload.survivors(mine, settle_s=5.0)
+        assert not found, f"the sandbox outlived its killed gateway: {_described(found)} ({held.events})"
+
+
 def _building(marker: str) -> bool:
     """Whether bwrap is building the sandbox of the command holding `marker` (its monitor and its
     namespace's first process both run, until that one execs the helper), or has built it."""
@@ -248,12 +274,26 @@ def _building(marker: str) -> bool:
 
 
 def _described(pids: list[int]) -> list[str]:
+    """Each survivor as it stands: what it is, whose, and where it waits (its state, the kernel
+    function it sleeps in, its signal masks and parent-death signal's absence tell which step of
+    the sandbox's start it never left; its descriptors name the pipe or eventfd it reads)."""
     out = []
     for pid in pids:
         try:
             uid = os.stat(f"/proc/{pid}").st_uid
             args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            out.append(f"{pid} uid {uid}: {args[0].decode(errors='replace')}")
+            status = dict(
+                line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in line
+            )
+            wchan = Path(f"/proc/{pid}/wchan").read_text()
+            fds = {}
+            for fd in sorted(os.listdir(f"/proc/{pid}/fd"), key=int):
+                with contextlib.suppress(OSError):
+                    fds[fd] = os.readlink(f"/proc/{pid}/fd/{fd}")
         except OSError:
             continue
+        fds = {fd: what for fd, what in fds.items() if not what.startswith("/")}  # pipes, eventfds, sockets
+        fields = ("Name", "PPid", "State", "NSpid", "SigBlk", "SigCgt")
+        where = " ".join(f"{k}={status.get(k, '?').strip()}" for k in fields)
+        out.append(f"{pid} uid {uid}: {args[0].decode(errors='replace')} [{where} wchan={wchan} fds={fds}]")
     return out
