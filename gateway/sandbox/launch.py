@@ -1,15 +1,18 @@
 """Apply a `SandboxPlan`: open every source by descriptor, and build the argv that starts it.
 
-    agw-init outer --join CGROUP... --uid U --gid G --parent GATEWAY_PID
+    agw-init outer --join CGROUP... --uid U --gid G [--lifeline FD]     (the guard, with FD)
       -> bwrap <mounts by descriptor> --unshare-all --as-pid-1 ... --
          -> /run/agent-gateway/init inner --verify-ro-root --expect ... --allow ... --rlimit ...
                                           --init [--lifeline FD]          (the sandbox's PID 1)
             -> the command
 
 The outer helper puts itself in the call's cgroup and drops to the sandbox uid before bwrap
-exists, so every process of the sandbox is counted and none is root; for a sandbox that dies
-with the gateway it then arms the parent-death signal and checks the gateway is still its
-parent, so bwrap never outlives a gateway killed around a spawn. The inner helper checks
+exists, so every process of the sandbox is counted and none is root. For a sandbox that dies
+with the gateway it stays as bwrap's parent, the sandbox's guard: it watches the lifeline from
+before bwrap exists and, when it is cut, kills its process group, which holds bwrap's monitor
+and, until the sandbox is built, bwrap's first process in the new PID namespace (a monitor
+killed between its clone and its go to that process would leave it waiting for ever: no
+parent-death signal covers that moment). The inner helper checks
 that `/` is read-only and that every bound object is the one opened here, applies Landlock,
 rlimits and the seccomp filter against set-id modes, closes every descriptor but 0-2 (and the
 ones the caller keeps), and runs the command as its child: it is the PID namespace's init, so
@@ -517,8 +520,8 @@ def _prepare(
             outer += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
             if cgroup is None and q.pids:  # the dedicated uid's process count, as a last resort
                 outer += ["--nproc", str(q.pids)]
-        if plan.die_with_parent:  # armed before bwrap exists: a kill -9 of the gateway at any moment
-            outer += ["--parent", str(os.getpid())]  # ends the sandbox (bwrap's own comes later)
+        if lifeline is not None:  # it stays as bwrap's parent, and kills bwrap's group when the lifeline is
+            outer += ["--lifeline", str(lifeline)]  # cut: a kill -9 of the gateway at any moment ends it all
         command = [*outer, "--", *command]
     launch = Launch(command, tuple(fds), cgroup, how)
     launch._fds = list(fds)
