@@ -1,10 +1,12 @@
 """Crashes that leave nothing behind: a gateway killed with SIGKILL at random moments around
 spawns, many times over, leaves no sandbox running, whether or not a gateway runs again.
 
-`run` sandboxes: the helper arms the parent-death signal before bwrap exists (and notices a
-parent already gone), and the sandbox's init (the helper again) ends the sandbox when its
-lifeline, a pipe only the gateway holds open, closes: bwrap's own parent-death signal is armed
-only once it has built the sandbox, too late when the gateway died meanwhile."""
+`run` sandboxes: the helper in front of bwrap stays as the sandbox's guard and kills bwrap's
+process group when its lifeline, a pipe only the gateway holds open, closes; the sandbox's init
+(the helper again) ends the sandbox when it closes, too. bwrap's own parent-death signal is
+armed only once it has built the sandbox, too late when the gateway died meanwhile, and one
+armed before bwrap existed killed its monitor between its clone of the namespace's first
+process and its go to it, which then waited for ever."""
 
 from __future__ import annotations
 
@@ -208,7 +210,9 @@ def test_kill_9_of_a_real_server_right_after_a_run_starts_leaves_nothing_running
 ) -> None:
     """A real server killed 0-40 ms after a run's sandbox starts, 60 times: nothing of any sandbox
     runs on, with no gateway started again (bwraps ran on before: the namespace's init, re-parented
-    to the host's init before it armed its parent-death signal, then ran the command)."""
+    to the host's init before it armed its parent-death signal, then ran the command; later, under
+    load, the namespace's first process, waiting for the go of a monitor killed right after it
+    was forked: 6 of 120 tries killed the moment it was seen, none with the fix)."""
     base = _marker()  # each try's command is `sleep <base><try>`
     rng = random.Random()
     leaked: list[str] = []
@@ -221,12 +225,14 @@ def test_kill_9_of_a_real_server_right_after_a_run_starts_leaves_nothing_running
             try:
                 server.send({"jsonrpc": "2.0", "id": 2, "method": "tools/call",
                              "params": {"name": "run", "arguments": {"command": f"sleep {mine}"}}})  # fmt: skip
-                if i % 2 == 0:  # 0-40 ms after its sandbox appears: built, or running its command
+                if i % 4 == 0:  # 0-40 ms after its sandbox appears: built, or running its command
                     assert eventually(functools.partial(crashload.with_marker, mine), every=0.001), "no run"
                     time.sleep(rng.uniform(0.0, 0.04))
-                else:  # 0-10 ms after bwrap forked the namespace's first process: mid-build, the window
+                elif i % 4 == 2:  # 0-10 ms after bwrap forked the namespace's first process: mid-build
                     assert eventually(functools.partial(_building, mine), every=0.001), "no sandbox was built"
                     time.sleep(rng.uniform(0.0, 0.01))
+                else:  # the moment it is seen: a loaded monitor may not have let that process go on yet
+                    assert eventually(functools.partial(_building, mine), every=0.0), "no sandbox was built"
             finally:
                 server.kill()
             # looked for before the next server starts: a gateway that starts kills what runs in the
