@@ -227,8 +227,11 @@ class Launch:
         if group is not None:
             group.kill()
         elif self.pid is not None:  # no cgroup: the process group; the PID namespace ends with bwrap
+            # a guarded sandbox's guard kills bwrap on SIGTERM and reaps it (SIGKILL would end the
+            # guard too, and leave bwrap to the gateway, which never reaps its own namespace's orphans)
+            sig = signal.SIGTERM if self._lifeline is not None else signal.SIGKILL
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, sig)
 
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
