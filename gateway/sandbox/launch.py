@@ -624,22 +624,35 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
     return group, f"cgroup v{support.version}"
 
 
+CHECK_TIMEOUT_S = 10
+
+
 @functools.lru_cache(maxsize=1)
 def check() -> str:
-    """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable."""
+    """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable.
+
+    The probe runs in a process group of its own, which bwrap's first process shares, and a
+    probe given up on is killed as a group: bwrap's monitor killed alone between its clone of
+    that process and its go to it (an eventfd) left it waiting for ever, holding the probe's
+    output pipes (the check never returned). Nor has it a parent-death signal: bwrap arms it in
+    the monitor before that go, and a gateway dying right there would leave the same; unkilled,
+    the probe just runs `true` to its end."""
     binary = bwrap_binary()
+    argv = [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--", "/usr/bin/true"]  # fmt: skip
     try:
-        proc = subprocess.run(
-            [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-             "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--die-with-parent",
-             "--", "/usr/bin/true"],
-            capture_output=True,
-            timeout=10,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
+    try:
+        _, err = proc.communicate(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
     if proc.returncode != 0:
-        raise SandboxUnavailable(f"bubblewrap fails here: {proc.stderr.decode(errors='replace').strip()[:200]}")
+        raise SandboxUnavailable(f"bubblewrap fails here: {err.decode(errors='replace').strip()[:200]}")
     return binary
 
 
