@@ -212,7 +212,7 @@ def test_kill_9_of_a_real_server_right_after_a_run_starts_leaves_nothing_running
     runs on, with no gateway started again (bwraps ran on before: the namespace's init, re-parented
     to the host's init before it armed its parent-death signal, then ran the command; later, under
     load, the namespace's first process, waiting for the go of a monitor killed right after it
-    was forked: 6 of 120 tries killed the moment it was seen, none with the fix)."""
+    was forked: 6 of 255 tries killed the moment it was seen, none of 120 with the fix)."""
     base = _marker()  # each try's command is `sleep <base><try>`
     rng = random.Random()
     leaked: list[str] = []
