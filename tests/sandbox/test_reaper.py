@@ -41,7 +41,6 @@ import gateway.tools  # the tool families register with the gate, as in every fa
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
 from gateway.sandbox.identity import hand_over
-from gateway.sandbox.proctree import nspid_depth
 ws = Path(sys.argv[1])
 hand_over(ws)
 policy = compile_policy(Policy.model_validate(PERMISSIVE), ws.parent / "p.yaml", ws, sha256="t")
