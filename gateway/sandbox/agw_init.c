@@ -2,10 +2,13 @@
  * agw-init: the last steps before an untrusted command runs, done by a small program that
  * cannot be talked out of them.
  *
- *   agw-init outer [--join FILE]... [--uid N --gid N] [--nproc N] [--parent PID] -- /abs/program args...
+ *   agw-init outer [--join FILE]... [--uid N --gid N] [--nproc N] [--lifeline FD] -- /abs/program args...
  *       On the host, started by the gateway (as root) in front of bwrap: join the cgroups,
- *       set the process limit, drop to an unprivileged uid/gid for good, arm the parent-death
- *       signal (SIGKILL when the gateway PID dies; refuse if it already has), exec the program.
+ *       set the process limit, drop to an unprivileged uid/gid for good, exec the program.
+ *       With --lifeline FD (a pipe whose write end only the gateway holds) it stays, as the
+ *       guard of the sandbox: the program runs as its child, in its process group, and the
+ *       whole group is killed the moment the lifeline reads end-of-file (the gateway died, at
+ *       any moment of bwrap's setup); otherwise the guard exits as the program did.
  *
  *   agw-init inner [--verify-ro-root] [--expect PATH DEV INO ro|rw]...
  *                  [--landlock required|optional|off] [--allow PATH ACCESS]... [--no-tcp]
@@ -156,6 +159,9 @@ _Static_assert(sizeof(struct agw_path_beneath_attr) == 12, "landlock_path_beneat
 /* ---------------------------------------------------------------------------------------- */
 /* Failing                                                                                   */
 
+/* Set in a guard (outer --lifeline) once bwrap runs as its child: see guard(). */
+static int guarding = 0;
+
 /* Write "agent-gateway sandbox: WHAT: WHY\n" as one write(2), control characters in WHAT
  * escaped (a path may hold a newline: the message must stay one line), and exit 125. */
 static _Noreturn void vfail(const char *why, const char *fmt, va_list ap) {
@@ -185,6 +191,9 @@ static _Noreturn void vfail(const char *why, const char *fmt, va_list ap) {
         }
         n -= (size_t)w;
         memmove(line, line + w, n);
+    }
+    if (guarding) {
+        kill(0, SIGKILL); /* a guard that cannot go on takes its sandbox with it */
     }
     _exit(FAIL_STATUS);
 }
@@ -313,25 +322,227 @@ static unsigned long long target_id(const char *option, const char *s) {
     return v;
 }
 
-/* Die with the gateway: SIGKILL when the thread that started us ends (the kernel's rule for
- * PR_SET_PDEATHSIG; the gateway forks from threads that wait for the sandbox, or from one that
- * lives as long as it does), and fail now if the gateway `parent` is already gone (we were
- * reparented before the signal was armed). Armed after the identity change, which clears it;
- * exec of bwrap (not set-user-ID) keeps it, and bwrap's --die-with-parent arms it again. */
-static void die_with_parent(pid_t parent) {
-    if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0L, 0L, 0L) != 0) {
-        fail_errno(errno, "prctl(PR_SET_PDEATHSIG)");
+static void close_inherited(const int *keep, size_t nkeep);
+
+/* ---------------------------------------------------------------------------------------- */
+/* Guard: outer mode with --lifeline, the sandbox's parent on the host                      */
+
+/* Dying with the gateway cannot be left to parent-death signals alone. bwrap's monitor clones
+ * the sandbox's first process (PID 1 of the new namespace, still bwrap) and only then tells it,
+ * through an eventfd, that the uid maps are written; that process arms its own parent-death
+ * signal at the very end of the setup. A monitor killed in between (by a parent-death signal
+ * armed before bwrap existed, when the gateway died) leaves the first process blocked on that
+ * eventfd for ever, as the sandbox's account, with no parent-death signal and nothing that
+ * will ever wake it: a kill -9 of the gateway under load left such a bwrap running.
+ *
+ * So the outer helper forks: its child goes on (joins the cgroups, drops root, execs bwrap),
+ * and the helper itself stays, as the guard, between the gateway and bwrap. bwrap runs in the
+ * guard's process group, which bwrap's first process shares until its setup is done (bwrap
+ * --new-session calls setsid() just before it execs the inner helper, which watches the
+ * lifeline itself). The guard watches the lifeline from before bwrap exists:
+ *   - end-of-file (the gateway died, at whatever moment) or anything written: SIGKILL to the
+ *     whole group, itself included: the monitor and a first process still being set up end
+ *     together, and one that already started its own session runs the inner helper, which
+ *     sees the same lifeline cut and ends the sandbox;
+ *   - SIGTERM, SIGINT or SIGHUP (the gateway ending the sandbox: its group gets them): SIGKILL
+ *     to the monitor, then as below, and the guard ends by that signal;
+ *   - the monitor ended: every child the guard has left is killed and reaped (it is a
+ *     subreaper: a first process whose monitor died before letting it go, and the inner
+ *     helper whose monitor died, are handed to it), then it exits as the monitor did.
+ * The guard stays out of the sandbox's cgroups (a cgroup kill ends bwrap, and the guard reaps
+ * it: the gateway reaps the guard), drops to the sandbox's account like bwrap, and keeps no
+ * descriptor but the lifeline and stderr: pipes to the sandbox read end-of-file when the
+ * sandbox's own processes close them. */
+
+/* Whether a lifeline says the sandbox must end: end-of-file (every write end closed: the
+ * gateway died, or ended the sandbox), or anything written. */
+static int lifeline_cut(int lifeline, const char *mode) {
+    struct pollfd p = {.fd = lifeline, .events = POLLIN, .revents = 0};
+    int r;
+    do {
+        r = poll(&p, 1, 0);
+    } while (r < 0 && errno == EINTR);
+    if (r < 0) {
+        fail_errno(errno, "%s --lifeline: poll descriptor %d", mode, lifeline);
     }
-    if (getppid() != parent) {
-        fail_because("the gateway is gone", "parent %ld", (long)parent);
+    return p.revents != 0;
+}
+
+/* The pids of our children, from the kernel's list (/proc/self/task/TID/children), else from
+ * every process's parent field; at most `room`. Returns how many. */
+static size_t children_of_self(pid_t *out, size_t room) {
+    char path[64];
+    size_t n = 0;
+    pid_t me = getpid();
+
+    snprintf(path, sizeof path, "/proc/self/task/%ld/children", (long)me);
+    FILE *list = fopen(path, "re");
+    if (list != NULL) {
+        long pid;
+        while (n < room && fscanf(list, "%ld", &pid) == 1) {
+            out[n++] = (pid_t)pid;
+        }
+        fclose(list);
+        return n;
     }
+    DIR *dir = opendir("/proc");
+    struct dirent *entry;
+    if (dir == NULL) {
+        fail_errno(errno, "guard: open /proc");
+    }
+    while (n < room && (entry = readdir(dir)) != NULL) {
+        unsigned long long pid;
+        char stat[512];
+        if (parse_u64(entry->d_name, &pid) != 0 || pid > INT_MAX) {
+            continue;
+        }
+        snprintf(path, sizeof path, "/proc/%llu/stat", pid);
+        int fd = open(path, O_RDONLY | O_CLOEXEC);
+        if (fd < 0) {
+            continue;
+        }
+        ssize_t len = read(fd, stat, sizeof stat - 1);
+        close(fd);
+        if (len <= 0) {
+            continue;
+        }
+        stat[len] = '\0';
+        char *end = strrchr(stat, ')'); /* "pid (comm) state ppid ...": comm may hold anything */
+        char state;
+        long ppid;
+        if (end != NULL && sscanf(end + 1, " %c %ld", &state, &ppid) == 2 && ppid == (long)me) {
+            out[n++] = (pid_t)pid;
+        }
+    }
+    closedir(dir);
+    return n;
+}
+
+/* Die by `sig` (with no core of ours). */
+static _Noreturn void die_by(int sig) {
+    struct rlimit none = {0, 0};
+    sigset_t only;
+    setrlimit(RLIMIT_CORE, &none);
+    signal(sig, SIG_DFL);
+    sigemptyset(&only);
+    sigaddset(&only, sig);
+    sigprocmask(SIG_UNBLOCK, &only, NULL);
+    kill(getpid(), sig);
+    _exit(128 + sig);
+}
+
+/* The guard's life once bwrap's monitor runs as its child `monitor` (see above). */
+static _Noreturn void watch(pid_t monitor, int lifeline, int sfd) {
+    int status = 0, ended = 0, asked = 0;
+
+    while (!ended) {
+        struct pollfd fds[2] = {{.fd = sfd, .events = POLLIN, .revents = 0},
+                                {.fd = lifeline, .events = POLLIN, .revents = 0}};
+        struct signalfd_siginfo info;
+        pid_t done;
+        int st;
+
+        if (poll(fds, 2, -1) < 0 && errno != EINTR) {
+            fail_errno(errno, "guard: poll");
+        }
+        if (fds[1].revents != 0) {
+            kill(0, SIGKILL); /* the gateway is gone, or ended the sandbox */
+        }
+        while (read(sfd, &info, sizeof info) == (ssize_t)sizeof info) {
+            if (info.ssi_signo != SIGCHLD && asked == 0) {
+                asked = (int)info.ssi_signo; /* asked to end: the monitor now, the rest below */
+                kill(monitor, SIGKILL);
+            }
+        }
+        while ((done = waitpid(-1, &st, WNOHANG)) > 0) {
+            if (done == monitor) {
+                status = st;
+                ended = 1;
+            }
+        }
+    }
+    /* what is left is the monitor's orphans: a first process it never let go, or its init */
+    for (;;) {
+        pid_t left[64];
+        size_t n = children_of_self(left, sizeof left / sizeof *left);
+        for (size_t k = 0; k < n; k++) {
+            kill(left[k], SIGKILL);
+        }
+        pid_t done = waitpid(-1, NULL, 0);
+        if (done < 0 && errno == ECHILD) {
+            break;
+        }
+        if (done < 0 && errno != EINTR) {
+            fail_errno(errno, "guard: wait");
+        }
+    }
+    if (asked != 0) {
+        die_by(asked);
+    }
+    if (WIFSIGNALED(status)) {
+        die_by(WTERMSIG(status)); /* as the monitor did */
+    }
+    _exit(WIFEXITED(status) ? WEXITSTATUS(status) : FAIL_STATUS);
+}
+
+/* Become the guard of the sandbox (outer --lifeline): fork; return in the child, which goes on
+ * to start bwrap; the guard never returns. Returns the guard's pid. */
+static pid_t guard(int lifeline, int have_uid, uid_t uid, gid_t gid) {
+    sigset_t watched, old;
+    pid_t me = getpid(), monitor;
+    int sfd;
+
+    if (lifeline_cut(lifeline, "outer")) {
+        fail_because("the gateway is gone or ended the sandbox", "outer --lifeline");
+    }
+    /* the group it kills is its own alone (the gateway starts it in a session of its own) */
+    if (getpgrp() != me && setpgid(0, 0) != 0) {
+        fail_errno(errno, "outer --lifeline: a process group of its own");
+    }
+    if (prctl(PR_SET_CHILD_SUBREAPER, 1L, 0L, 0L, 0L) != 0) {
+        fail_errno(errno, "prctl(PR_SET_CHILD_SUBREAPER)");
+    }
+    sigemptyset(&watched);
+    sigaddset(&watched, SIGCHLD);
+    sigaddset(&watched, SIGTERM);
+    sigaddset(&watched, SIGINT);
+    sigaddset(&watched, SIGHUP);
+    if (sigprocmask(SIG_BLOCK, &watched, &old) != 0) {
+        fail_errno(errno, "guard: block signals");
+    }
+    sfd = signalfd(-1, &watched, SFD_CLOEXEC | SFD_NONBLOCK);
+    if (sfd < 0) {
+        fail_errno(errno, "signalfd");
+    }
+    monitor = fork();
+    if (monitor < 0) {
+        fail_errno(errno, "fork bwrap");
+    }
+    if (monitor == 0) {
+        close(sfd);
+        if (sigprocmask(SIG_SETMASK, &old, NULL) != 0) {
+            fail_errno(errno, "restore the signal mask");
+        }
+        return me;
+    }
+    guarding = 1;
+    if (have_uid) {
+        drop_identity(uid, gid);
+    }
+    {
+        int mine[2] = {lifeline < sfd ? lifeline : sfd, lifeline < sfd ? sfd : lifeline};
+        close_inherited(mine, 2);
+    }
+    close(STDIN_FILENO);
+    close(STDOUT_FILENO);
+    watch(monitor, lifeline, sfd);
 }
 
 static int run_outer(int argc, char **argv) {
     const char **joins = allocate((size_t)argc, sizeof *joins);
     size_t njoins = 0;
-    int have_uid = 0, have_gid = 0, have_nproc = 0, have_parent = 0;
-    unsigned long long uid = 0, gid = 0, nproc = 0, parent = 0;
+    int have_uid = 0, have_gid = 0, have_nproc = 0, lifeline = -1;
+    unsigned long long uid = 0, gid = 0, nproc = 0;
     int i = 2;
 
     for (; i < argc; i++) {
@@ -353,15 +564,13 @@ static int run_outer(int argc, char **argv) {
             need_values(argc, argv, i, 1);
             nproc = number(opt, argv[++i]);
             have_nproc = 1;
-        } else if (strcmp(opt, "--parent") == 0) {
+        } else if (strcmp(opt, "--lifeline") == 0) {
             need_values(argc, argv, i, 1);
-            parent = number(opt, argv[++i]);
-            /* 1 is allowed: a gateway that is its container's init (when it dies, the kernel
-             * kills every process of its pid namespace, so there is nothing to outlive it). */
-            if (parent < 1 || parent > INT_MAX) {
-                fail_errno(EINVAL, "--parent %llu: out of range", parent);
+            unsigned long long fd = number(opt, argv[++i]);
+            if (fd < 3 || fd > INT_MAX) {
+                fail_errno(EINVAL, "--lifeline %llu: out of range", fd);
             }
-            have_parent = 1;
+            lifeline = (int)fd;
         } else {
             fail_errno(EINVAL, "outer: unknown option %s", opt);
         }
@@ -380,6 +589,7 @@ static int run_outer(int argc, char **argv) {
         fail_errno(EINVAL, "outer: the program must be an absolute path: %s", program[0]);
     }
 
+    pid_t guardian = lifeline >= 0 ? guard(lifeline, have_uid, (uid_t)uid, (gid_t)gid) : 0;
     for (size_t k = 0; k < njoins; k++) {
         join_cgroup(joins[k]);
     }
@@ -393,8 +603,15 @@ static int run_outer(int argc, char **argv) {
     if (have_uid) {
         drop_identity((uid_t)uid, (gid_t)gid);
     }
-    if (have_parent) {
-        die_with_parent((pid_t)parent);
+    /* bwrap dies with its guard (armed after the identity change, which clears it; the exec
+     * of bwrap, not set-user-ID, keeps it), and never starts if the guard is already gone */
+    if (guardian != 0) {
+        if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0L, 0L, 0L) != 0) {
+            fail_errno(errno, "prctl(PR_SET_PDEATHSIG)");
+        }
+        if (getppid() != guardian) {
+            fail_because("its guard is gone", "outer --lifeline");
+        }
     }
     execv(program[0], program);
     fail_errno(errno, "exec %s", program[0]);
@@ -888,18 +1105,6 @@ static void wait_for_go(int fd, const char *mode) {
  * the init, and so the sandbox. The init exits with the command's status (128 + N for a
  * command killed by signal N, as bwrap reports it). */
 
-static int gateway_gone(int lifeline) {
-    struct pollfd p = {.fd = lifeline, .events = POLLIN, .revents = 0};
-    int r;
-    do {
-        r = poll(&p, 1, 0);
-    } while (r < 0 && errno == EINTR);
-    if (r < 0) {
-        fail_errno(errno, "inner --lifeline: poll descriptor %d", lifeline);
-    }
-    return p.revents != 0; /* end-of-file (all write ends closed), or anything written: the end */
-}
-
 static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep, int lifeline) {
     sigset_t chld, old;
     pid_t command;
@@ -915,7 +1120,7 @@ static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep,
         if (prctl(PR_SET_PDEATHSIG, (unsigned long)SIGKILL, 0L, 0L, 0L) != 0) { /* and with bwrap */
             fail_errno(errno, "prctl(PR_SET_PDEATHSIG)");
         }
-        if (gateway_gone(lifeline)) {
+        if (lifeline_cut(lifeline, "inner")) {
             fail_because("the gateway is gone or ended the sandbox", "inner --lifeline");
         }
     }

@@ -1,15 +1,18 @@
 """Apply a `SandboxPlan`: open every source by descriptor, and build the argv that starts it.
 
-    agw-init outer --join CGROUP... --uid U --gid G --parent GATEWAY_PID
+    agw-init outer --join CGROUP... --uid U --gid G [--lifeline FD]     (the guard, with FD)
       -> bwrap <mounts by descriptor> --unshare-all --as-pid-1 ... --
          -> /run/agent-gateway/init inner --verify-ro-root --expect ... --allow ... --rlimit ...
                                           --init [--lifeline FD]          (the sandbox's PID 1)
             -> the command
 
 The outer helper puts itself in the call's cgroup and drops to the sandbox uid before bwrap
-exists, so every process of the sandbox is counted and none is root; for a sandbox that dies
-with the gateway it then arms the parent-death signal and checks the gateway is still its
-parent, so bwrap never outlives a gateway killed around a spawn. The inner helper checks
+exists, so every process of the sandbox is counted and none is root. For a sandbox that dies
+with the gateway it stays as bwrap's parent, the sandbox's guard: it watches the lifeline from
+before bwrap exists and, when it is cut, kills its process group, which holds bwrap's monitor
+and, until the sandbox is built, bwrap's first process in the new PID namespace (a monitor
+killed between its clone and its go to that process would leave it waiting for ever: no
+parent-death signal covers that moment). The inner helper checks
 that `/` is read-only and that every bound object is the one opened here, applies Landlock,
 rlimits and the seccomp filter against set-id modes, closes every descriptor but 0-2 (and the
 ones the caller keeps), and runs the command as its child: it is the PID namespace's init, so
@@ -224,8 +227,11 @@ class Launch:
         if group is not None:
             group.kill()
         elif self.pid is not None:  # no cgroup: the process group; the PID namespace ends with bwrap
+            # a guarded sandbox's guard kills bwrap on SIGTERM and reaps it (SIGKILL would end the
+            # guard too, and leave bwrap to the gateway, which never reaps its own namespace's orphans)
+            sig = signal.SIGTERM if self._lifeline is not None else signal.SIGKILL
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, signal.SIGKILL)
+                os.killpg(self.pid, sig)
 
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
@@ -517,8 +523,8 @@ def _prepare(
             outer += ["--uid", str(plan.uid), "--gid", str(plan.gid)]
             if cgroup is None and q.pids:  # the dedicated uid's process count, as a last resort
                 outer += ["--nproc", str(q.pids)]
-        if plan.die_with_parent:  # armed before bwrap exists: a kill -9 of the gateway at any moment
-            outer += ["--parent", str(os.getpid())]  # ends the sandbox (bwrap's own comes later)
+        if lifeline is not None:  # it stays as bwrap's parent, and kills bwrap's group when the lifeline is
+            outer += ["--lifeline", str(lifeline)]  # cut: a kill -9 of the gateway at any moment ends it all
         command = [*outer, "--", *command]
     launch = Launch(command, tuple(fds), cgroup, how)
     launch._fds = list(fds)
@@ -618,22 +624,35 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
     return group, f"cgroup v{support.version}"
 
 
+CHECK_TIMEOUT_S = 10
+
+
 @functools.lru_cache(maxsize=1)
 def check() -> str:
-    """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable."""
+    """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable.
+
+    The probe runs in a process group of its own, which bwrap's first process shares, and a
+    probe given up on is killed as a group: bwrap's monitor killed alone between its clone of
+    that process and its go to it (an eventfd) left it waiting for ever, holding the probe's
+    output pipes (the check never returned). Nor has it a parent-death signal: bwrap arms it in
+    the monitor before that go, and a gateway dying right there would leave the same; unkilled,
+    the probe just runs `true` to its end."""
     binary = bwrap_binary()
+    argv = [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--", "/usr/bin/true"]  # fmt: skip
     try:
-        proc = subprocess.run(
-            [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
-             "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--die-with-parent",
-             "--", "/usr/bin/true"],
-            capture_output=True,
-            timeout=10,
-        )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired) as exc:
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    except OSError as exc:
+        raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
+    try:
+        _, err = proc.communicate(timeout=CHECK_TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
         raise SandboxUnavailable(f"bubblewrap does not start: {exc}") from exc
     if proc.returncode != 0:
-        raise SandboxUnavailable(f"bubblewrap fails here: {proc.stderr.decode(errors='replace').strip()[:200]}")
+        raise SandboxUnavailable(f"bubblewrap fails here: {err.decode(errors='replace').strip()[:200]}")
     return binary
 
 

@@ -762,6 +762,139 @@ def test_outer_join_failure_is_closed(helper: str, tmp_path: Path, fresh_cgroups
     assert not marker.exists()
 
 
+# --- the guard (outer --lifeline) ------------------------------------------------------------
+
+
+def guarded(helper: str, lifeline: int, program: Sequence[str], *options: str) -> subprocess.Popen[str]:
+    """`agw-init outer OPTIONS --lifeline FD -- PROGRAM` in a session of its own, as the gateway
+    starts it."""
+    return subprocess.Popen([helper, "outer", *options, "--lifeline", str(lifeline), "--", *program], env=ENV,
+                            pass_fds=(lifeline,), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+
+
+def test_the_guard_ends_as_its_program_did(helper: str) -> None:
+    r, w = os.pipe()
+    try:
+        proc = guarded(helper, r, ["/bin/bash", "-c", "echo out; echo err >&2; exit 3"])
+        assert proc.communicate(timeout=60) == ("out\n", "err\n")
+        assert proc.returncode == 3
+        proc = guarded(helper, r, ["/bin/bash", "-c", "kill -TERM $$"])
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGTERM
+    finally:
+        os.close(r)
+        os.close(w)
+
+
+def test_a_guard_whose_lifeline_is_already_cut_runs_nothing(helper: str, tmp_path: Path) -> None:
+    r, w = os.pipe()
+    os.close(w)
+    marker = tmp_path / "ran"
+    try:
+        proc = guarded(helper, r, ["/usr/bin/touch", str(marker)])
+        out, err = proc.communicate(timeout=60)
+    finally:
+        os.close(r)
+    assert_failed(
+        subprocess.CompletedProcess(proc.args, proc.returncode, out, err), "outer --lifeline: the gateway is gone"
+    )
+    assert not marker.exists()
+
+
+def test_a_cut_lifeline_kills_the_guards_whole_group(helper: str) -> None:
+    """The gateway dies (the lifeline's only write end closes): the guard kills its process
+    group, itself included: its program, and what that started in the group, as bwrap's first
+    process is until it has built the sandbox (a parent-death signal armed before bwrap killed
+    only the monitor, and that first process, forked and not yet let go, waited for ever)."""
+    tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    r, w = os.pipe()
+    try:
+        proc = guarded(helper, r, ["/bin/bash", "-c", f"sleep 4{tag} & sleep 5{tag}"])
+        os.close(r)
+        assert eventually(lambda: len(alive_with(tag)) >= 4)  # the guard, bash, both sleeps
+        os.close(w)
+        w = -1
+        proc.communicate(timeout=60)
+        assert proc.returncode == -signal.SIGKILL
+        assert not wait_gone(tag), "the guarded group outlived the lifeline"
+    finally:
+        if w >= 0:
+            os.close(w)
+        for pid in alive_with(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("how", ["exits", "is-terminated"])
+def test_what_the_guards_program_leaves_behind_ends_with_it(helper: str, how: str) -> None:
+    """bwrap's monitor gone before it let the sandbox's first process go on (killed, or failed)
+    left that process waiting for ever. The guard is a subreaper: what its program leaves
+    behind is handed to it, and killed, also out of its group (`setsid`), before it exits as the
+    program did; SIGTERM to the group ends the program first (SIGKILL: here it ignores
+    SIGTERM), then the same."""
+    tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    left = f"setsid sleep 4{tag} & until grep -q 4{tag} /proc/$!/cmdline 2>/dev/null; do :; done"
+    script = f"{left}; exit 3" if how == "exits" else f"trap '' TERM; {left}; sleep 5{tag}; exit 0"
+    r, w = os.pipe()
+    try:
+        proc = guarded(helper, r, ["/bin/bash", "-c", script])
+        if how == "is-terminated":
+            assert eventually(lambda: len(alive_with(f"5{tag}")) >= 3)  # the guard, bash, sleep
+            os.killpg(proc.pid, signal.SIGTERM)
+        proc.communicate(timeout=60)
+        assert proc.returncode == (3 if how == "exits" else -signal.SIGTERM)
+        assert not wait_gone(tag), "what the program left ran on"
+    finally:
+        os.close(r)
+        os.close(w)
+        for pid in alive_with(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_guard_holds_nothing_of_the_callers_and_stays_out_of_the_groups(
+    helper: str, fresh_cgroups: tuple[Path, Path | None]
+) -> None:
+    """Its program joins the cgroups and drops root; the guard drops root too, stays in the
+    caller's groups (a kill of the sandbox's group ends bwrap, which the guard then reaps), and
+    keeps only stderr, the lifeline and its signalfd: the caller's other descriptors (a pipe
+    to the sandbox, bwrap's info pipe) close when the sandbox closes them."""
+    v1, _ = fresh_cgroups
+    tag = f"{uuid.uuid4().int % 10**6}.{os.getpid()}"
+    r, w = os.pipe()
+    extra_r, extra_w = os.pipe()
+    try:
+        proc = subprocess.Popen([helper, "outer", "--join", str(v1 / "cgroup.procs"), "--uid", "65534", "--gid",
+                                 "65534", "--lifeline", str(r), "--", "/usr/bin/sleep", f"5{tag}"], env=ENV,
+                                pass_fds=(r, extra_w), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                start_new_session=True)  # fmt: skip
+        os.close(extra_w)
+        assert proc.stderr is not None
+        kept = sorted([os.readlink(f"/proc/self/fd/{proc.stderr.fileno()}"), os.readlink(f"/proc/self/fd/{r}"),
+                       "anon_inode:[signalfd]"])  # fmt: skip
+
+        def held() -> list[str]:
+            found = []
+            for fd in os.listdir(f"/proc/{proc.pid}/fd"):
+                with contextlib.suppress(FileNotFoundError):  # closed meanwhile
+                    found.append(os.readlink(f"/proc/{proc.pid}/fd/{fd}"))
+            return sorted(found)
+
+        assert eventually(lambda: held() == kept), held()
+        sleeper = [p for p in alive_with(f"5{tag}") if p != proc.pid]  # the guard's command line names it too
+        assert len(sleeper) == 1, sleeper
+        assert eventually(lambda: (v1 / "cgroup.procs").read_text().split() == [str(sleeper[0])])
+        status = Path(f"/proc/{proc.pid}/status").read_text()
+        assert re.search(r"^Uid:\s+65534\s+65534\s+65534\s+65534$", status, re.M), status
+        os.kill(sleeper[0], signal.SIGKILL)
+        assert proc.wait(60) == -signal.SIGKILL
+        assert os.read(extra_r, 1) == b""  # nobody holds its write end any more
+    finally:
+        for fd in (r, w, extra_r):
+            os.close(fd)
+        for pid in alive_with(tag):
+            os.kill(pid, signal.SIGKILL)
+
+
 # --- set-id modes ----------------------------------------------------------------------------
 
 SETID_PROBE = """

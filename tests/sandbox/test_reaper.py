@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import json
 import os
 import shutil
@@ -12,7 +14,16 @@ from pathlib import Path
 
 import pytest
 
-from gateway.sandbox import reaper
+from gateway.audit import AuditLog
+from gateway.calls import RunCall
+from gateway.pipeline import Gateway
+from gateway.policy.compile import compile_policy
+from gateway.policy.schema import Policy
+from gateway.sandbox import quotas, reaper
+from gateway.sandbox.identity import hand_over
+from gateway.sandbox.proctree import nspid_depth
+from tests.conftest import eventually
+from tests.test_gateway import PERMISSIVE
 
 REPO = str(Path(__file__).resolve().parents[2])
 
@@ -141,3 +152,50 @@ def test_a_sandbox_that_fails_before_its_command_is_never_reported_as_the_comman
     out = json.loads(got.stdout.strip().splitlines()[-1])
     assert (out["status"], out["code"]) == ("error", "SANDBOX_UNAVAILABLE"), out
     assert not (ws / "ran.txt").exists()
+
+
+def _bwrap_children() -> dict[int, str]:
+    """This process's children named bwrap in its own pid namespace (the reaper takes those of
+    deeper ones), and their state (Z: a zombie nobody reaped)."""
+    mine = nspid_depth(os.getpid())
+    found = {}
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            raw = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        comm = raw[raw.index("(") + 1 : raw.rindex(")")]
+        state, ppid = raw[raw.rindex(")") + 2 :].split()[:2]
+        if comm == "bwrap" and int(ppid) == os.getpid() and nspid_depth(int(entry)) == mine:
+            found[int(entry)] = state
+    return found
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="runs as the sandbox's own account, as in CI (root)")
+def test_a_sandbox_stopped_with_no_cgroup_leaves_no_bwrap_for_the_gateway_to_reap(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no cgroup, a sandbox past its principal's disk budget is stopped through its process
+    group. SIGKILL there ended the guard with bwrap: bwrap, orphaned, came to the gateway (a
+    subreaper), which reaps only the orphans of other pid namespaces: a zombie for good, each
+    time. SIGTERM ends bwrap through its guard, which reaps it."""
+    support = quotas.cgroup_support()
+    monkeypatch.setattr(quotas, "cgroup_support", lambda: dataclasses.replace(support, version=None))
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    hand_over(ws)
+    budget = copy.deepcopy(PERMISSIVE)
+    budget["roles"]["dev"]["limits"].update(disk_bytes=8 << 20, timeout_ms=60_000)
+    policy = compile_policy(Policy.model_validate(budget), tmp_path / "p.yaml", ws, sha256="t")
+    gw = Gateway(policy, AuditLog(tmp_path / "audit"))
+    try:
+        before = set(_bwrap_children())
+        out = gw.handle(RunCall(principal="agent", command="head -c 268435456 /dev/zero > big"))  # 256 MiB at most
+        assert out["status"] == "error" and out["error"]["code"] == "DISK_BUDGET", out
+        assert out["sandbox"]["quotas"] == "rlimits", out["sandbox"]
+        # a bwrap killed with its guard comes to us when it has ended: wait until none still ends
+        assert eventually(lambda: all(state == "Z" for state in _bwrap_children().values()))
+        left = {pid for pid, state in _bwrap_children().items() if state == "Z"} - before
+        assert not left, f"bwrap zombies left to the gateway: {sorted(left)}"
+    finally:
+        gw.close()
