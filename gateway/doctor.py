@@ -14,10 +14,12 @@ It reads a policy's demands, so it is a face's report above the sandbox, not par
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import os
 import pwd
 import shutil
+import signal
 import subprocess
 from dataclasses import dataclass, field
 from typing import Any
@@ -80,7 +82,8 @@ def run(policy: CompiledPolicy | None = None) -> Report:
     """Check everything (with `policy`: also what that policy requires)."""
     bwrap = _bubblewrap()
     account = _identity()
-    items = [bwrap, _user_namespaces(bwrap.facts.get("path"), account), account, _landlock(policy), _cgroups(account)]
+    items = [_own_proc(), bwrap, _user_namespaces(bwrap.facts.get("path"), account), account]
+    items += [_landlock(policy), _cgroups(account)]
     helper_item = _helper()
     items.append(helper_item)
     items.append(_seccomp(helper_item))
@@ -129,12 +132,22 @@ def _network(policy: CompiledPolicy) -> Item:
 
 
 def _run(argv: list[str], **kwargs: Any) -> tuple[int | None, str]:
-    """(exit status, the first line of what it printed); status None if it did not start."""
+    """(exit status, the first line of what it printed); status None if it did not start.
+
+    In a process group of its own, killed whole when it takes too long: a bwrap whose monitor
+    alone were killed would leave its first process waiting for ever (as in launch.check)."""
     try:
-        proc = subprocess.run(argv, capture_output=True, timeout=TIMEOUT, check=False, **kwargs)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, **kwargs)
     except (OSError, subprocess.SubprocessError) as exc:
         return None, str(exc)
-    out = (proc.stderr or proc.stdout).decode(errors="replace").strip()
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT)
+    except subprocess.TimeoutExpired as exc:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return None, str(exc)
+    out = (stderr or stdout).decode(errors="replace").strip()
     return proc.returncode, out.splitlines()[0][:200] if out else ""
 
 
@@ -157,6 +170,16 @@ def _bubblewrap() -> Item:
     return Item(
         "bubblewrap", label, True, f"{path} ({shown}): a minimal sandbox starts", True, facts | {"starts": True}
     )
+
+
+def _own_proc() -> Item:
+    """bwrap names processes by their pid in the gateway's pid namespace, through /proc."""
+    from gateway.sandbox import launch  # lazy, as in _bubblewrap
+
+    foreign = launch.foreign_proc()
+    if foreign is not None:
+        return Item("own_proc", "own /proc", False, foreign, True)
+    return Item("own_proc", "own /proc", True, "/proc shows this process's own pid namespace", True)
 
 
 def _sysctl(name: str) -> str | None:

@@ -627,6 +627,26 @@ def _cgroup(plan: SandboxPlan) -> tuple[quotas.Cgroup | None, str]:
 CHECK_TIMEOUT_S = 10
 
 
+def foreign_proc() -> str | None:
+    """Why `/proc` is not this process's own pid namespace's, or None when it is.
+
+    bwrap names processes by the pids it sees (`/proc/PID/ns/...` of its own children), and a
+    gateway in a pid namespace that kept an outer `/proc` (`unshare --pid --fork` without
+    `--mount-proc`) would have those names read as other processes there: bwrap then fails, or
+    acts on whichever process has that pid. No sandbox starts until `/proc` is its own."""
+    try:
+        shown = os.readlink("/proc/self")
+    except OSError as exc:
+        return f"/proc/self cannot be read ({exc.strerror or exc}): mount /proc"
+    if shown != str(os.getpid()):
+        return (
+            f"/proc belongs to another pid namespace (it shows this process as {shown}, which is {os.getpid()} "
+            f"here): bwrap names processes by their pid here; give the gateway a /proc of its own "
+            f"(e.g. unshare --pid --fork --mount-proc)"
+        )
+    return None
+
+
 @functools.lru_cache(maxsize=1)
 def check() -> str:
     """The bwrap path, once a minimal sandbox has been seen to start. Raises SandboxUnavailable.
@@ -638,6 +658,9 @@ def check() -> str:
     the monitor before that go, and a gateway dying right there would leave the same; unkilled,
     the probe just runs `true` to its end."""
     binary = bwrap_binary()
+    foreign = foreign_proc()
+    if foreign is not None:
+        raise SandboxUnavailable(foreign)
     argv = [binary, "--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
             "--symlink", "usr/lib64", "/lib64", "--dev", "/dev", "--unshare-all", "--", "/usr/bin/true"]  # fmt: skip
     try:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -12,10 +15,12 @@ from typing import Any
 import pytest
 
 from gateway.sandbox import landlock
+from tests import clonestop
+from tests.conftest import eventually
 
 GATEWAY = Path(sys.executable).parent / "gateway"
-ITEMS = {"bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "seccomp", "nested",
-         "hook_mode"}  # fmt: skip
+ITEMS = {"own_proc", "bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "seccomp",
+         "nested", "hook_mode"}  # fmt: skip
 # The Landlock ABI each mainline kernel introduced: a kernel that has Landlock has at least this.
 LANDLOCK_SINCE = [((6, 15), 7), ((6, 12), 6), ((6, 10), 5), ((6, 7), 4), ((6, 2), 3), ((5, 19), 2), ((5, 13), 1)]
 
@@ -58,7 +63,7 @@ def test_doctor_json_says_this_host_can_run_sandboxed_commands() -> None:
     for key, item in report["items"].items():
         assert isinstance(item["ok"], bool) and isinstance(item["required"], bool), key
         assert item["detail"], key
-    for key in ("bubblewrap", "user_namespaces", "sandbox_uid", "helper", "seccomp", "nested"):
+    for key in ("own_proc", "bubblewrap", "user_namespaces", "sandbox_uid", "helper", "seccomp", "nested"):
         assert report["items"][key]["ok"] and report["items"][key]["required"], key
     assert report["items"]["bubblewrap"]["version"].startswith("bubblewrap ")
     assert report["items"]["user_namespaces"]["unprivileged_starts"] is True
@@ -149,3 +154,78 @@ def test_exit_1_names_what_blocks() -> None:
     assert proc.returncode == 1
     assert proc.stdout.splitlines()[-1] == "=> commands cannot run sandboxed here: blocked by sandbox uid"
     assert any(line.startswith("sandbox uid") and "  NO  " in line for line in proc.stdout.splitlines())
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")
+def test_a_gateway_in_a_pid_namespace_that_kept_an_outer_proc_is_told_and_runs_nothing(tmp_path: Path) -> None:
+    """bwrap names its children by the pids it sees; through an outer namespace's /proc those
+    name other processes. Doctor says so (required), and no sandbox starts (the launcher's
+    self-check refuses), whatever pids the host happens to have."""
+    argv = [str(GATEWAY)] if GATEWAY.exists() else [sys.executable, "-m", "gateway"]
+    proc = subprocess.run(["unshare", "--pid", "--fork", *argv, "doctor", "--json"], capture_output=True,
+                          text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    report = json.loads(proc.stdout)
+    item = report["items"]["own_proc"]
+    assert item["ok"] is False and item["required"] is True
+    assert "/proc belongs to another pid namespace" in item["detail"] and "--mount-proc" in item["detail"]
+    assert "own /proc" in report["blocked_by"]
+    bwrap = report["items"]["bubblewrap"]
+    assert bwrap["ok"] is False and "/proc belongs to another pid namespace" in bwrap["detail"], bwrap
+    # with a /proc of its own, the same namespace is fine
+    mounted = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", *argv, "doctor", "--json"],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)  # fmt: skip
+    assert json.loads(mounted.stdout)["items"]["own_proc"]["ok"] is True, mounted.stdout
+
+
+USERNS_PROBE = """
+import sys
+sys.stdin.readline()
+from gateway import doctor
+from gateway.sandbox import launch
+doctor.TIMEOUT = 3
+item = doctor._user_namespaces(launch.bwrap_binary(), doctor._identity())
+print(f"{item.ok} {item.detail}")
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="traces doctor's bwrap (root)")
+def test_a_user_namespace_probe_given_up_on_leaves_no_bwrap_waiting() -> None:
+    """Doctor's own bwrap (the user-namespace probe) held right after it cloned its first
+    process, until doctor gives up on it: killing bwrap's monitor alone left that process
+    waiting for its go for ever, holding doctor's pipes (doctor never answered). Doctor kills
+    the probe's process group, of its own, which that process shares."""
+    proc = subprocess.Popen([sys.executable, "-c", USERNS_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)  # fmt: skip
+    held = None
+    try:
+        tracer = clonestop.Tracer(proc.pid)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        held = tracer.hold_monitor_at_clone("--disable-userns")
+        assert clonestop.wait_gone(held.monitor), "doctor never gave up on the held bwrap"
+        try:
+            out = proc.communicate(timeout=120)[0]
+        except subprocess.TimeoutExpired:
+            pytest.fail("doctor never answered after giving up on its bwrap")
+        assert out.startswith("False ") and "bwrap fails" in out, out
+        first = held.first
+        assert eventually(lambda: not Path(f"/proc/{first}").exists() or _zombie(first), seconds=10.0), (
+            "bwrap's first process waits on"
+        )
+    finally:
+        proc.kill()
+        proc.wait(30)
+        if held is not None:
+            clonestop.release(held.monitor)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(held.first, signal.SIGKILL)
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rindex(")") + 2] == "Z"
