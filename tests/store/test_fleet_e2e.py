@@ -22,6 +22,7 @@ from typing import Any
 import httpx2
 import psycopg
 import pytest
+import yaml
 
 from gateway import hook_client
 from tests.conftest import eventually
@@ -286,3 +287,33 @@ def test_a_gateways_login_answers_nothing_with_what_it_can_read_of_the_tokens(pa
         return r.status_code == 401
 
     assert eventually(refused, seconds=60)
+
+
+def test_the_consoles_what_if_replay_decides_every_gateways_calls_again(pair: Fleet, dsn: str) -> None:
+    """A `--store` gateway's console replays a draft over the fleet's ledger: the calls of both
+    gateways are decided again (it answered 409 before: its own files are empty)."""
+    gw1, gw2 = pair.servers
+    token, _ = fleet_token(dsn, pair.policy_file)
+    assert status_of(gw1, token, "printf from-one") == "ok"
+    assert status_of(gw2, token, "printf from-two") == "ok"
+    secret, _ = supervisor_secret(pair.supervisor_login, "alice")
+    browser = Browser(gw2, secret)
+    same = browser.post("replay", {"policy": yaml.safe_dump(POLICY, sort_keys=False)})
+    assert same.status_code == 200, same.text
+    assert same.json()["changed"] == 0 and same.json()["replayed"] >= 2, same.json()
+    draft = copy.deepcopy(POLICY)
+    draft["rules"].append(NO_PRINTF)
+    report = browser.post("replay", {"policy": yaml.safe_dump(draft, sort_keys=False)})
+    assert report.status_code == 200, report.text
+    (group,) = report.json()["groups"]
+    assert (group["from"], group["to"]) == ({"decision": "allow", "rule": "basics"},
+                                            {"decision": "deny", "rule": "no-printf"}), group  # fmt: skip
+    assert sorted(c["command"] for c in group["calls"]) == ["printf from-one", "printf from-two"]
+    with psycopg.connect(dsn) as conn:
+        rows = conn.execute("SELECT stream, body FROM agw.record WHERE body::jsonb ->> 'event' = 'console_replay' "
+                            "ORDER BY received_at").fetchall()  # fmt: skip
+        decided = conn.execute("SELECT stream FROM agw.record WHERE body::jsonb #>> '{arguments,command}' = "
+                               "'printf from-two'").fetchone()  # fmt: skip
+    assert [(json.loads(b)["data"]["supervisor"], json.loads(b)["data"]["changed"]) for _, b in rows] == [
+        ("alice", 0), ("alice", 2)]  # fmt: skip
+    assert decided is not None and {s for s, _ in rows} == {decided[0]}  # gateway 2's own stream

@@ -362,9 +362,6 @@ class Console:
         recorded calls (gateway/replay.py). Nothing runs and no approval is asked; the
         request is audited (`console_replay`) with the supervisor's name and the draft's digest.
         One replay at a time: a second one meanwhile gets 429."""
-        if self.config.fleet is not None:
-            raise Refused(409, "replay in the console reads this host's files, and a --store gateway records in the "
-                               "fleet's ledger: replay over it is not built yet (docs/fleet.md)")  # fmt: skip
         body = await self._json_body(request)
         draft = self._draft(body)
         since, until, rows = body.get("since"), body.get("until"), body.get("max_rows", 200)
@@ -376,9 +373,11 @@ class Console:
         if not self._replaying.acquire(blocking=False):
             raise Refused(429, "a replay is already running: try again when it has finished")
         try:
-            report = await run_in_threadpool(
-                lambda: replay.replay(draft, self.config.audit.directory, since, until, max_rows=rows, confined=True)
-            )
+            fleet = self.config.fleet  # with --store: every stream of the fleet's ledger, in its global order
+            source = fleet.records if fleet is not None else None
+            report = await run_in_threadpool(lambda: replay.replay(
+                draft, self.config.audit.directory, since, until, max_rows=rows, confined=True, source=source,
+            ))  # fmt: skip
         except replay.ReplayError as exc:
             raise Refused(400, str(exc)) from None
         finally:

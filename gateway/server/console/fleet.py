@@ -13,6 +13,8 @@
   overview over every stream of the store (gateway/store/reader.py's Follower), each look
   reading only the records past each stream's last seq folded. Records are paged by their place in the
   order read (a seq is per stream in the store, not one count for the fleet).
+- `Fleet.records`: every record of the fleet, for the console's what-if replay (gateway/replay.py),
+  as `gateway audit replay --store` reads it.
 - `FleetVerifyStatus`: `gateway audit verify --store`'s check (gateway/store/ledger.py) in the
   background, as for the files. No key is pinned here (the console holds only its own host's
   key): signatures are checked against the keys the streams name themselves, and the result
@@ -186,6 +188,10 @@ class Fleet:
 
     def verify(self) -> FleetVerifyStatus:
         return FleetVerifyStatus(self.store, self.directory)
+
+    def records(self) -> Iterator[reader.Row]:
+        """Every record of every stream, in the fleet's global order (what-if replay reads it)."""
+        return reader.records(self.store)
 
 
 def fleet_of(audit: AuditSink, port: int) -> Fleet | None:
