@@ -250,7 +250,8 @@ def fleet_policy(args: argparse.Namespace, directory: Path, say: Callable[[str],
     def refused(rev: int, why: str) -> None:
         say(f"policy revision {rev} from the store refused: {why}")
 
-    sync = PolicySync(store, directory, keys, f"{host}:{os.getpid()}", host, on_reject=refused)
+    workspace = Path(args.workspace) if getattr(args, "workspace", None) else None
+    sync = PolicySync(store, directory, keys, f"{host}:{os.getpid()}", host, on_reject=refused, workspace=workspace)
     try:
         sync.sync()
     except db.StoreError as exc:

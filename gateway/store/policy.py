@@ -8,9 +8,11 @@ key. `PolicySync`, in each gateway, reads the newest revision every `POLL_S`, ve
 the keys pinned in the gateway's own configuration and its digest, and only then writes its files
 into the gateway's policy directory; the gateway's `PolicyHolder` picks the change up as it does
 an edit on disk: it loads, compiles and checks it, and switches only if it passes, else the
-policy in force stays (and `policy_rejected` is recorded). A revision that does not verify is
-never written. The files on disk are the last good revision a restart starts from when the
-store is away. Each gateway reports the revision it took (`agw.policy_status`).
+policy in force stays (and `policy_rejected` is recorded). A revision that does not verify, or
+fails this gateway's own checks (compiled against its workspace, examples and tests run, in a
+staging directory beside it), is never written. The files on disk are the last good revision,
+which a restart starts from when the store is away. Each gateway reports the revision it took
+(`agw.policy_status`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -60,21 +63,44 @@ def bundle(path: Path) -> dict[str, Any]:
     return {"entry": path.name, "files": files}
 
 
+def _write(directory: Path, body: dict[str, Any]) -> None:
+    """A verified revision's files into `directory` (each replaced whole), then its `.entry`."""
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    for name, content in body["files"].items():
+        target = directory / name
+        target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        tmp = target.with_name(f".{target.name}.tmp")
+        tmp.write_text(content, encoding="utf-8")
+        os.replace(tmp, target)
+    tmp = directory / ".entry.tmp"
+    tmp.write_text(str(body["entry"]), encoding="utf-8")
+    os.replace(tmp, directory / ".entry")
+
+
 def _sha(body: dict[str, Any]) -> str:
     return hashlib.sha256(canonical(body).encode("utf-8")).hexdigest()
 
 
-def publish(store: db.Store, path: Path, workspace: Path | None, key: SigningKey) -> int:
-    """Check, bundle, sign and store `path` as the fleet's next revision; returns its number."""
+def failing(path: Path, workspace: Path | None) -> str | None:
+    """Why the policy at `path` fails what `gateway policy test` checks (it compiles; its
+    examples, and its tests file for every principal, pass), or None when it passes."""
     try:
         policy = load_checked(path, workspace)
     except PolicyError as exc:
-        raise RolloutError(f"not published: {exc}") from None
+        return str(exc)
     failed = [c for c in example_cases(policy) if not c.passed]
     for principal in sorted(policy.grants):
         failed += [c for c in example_decisions(policy, principal) + test_cases(policy, principal) if not c.passed]
     if failed:
-        raise RolloutError(f"not published: {len(failed)} check(s) fail, first: {failed[0].name}: {failed[0].detail}")
+        return f"{len(failed)} check(s) fail, first: {failed[0].name}: {failed[0].detail}"
+    return None
+
+
+def publish(store: db.Store, path: Path, workspace: Path | None, key: SigningKey) -> int:
+    """Check, bundle, sign and store `path` as the fleet's next revision; returns its number."""
+    why = failing(path, workspace)
+    if why is not None:
+        raise RolloutError(f"not published: {why}")
     body = bundle(path)
     sha = _sha(body)
     with store.connection() as conn:
@@ -91,13 +117,18 @@ class PolicySync:
 
     def __init__(
         self, store: db.Store, directory: Path, pinned: list[VerifyKey], stream: str, host: str,
-        on_reject: Callable[[int, str], None] | None = None,
+        on_reject: Callable[[int, str], None] | None = None, workspace: Path | None = None,
     ) -> None:  # fmt: skip
         if not pinned:
             raise RolloutError("taking the policy from the store needs at least one pinned key (--policy-key)")
         self.store = store
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.staging = self.directory.with_name(self.directory.name + ".next")
+        """Where a revision is checked before it is written into `directory`: a sibling, so that
+        the paths it names relative to its files resolve as they will there."""
+        self.workspace = workspace
+        """The gateway's --workspace: the revision is checked against it, as the gateway loads it."""
         self.pinned = {k.raw for k in pinned}
         self.stream, self.host = stream, host
         self.on_reject = on_reject
@@ -162,7 +193,7 @@ class PolicySync:
         if row is None or int(row[0]) <= self.rev or int(row[0]) in self.rejected:
             return False
         rev, sha, text, key_line, sig = int(row[0]), str(row[1]), str(row[2]), str(row[3]), str(row[4])
-        why = self._why_not(sha, text, key_line, sig)
+        why = self._why_not(sha, text, key_line, sig) or self._fails_here(json.loads(text))
         if why is not None:
             self.rejected.add(rev)
             self._report(rev, "rejected", why)
@@ -170,19 +201,23 @@ class PolicySync:
                 with contextlib.suppress(Exception):
                     self.on_reject(rev, why)
             return False
-        body = json.loads(text)
-        for name, content in body["files"].items():
-            target = self.directory / name
-            target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = target.with_name(f".{target.name}.tmp")
-            tmp.write_text(content, encoding="utf-8")
-            os.replace(tmp, target)
-        tmp = self.directory / ".entry.tmp"
-        tmp.write_text(str(body["entry"]), encoding="utf-8")
-        os.replace(tmp, self.directory / ".entry")
+        _write(self.directory, json.loads(text))
         self.rev = rev
         self._report(rev, "taken", None)
         return True
+
+    def _fails_here(self, body: dict[str, Any]) -> str | None:
+        """Why a verified revision fails this gateway's checks (compiled against its workspace,
+        its examples and tests run), or None. Only a revision that passes is written where the
+        gateway loads it: the directory keeps the last good one, which a restart starts from
+        (a revision written there and refused by the running gateway stopped the next start)."""
+        shutil.rmtree(self.staging, ignore_errors=True)
+        try:
+            _write(self.staging, body)
+            why = failing(self.staging / str(body["entry"]), self.workspace)
+        finally:
+            shutil.rmtree(self.staging, ignore_errors=True)
+        return None if why is None else f"it fails this gateway's checks: {why}"
 
     def _why_not(self, sha: str, text: str, key_line: str, sig: str) -> str | None:
         try:

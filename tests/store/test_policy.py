@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import hashlib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,9 @@ import psycopg
 import pytest
 import yaml
 
+from gateway.audit.keys import SigningKey
+from gateway.audit.records import canonical
+from gateway.store import policy as rollout
 from tests.conftest import eventually
 from tests.server.conftest import POLICY, HttpGateway, envelope_of, policy_file, ws
 from tests.server.test_transports import call_http
@@ -89,3 +93,53 @@ def test_a_published_policy_reaches_every_gateway_and_a_bad_one_none(
     for server in published_fleet:
         assert status_of(server, token, "printf hi") == "denied"
         assert "policy revision 3 from the store refused" in server.stderr.read_text()
+
+
+def _insert_signed(dsn: str, path: Path, key_dir: Path) -> int:
+    """A revision stored as `publish` stores it, without its checks (an older publisher, or
+    someone with the key and SQL): signed with the pinned key, so it verifies."""
+    body = rollout.bundle(path)
+    sha = hashlib.sha256(canonical(body).encode()).hexdigest()
+    key = SigningKey.load_or_create(key_dir)
+    with psycopg.connect(dsn) as conn:
+        values = (sha, canonical(body), key.public.line().strip(), key.sign(sha))
+        row = conn.execute("INSERT INTO agw.policy_revision (sha256, bundle, key, sig) VALUES (%s, %s, %s, %s) "
+                           "RETURNING rev", values).fetchone()  # fmt: skip
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_signed_revision_that_fails_a_gateways_checks_is_never_its_last_good_one(
+    published_fleet: list[HttpGateway], dsn: str, tmp_path: Path, ws: Path, policy_file: Path
+) -> None:
+    """A revision that verifies but fails the gateway's own checks was written into its policy
+    directory all the same: the running gateway refused to switch, but the next start loaded
+    it from disk and stopped. The gateway checks a revision before it writes it: the directory
+    keeps the last good one, and a restart serves it."""
+    token, _ = fleet_token(dsn, policy_file)
+    v2 = copy.deepcopy(POLICY)
+    v2["rules"].append(NO_PRINTF)
+    assert publish(dsn, write(tmp_path / "v2" / "p.yaml", v2), tmp_path / "pk", ws).returncode == 0
+    for server in published_fleet:
+        assert eventually(lambda s=server: status_of(s, token, "printf hi") == "denied", seconds=60)
+    broken = copy.deepcopy(POLICY)  # printf allowed again, but its own example contradicts its rule
+    broken["rules"].append({**NO_PRINTF, "examples": {"match": ["echo x"]}})
+    rev = _insert_signed(dsn, write(tmp_path / "v3" / "p.yaml", broken), tmp_path / "pk")
+
+    def reported() -> list[tuple[Any, ...]]:
+        with psycopg.connect(dsn) as conn:
+            return conn.execute("SELECT rev, state, error FROM agw.policy_status ORDER BY stream").fetchall()
+
+    assert eventually(lambda: [r[:2] for r in reported()] == [(rev, "rejected")] * 2, seconds=60), reported()
+    assert all("fails this gateway's checks" in str(r[2]) for r in reported()), reported()
+    first = published_fleet[0]
+    on_disk = first.tmp / "processes" / "policy" / "p.yaml"
+    assert yaml.safe_load(on_disk.read_text()) == v2  # the last good revision, whole
+    assert not (first.tmp / "processes" / "policy.next").exists()
+    first.stop()
+    extra = ("--store", dsn, "--audit-keys", str(tmp_path / "keys"), "--policy-key",
+             str(tmp_path / "pk" / "signing.pub"))  # fmt: skip
+    again = HttpGateway(first.tmp, policy_file, ws, extra=extra)
+    published_fleet[0] = again  # stopped by the fixture
+    assert status_of(again, token, "printf hi") == "denied"  # v2, still
+    assert f"policy revision {rev} from the store refused: it fails this gateway's checks" in again.stderr.read_text()
