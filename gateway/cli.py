@@ -252,13 +252,14 @@ def _ledger(args: argparse.Namespace, redact: list[str]) -> AuditSink:
     """The gateway's ledger: the fleet's store with --store (or AGW_STORE), else the files of
     --audit-dir. Raises AuditUnavailable naming what cannot be used."""
     # lazy: startup (each command imports what it uses)
-    from gateway.store.commands import dsn_of, spool_of
+    from gateway.store.commands import commit_timeout_of, dsn_of, spool_of
     from gateway.store.ledger import open_sink
 
     # one call and gone: it does not compete to be the fleet's sequencer
     return open_sink(
-        dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact, sequence=False, spool=spool_of(args)
-    )
+        dsn_of(args), Path(args.audit_dir), Path(args.audit_keys), redact=redact, sequence=False, spool=spool_of(args),
+        commit_timeout=commit_timeout_of(args),
+    )  # fmt: skip
 
 
 def _supervisor(args: argparse.Namespace) -> str:
@@ -813,6 +814,10 @@ def _common_options(policy_default: str | None, policy_help: str) -> argparse.Ar
     common.add_argument("--store-spool-max", metavar="BYTES", type=_positive_int,
                         help="the spool's bound per gateway process: past it calls are refused "
                         "(default: $AGW_STORE_SPOOL_MAX, else 64 MiB)")  # fmt: skip
+    common.add_argument("--store-commit-timeout", metavar="SECONDS",
+                        help="with --store: a record's commit unanswered this long (a synchronous "
+                        "standby that stopped answering) refuses its call "
+                        "(default: $AGW_STORE_COMMIT_TIMEOUT, else 30)")  # fmt: skip
     return common
 
 

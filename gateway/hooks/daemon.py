@@ -47,7 +47,7 @@ from gateway.policy.loader import PolicyError
 from gateway.policy.reload import PolicyHolder
 from gateway.policy.selftest import load_checked
 from gateway.sandbox import quotas, reaper
-from gateway.store.commands import dsn_of, spool_dirs, spool_of
+from gateway.store.commands import commit_timeout_of, dsn_of, spool_dirs, spool_of
 from gateway.store.ledger import open_sink
 
 PROTOCOL = b"AGW2"
@@ -253,7 +253,8 @@ def main(args: argparse.Namespace) -> int:
         workspace = Path(args.workspace) if args.workspace else None
         first = load_checked(policy_file, workspace)
         keys, spool = Path(args.audit_keys), spool_of(args)
-        audit = meter(open_sink(dsn_of(args), Path(args.audit_dir), keys, first.policy.audit.redact, spool=spool))
+        audit = meter(open_sink(dsn_of(args), Path(args.audit_dir), keys, first.policy.audit.redact, spool=spool,
+                                commit_timeout=commit_timeout_of(args)))  # fmt: skip
 
         def record(kind: str, data: dict[str, Any]) -> None:
             audit.append(kind, data=data)

@@ -40,7 +40,15 @@ from gateway.server.app import GatewayServer
 from gateway.server.limits import FrontLimits
 from gateway.server.profiles import GATEWAY, ProfileError, specs_for
 from gateway.server.run import listen_socket, serve_http, serve_stdio
-from gateway.store.commands import dsn_of, fleet_approver, fleet_policy, fleet_tokens, spool_dirs, spool_of
+from gateway.store.commands import (
+    commit_timeout_of,
+    dsn_of,
+    fleet_approver,
+    fleet_policy,
+    fleet_tokens,
+    spool_dirs,
+    spool_of,
+)
 from gateway.store.ledger import open_sink
 from gateway.store.policy import RolloutError
 
@@ -212,8 +220,9 @@ def main(args: argparse.Namespace) -> int:
         first = load_checked(policy_file, workspace)  # for the audit settings; the holder keeps it current
         # its appends measured for /metrics (gateway/audit/metered.py: counters, nothing waits)
         dsn = dsn_of(args)  # the fleet's store (--store, AGW_STORE), else the files of --audit-dir
+        keys, spooled, bound = Path(args.audit_keys), spool_of(args), commit_timeout_of(args)
         audit = meter(
-            open_sink(dsn, Path(args.audit_dir), Path(args.audit_keys), first.policy.audit.redact, spool=spool_of(args))
+            open_sink(dsn, Path(args.audit_dir), keys, first.policy.audit.redact, spool=spooled, commit_timeout=bound)
         )
         audit.on_health = _audit_health
         started: list[bool] = []  # set once serving: edits from then on are reported

@@ -18,7 +18,7 @@ from gateway.approval import ApprovalRequest, escaped, shortened
 from gateway.audit.keys import AuditKeyError, SigningKey, VerifyKey
 from gateway.audit.records import AuditUnavailable, canonical
 from gateway.audit.sink import AuditSink
-from gateway.store import approvals, db, ledger, sequencer, spool
+from gateway.store import approvals, commitwatch, db, ledger, sequencer, spool
 from gateway.store import tokens as store_tokens
 from gateway.store.policy import PolicySync, RolloutError, publish
 from gateway.store.tokens import StoreTokens
@@ -65,6 +65,18 @@ def spool_of(args: argparse.Namespace) -> tuple[Path | None, int]:
             "store is away"
         )
     return (dirs[0] if dirs else None), bound
+
+
+def commit_timeout_of(args: argparse.Namespace) -> float:
+    """How long a commit may go unanswered (`--store-commit-timeout`, else
+    AGW_STORE_COMMIT_TIMEOUT, else 30 s: commitwatch.py). Raises AuditUnavailable naming the
+    setting when it is not a number of seconds above 0."""
+    given = getattr(args, "store_commit_timeout", None)
+    name = "--store-commit-timeout" if given is not None else commitwatch.ENV
+    try:
+        return commitwatch.bound_of(given if given is not None else os.environ.get(commitwatch.ENV))
+    except ValueError as exc:
+        raise AuditUnavailable(f"{name}: {exc}") from None
 
 
 def store_main(args: argparse.Namespace) -> int:

@@ -104,10 +104,12 @@ class Store:
         self.name = describe(dsn)
         self.dsn = dsn
         self.timeout = timeout
+        self.application_name = f"agent-gateway {os.getpid()}"
+        """Which gateway a backend serves (pg_stat_activity)."""
         self._kwargs: dict[str, Any] = {
             "autocommit": True,
             "connect_timeout": max(2, int(timeout)),
-            "application_name": f"agent-gateway {os.getpid()}",  # which gateway a backend serves
+            "application_name": self.application_name,
         }
         self._pool = ConnectionPool(
             dsn, min_size=1, max_size=max_size, open=False, timeout=timeout, kwargs=self._kwargs,

@@ -36,6 +36,7 @@ import re
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -52,6 +53,7 @@ from gateway.audit.writer import mark_written, open_signed, prepare
 from gateway.log import log
 from gateway.store import db, sequencer
 from gateway.store import spool as spooling
+from gateway.store.commitwatch import COMMIT_TIMEOUT_S, CommitWatch, Cut
 
 STREAM_STARTED = "stream_started"
 VOIDED = "audit_voided"
@@ -94,8 +96,11 @@ class StoreLedger:
         sequence: bool = False,
         spool: Path | None = None,
         spool_max: int = spooling.DEFAULT_MAX,
+        commit_timeout: float = COMMIT_TIMEOUT_S,
     ) -> None:
         self.store = store
+        self._watch = CommitWatch(commit_timeout)
+        """Cuts a commit's connection left unanswered past `commit_timeout` (commitwatch.py)."""
         self.directory = Path(directory)
         self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         self.secret_names = re.compile("|".join([SECRET_NAME.pattern, *(redact or [])]), re.IGNORECASE)
@@ -112,6 +117,8 @@ class StoreLedger:
         self._prev = ""
         self._sent: dict[int, str] = {}
         """Records of a commit whose outcome is unknown (seq -> hash): read back before going on."""
+        self._stuck: int | None = None
+        """The backend of a commit the watch cut: ended before the stream's end is read back."""
         self._broken: str | None = None
         """Why this stream takes no more records (a fork): every append is refused."""
         self.spool = spooling.Spool(spool, self.stream, spool_max) if spool is not None else None
@@ -250,8 +257,10 @@ class StoreLedger:
         sql = _INSERT + ", (%s, %s, %s, %s)" * (len(made) - 1)
         params = [x for seq, hash_, body in made for x in (self.stream, seq, hash_, body)]
         self._sent = {seq: hash_ for seq, hash_, _ in made}
+        cut: Cut | None = None
         try:
-            with self.store.connection() as conn:
+            with self.store.connection() as conn, self._watch.watching(conn) as cut:
+                backend = conn.info.backend_pid
                 conn.execute(sql, params)
         except psycopg.errors.UniqueViolation as exc:
             self._sent = {}
@@ -261,13 +270,20 @@ class StoreLedger:
             )
             raise AuditUnavailable(self._broken) from exc
         except db.StoreUnavailable as exc:
+            why = str(exc)
+            if cut is not None and cut.cut:  # its outcome is read back before the next record (_settle_unknown)
+                self._stuck = backend
+                why = (
+                    f"the store {self.store.name} did not answer a commit within {self._watch.bound_s:g} s "
+                    "(--store-commit-timeout; a synchronous standby that stopped answering holds every commit)"
+                )
             if self.spool is None:
-                raise AuditUnavailable(f"{exc} (nothing runs unrecorded)") from exc
+                raise AuditUnavailable(f"{why} (nothing runs unrecorded)") from exc
             # it may have landed all the same: the forwarder skips what the store holds already
             self._sent = {}
             self._reachable = False
             self.spool.write([body for _, _, body in made])
-            log.warning("store_spooling", store=self.store.name, spool=str(self.spool.path), error=str(exc))
+            log.warning("store_spooling", store=self.store.name, spool=str(self.spool.path), error=why)
             return
         except psycopg.Error as exc:
             self._sent = {}
@@ -278,6 +294,9 @@ class StoreLedger:
         """A commit went unanswered: read the stream's end back. What landed is voided on the
         record (its callers were refused); anything else at the end is a fork."""
         with self.store.connection() as conn:
+            if self._stuck is not None:
+                self._end_stuck(conn, self._stuck)
+                self._stuck = None
             row = conn.execute(_LAST, (self.stream,)).fetchone()
         seq, hash_ = (int(row[0]), str(row[1])) if row else (0, "")
         if (seq, hash_) == (self._seq, self._prev):
@@ -297,12 +316,34 @@ class StoreLedger:
             "why": "committed, but the gateway did not hear the commit: their calls were refused and did not run",
         }}))  # fmt: skip
 
+    def _end_stuck(self, conn: psycopg.Connection[Any], pid: int) -> None:
+        """End the server's side of a commit the watch cut (commitwatch.py), and wait until it
+        has ended. Until then its records are neither visible nor gone: the stream's end read
+        back would not show them, and the next record's insert would wait on them and then find
+        its seq taken (a fork, for good). Ended, a commit done locally stays (the standby gets it
+        when it is back) and is voided like any other that landed unheard."""
+        mine = "pid = %s AND application_name = %s AND usename = current_user"
+        args = (pid, self.store.application_name)
+        conn.execute(f"SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE {mine}", args)
+        deadline = time.monotonic() + self._watch.bound_s
+        while conn.execute(f"SELECT 1 FROM pg_stat_activity WHERE {mine}", args).fetchone() is not None:
+            if time.monotonic() > deadline:
+                raise db.StoreUnavailable(
+                    f"the store {self.store.name} still holds the unanswered commit of backend {pid} "
+                    f"{self._watch.bound_s:g} s after it was ended"
+                )
+            time.sleep(0.05)
+
     # --- the spool ------------------------------------------------------------------------------
     def _forward_own(self) -> None:
         """Forward this stream's spool (the caller holds the commit turn). Raises StoreUnavailable
         while the store is away; AuditUnavailable (the stream stopped) on a fork or a spool that
         fails verification."""
         assert self.spool is not None
+        if self._stuck is not None:  # a cut commit's records must be settled before the spool's follow them
+            with self.store.connection() as conn:
+                self._end_stuck(conn, self._stuck)
+            self._stuck = None
         try:
             sent = forward(self.store, self.spool, self._keys(), end=(self._seq, self._prev))
         except spooling.SpoolError as exc:
@@ -368,6 +409,7 @@ class StoreLedger:
 
     def close(self) -> None:
         self._stop.set()
+        self._watch.close()
         if self.sequencer is not None:
             self.sequencer.stop()
         if self.spool is not None:
@@ -555,6 +597,7 @@ def open_ledger(
     sequence: bool = True,
     spool: Path | None = None,
     spool_max: int = spooling.DEFAULT_MAX,
+    commit_timeout: float = COMMIT_TIMEOUT_S,
 ) -> StoreLedger:
     """The ledger of a gateway run with `--store`: its records signed with this host's key (the
     one in `key_dir`, made if there is none); `sequence`: it may be the fleet's sequencer (a
@@ -566,7 +609,8 @@ def open_ledger(
         raise AuditUnavailable(str(exc)) from exc
     try:
         key = SigningKey.load_or_create(Path(key_dir))
-        return StoreLedger(store, directory, redact, key=key, sequence=sequence, spool=spool, spool_max=spool_max)
+        return StoreLedger(store, directory, redact, key=key, sequence=sequence, spool=spool, spool_max=spool_max,
+                           commit_timeout=commit_timeout)  # fmt: skip
     except Exception:
         store.close()
         raise
@@ -580,12 +624,14 @@ def open_sink(
     *,
     sequence: bool = True,
     spool: tuple[Path | None, int] = (None, spooling.DEFAULT_MAX),
+    commit_timeout: float = COMMIT_TIMEOUT_S,
 ) -> AuditSink:
     """The gateway's ledger: the fleet's store when `dsn` names one (with `spool`: its directory
-    and bound, commands.spool_of), else the files of one host (`directory`, signed with the key
-    in `key_dir`). Raises AuditUnavailable."""
+    and bound, commands.spool_of; `commit_timeout`: commitwatch.py), else the files of one host
+    (`directory`, signed with the key in `key_dir`). Raises AuditUnavailable."""
     if dsn:
-        return open_ledger(dsn, directory, key_dir, redact, sequence=sequence, spool=spool[0], spool_max=spool[1])
+        return open_ledger(dsn, directory, key_dir, redact, sequence=sequence, spool=spool[0], spool_max=spool[1],
+                           commit_timeout=commit_timeout)  # fmt: skip
     return open_signed(directory, key_dir, redact=redact)
 
 

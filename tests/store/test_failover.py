@@ -4,6 +4,8 @@ primary answers and go on after the promotion, without restarting the gateway.""
 
 from __future__ import annotations
 
+import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -93,3 +95,49 @@ def test_no_acknowledged_record_is_lost_when_the_primary_dies(
     with db.Store(standby.dsn()) as store:
         checked = verify_store(store)
     assert checked.ok, checked.lines()
+
+
+def test_a_standby_that_stops_answering_refuses_calls_within_the_commit_bound(
+    pair: tuple[Postgres, Postgres], policy: CompiledPolicy, ws: Path, tmp_path: Path
+) -> None:
+    """The synchronous standby stops (its host is lost) and nothing is promoted: the primary
+    holds every commit until the standby is back, and the call waiting on its record waited with
+    it, for ever. Past the commit bound the ledger cuts the connection: the call is refused,
+    naming the bound, and did not run; once the standby is back calls go on, and what landed
+    unacknowledged is voided on the record."""
+    primary, standby = pair
+    ledger = StoreLedger(db.Store(primary.dsn(), timeout=3), tmp_path / "audit",
+                         key=SigningKey.load_or_create(tmp_path / "k"), commit_timeout=2)  # fmt: skip
+    gw = Gateway(policy, ledger)
+    got: list[dict[str, object]] = []
+    try:
+        assert gw.handle(RunCall(principal="agent", command="echo one > one.txt"))["status"] == "ok"
+        standby.stop("immediate")
+        call = threading.Thread(
+            target=lambda: got.append(gw.handle(RunCall(principal="agent", command="echo two > two.txt"))),
+            daemon=True,
+        )
+        call.start()
+        call.join(120)  # a bound on the test, far past the ledger's 2 s
+        assert not call.is_alive(), "the call still waits for a standby that is gone"
+        (out,) = got
+        assert out["status"] == "denied" and out["error"]["code"] == "AUDIT_UNAVAILABLE", out  # type: ignore[index]
+        message = out["error"]["message"]  # type: ignore[index]
+        assert "did not answer a commit within 2 s" in message and "--store-commit-timeout" in message, message
+        assert not (ws / "two.txt").exists()
+        standby.start()
+        assert eventually(
+            lambda: gw.handle(RunCall(principal="agent", command="echo three > three.txt"))["status"] == "ok",
+            seconds=120,
+        )
+        assert (ws / "three.txt").exists()
+    finally:
+        gw.close()
+        ledger.close()
+    with db.Store(primary.dsn()) as store:
+        checked = verify_store(store)
+        with store.connection() as conn:
+            voided = [json.loads(b) for (b,) in conn.execute(
+                "SELECT body FROM agw.record WHERE body::jsonb ->> 'event' = 'audit_voided'")]  # fmt: skip
+    assert checked.ok, checked.lines()
+    assert voided and voided[0]["data"]["seqs"], voided  # the refused call's records landed, and say so
