@@ -311,14 +311,26 @@ def test_the_call_timeline_and_a_call_page_that_reads_like_a_story(
         assert envelope_of(wait_for("the result", lambda: asked)[0][0])["status"] == "ok"
         browser.find_element(By.ID, "tab-calls").click()
         rows = (By.CSS_SELECTOR, "#timeline tr.call")
-        until(browser, "three calls", lambda d: len(d.find_elements(*rows)) == 3)
-        by_command = {r.find_element(By.CSS_SELECTOR, "td.what").text: r for r in browser.find_elements(*rows)}
+
+        def calls(d: WebDriver) -> dict[str, tuple[str, list[str], str]]:
+            """command -> (call id, cells, row text), read in one look (the live timeline may
+            redraw a row meanwhile: `until` then looks again)."""
+            found = {}
+            for r in d.find_elements(*rows):
+                cells = [td.text for td in r.find_elements(By.TAG_NAME, "td")]
+                what = r.find_element(By.CSS_SELECTOR, "td.what").text
+                found[what] = (r.get_attribute("data-call-id") or "", cells, r.text)
+            return found
+
+        def ended(d: WebDriver) -> dict[str, tuple[str, list[str], str]] | None:
+            t = calls(d)
+            return t if len(t) == 3 and "ok · exit 0" in t.get("rm -f gone.txt", ("", [], ""))[1] else None
+
+        by_command = until(browser, "three calls, the last one ended", ended)
         assert set(by_command) == {"echo hello", "curl x", "rm -f gone.txt"}, by_command
-        rm = by_command["rm -f gone.txt"]
-        call_id = rm.get_attribute("data-call-id")
-        cells = [td.text for td in rm.find_elements(By.TAG_NAME, "td")]
+        call_id, cells, _ = by_command["rm -f gone.txt"]
         assert "ask · rm-by-supervisor → allow" in cells and "alice" in cells and "ok · exit 0" in cells, cells
-        assert "deny · no-curl" in by_command["curl x"].text and "POLICY_DENIED" in by_command["curl x"].text
+        assert "deny · no-curl" in by_command["curl x"][2] and "POLICY_DENIED" in by_command["curl x"][2]
         assert "3 calls match" in browser.find_element(By.ID, "matched").text
         # every record, those about no call too (the sign-in), one click away
         browser.find_element(By.ID, "as-records").click()
