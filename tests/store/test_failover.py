@@ -141,3 +141,50 @@ def test_a_standby_that_stops_answering_refuses_calls_within_the_commit_bound(
                 "SELECT body FROM agw.record WHERE body::jsonb ->> 'event' = 'audit_voided'")]  # fmt: skip
     assert checked.ok, checked.lines()
     assert voided and voided[0]["data"]["seqs"], voided  # the refused call's records landed, and say so
+
+
+def test_a_spooling_gateway_is_not_held_for_ever_by_a_standby_that_stops_answering(
+    pair: tuple[Postgres, Postgres], policy: CompiledPolicy, ws: Path, tmp_path: Path
+) -> None:
+    """With --store-spool, a commit cut at the bound goes to the spool and its call runs. The
+    primary still answers reads, so the forwarder soon finds the store "back" and forwards the
+    spool: that commit waits for the same standby. It must be bounded as well: unbounded, the
+    forwarder holds the ledger's commit turn for as long as the standby is away, and every call
+    waits on it, for ever. Once the standby is back, every call that ran is in the store."""
+    primary, standby = pair
+    ledger = StoreLedger(db.Store(primary.dsn(), timeout=3), tmp_path / "audit", spool=tmp_path / "spool",
+                         key=SigningKey.load_or_create(tmp_path / "k"), commit_timeout=2)  # fmt: skip
+    gw = Gateway(policy, ledger)
+    got: list[dict[str, object]] = []
+
+    def call(name: str) -> dict[str, object]:
+        done = threading.Thread(
+            target=lambda: got.append(gw.handle(RunCall(principal="agent", command=f"echo {name} > {name}.txt"))),
+            daemon=True,
+        )
+        done.start()
+        done.join(120)  # a bound on the test, far past the ledger's 2 s
+        assert not done.is_alive(), f"the call {name} still waits for a standby that is gone"
+        return got.pop()
+
+    try:
+        assert call("one")["status"] == "ok"
+        standby.stop("immediate")
+        assert call("two")["status"] == "ok"  # cut at the bound, recorded in the spool
+        assert ledger.spool is not None and ledger.spool.holding
+        # the primary answers the forwarder's probe: it forwards the spool, and that commit waits too
+        assert eventually(lambda: ledger._reachable, seconds=60), "the forwarder never found the store"
+        for name in ("three", "four", "five"):  # the forwarder's turns come in between
+            out = call(name)
+            assert out["status"] in ("ok", "denied"), out
+            assert (out["status"] == "ok") == (ws / f"{name}.txt").exists(), out
+        standby.start()
+        assert eventually(lambda: not ledger.spool.holding, seconds=120), "the spool was never forwarded"  # type: ignore[union-attr]
+    finally:
+        if not (standby.data / "postmaster.pid").exists():  # a call held for ever: let it go before closing
+            standby.start()
+        gw.close()
+        ledger.close()
+    with db.Store(primary.dsn()) as store:
+        checked = verify_store(store)
+    assert checked.ok, checked.lines()
