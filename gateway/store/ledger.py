@@ -68,6 +68,15 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds").replace("+00:00", "Z")
 
 
+class CommitCut(db.StoreUnavailable):
+    """A commit the watch cut (commitwatch.py): `backend` holds it until it is ended, and its
+    records are neither visible nor gone until then."""
+
+    def __init__(self, message: str, backend: int) -> None:
+        super().__init__(message)
+        self.backend = backend
+
+
 @dataclass
 class _Pending:
     event: str
@@ -345,11 +354,15 @@ class StoreLedger:
                 self._end_stuck(conn, self._stuck)
             self._stuck = None
         try:
-            sent = forward(self.store, self.spool, self._keys(), end=(self._seq, self._prev))
+            sent = forward(self.store, self.spool, self._keys(), end=(self._seq, self._prev), watch=self._watch)
         except spooling.SpoolError as exc:
             self._broken = f"{exc}; nothing of it was inserted; this gateway records nothing more: restart it"
             log.error("store_spool_refused", spool=str(self.spool.path), error=self._broken)
             raise AuditUnavailable(self._broken) from exc
+        except CommitCut as exc:  # unbounded, it held the commit turn, and every call, for as long as the standby
+            self._stuck = exc.backend  # was away; its records stay in the spool and are settled at the next forward
+            self._reachable = False
+            raise
         except db.StoreUnavailable:
             self._reachable = False
             raise
@@ -422,70 +435,106 @@ class StoreLedger:
 
 
 def forward(
-    store: db.Store, spool: spooling.Spool, keys: list[VerifyKey] | None, end: tuple[int, str] | None = None
+    store: db.Store,
+    spool: spooling.Spool,
+    keys: list[VerifyKey] | None,
+    end: tuple[int, str] | None = None,
+    *,
+    watch: CommitWatch | None = None,
 ) -> int:
     """Insert the spool's records into the store, in order, in one transaction, then remove
     the spool; the records inserted. `keys`: what its signatures must verify with (None: the key
     its stream names in the store); `end`: the (seq, hash) its writer knows it ends at. Raises
     SpoolError (nothing inserted) when it fails verification or the store holds something else
-    at one of its seqs (a fork); StoreUnavailable while the store is away."""
+    at one of its seqs (a fork); StoreUnavailable while the store is away, CommitCut when `watch`
+    cut its commit (commitwatch.py: its outcome is unknown until its backend has ended)."""
     text = spool.read()
-    with store.connection() as conn, conn.transaction():
-        stream = spool.stream
-        if keys is None:  # an earlier gateway's: the file names its stream; the store names its key
-            first = text.split("\n", 1)[0]
-            with contextlib.suppress(ValueError, AttributeError):
-                stream = str(json.loads(first).get("stream"))
-            keys = _stream_keys(conn, stream)
-        checked = spooling.check(text, spool.path, stream, keys)
-        records = checked.records
-        got = (int(records[-1]["seq"]), str(records[-1]["hash"])) if records else None
-        if end is not None and got != end:
-            raise spooling.SpoolError(
-                f"the spool {spool.path} ends at {f'seq {got[0]}' if got else 'nothing'}, not at the record seq "
-                f"{end[0]} this gateway wrote there: records were removed, added or edited"
-            )
-        if not records:
-            spool.clear()
-            return 0
-        row = conn.execute(_LAST, (stream,)).fetchone()
-        last, last_hash = (int(row[0]), str(row[1])) if row else (0, "")
-        first_seq = int(records[0]["seq"])
-        if first_seq > last + 1:
-            raise spooling.SpoolError(
-                f"the spool {spool.path} starts at seq {first_seq} of stream {stream}, and the store {store.name} "
-                f"holds it only to seq {last}: records {last + 1}..{first_seq - 1} are missing"
-            )
-        if first_seq == last + 1 and records[0].get("prev") != last_hash:
-            raise spooling.SpoolError(
-                f"the spool {spool.path} seq {first_seq} does not link to seq {last} of stream {stream} in the "
-                f"store {store.name}: a fork"
-            )
-        held = {
-            int(s): str(h)
-            for s, h in conn.execute(
-                "SELECT seq, hash FROM agw.record WHERE stream = %s AND seq >= %s", (stream, first_seq)
-            )
-        }
-        for record in records:
-            if record["seq"] in held and held[record["seq"]] != record["hash"]:
-                raise spooling.SpoolError(
-                    f"the store {store.name} holds another record at seq {record['seq']} of stream {stream} than "
-                    f"the spool {spool.path}: a fork"
-                )
-        new = [(r["seq"], r["hash"], line) for r, line in zip(records, checked.lines, strict=True) if r["seq"] > last]
-        try:
-            for at in range(0, len(new), _CHUNK):
-                part = new[at : at + _CHUNK]
-                sql = _INSERT + ", (%s, %s, %s, %s)" * (len(part) - 1)
-                conn.execute(sql, [x for seq, hash_, body in part for x in (stream, seq, hash_, body)])
-        except psycopg.errors.UniqueViolation as exc:
-            raise spooling.SpoolError(
-                f"another writer put records in stream {stream} while the spool {spool.path} was forwarded: a fork"
+    cut: Cut | None = None
+    backend = 0
+    try:
+        with store.connection() as conn, _watching(watch, conn) as cut, conn.transaction():
+            backend = conn.info.backend_pid
+            sent = _forward_in(conn, store, spool, text, keys, end)
+    except db.StoreUnavailable as exc:
+        if watch is not None and cut is not None and cut.cut:  # its outcome is settled by its writer (_stuck)
+            raise CommitCut(
+                f"the store {store.name} did not answer the spool's commit within {watch.bound_s:g} s "
+                "(--store-commit-timeout; a synchronous standby that stopped answering holds every commit)",
+                backend,
             ) from exc
-        except psycopg.errors.IntegrityError as exc:
-            raise spooling.SpoolError(f"the store {store.name} refused the spool {spool.path}: {exc}") from exc
+        raise
     spool.clear()  # (a crash before this: the next forward finds them there, the same, and skips them)
+    return sent
+
+
+def _watching(
+    watch: CommitWatch | None, conn: psycopg.Connection[Any]
+) -> contextlib.AbstractContextManager[Cut | None]:
+    return watch.watching(conn) if watch is not None else contextlib.nullcontext(None)
+
+
+def _forward_in(
+    conn: psycopg.Connection[Any],
+    store: db.Store,
+    spool: spooling.Spool,
+    text: str,
+    keys: list[VerifyKey] | None,
+    end: tuple[int, str] | None,
+) -> int:
+    """`forward`'s checks and inserts, in the caller's transaction; the records inserted."""
+    stream = spool.stream
+    if keys is None:  # an earlier gateway's: the file names its stream; the store names its key
+        first = text.split("\n", 1)[0]
+        with contextlib.suppress(ValueError, AttributeError):
+            stream = str(json.loads(first).get("stream"))
+        keys = _stream_keys(conn, stream)
+    checked = spooling.check(text, spool.path, stream, keys)
+    records = checked.records
+    got = (int(records[-1]["seq"]), str(records[-1]["hash"])) if records else None
+    if end is not None and got != end:
+        raise spooling.SpoolError(
+            f"the spool {spool.path} ends at {f'seq {got[0]}' if got else 'nothing'}, not at the record seq "
+            f"{end[0]} this gateway wrote there: records were removed, added or edited"
+        )
+    if not records:
+        return 0
+    row = conn.execute(_LAST, (stream,)).fetchone()
+    last, last_hash = (int(row[0]), str(row[1])) if row else (0, "")
+    first_seq = int(records[0]["seq"])
+    if first_seq > last + 1:
+        raise spooling.SpoolError(
+            f"the spool {spool.path} starts at seq {first_seq} of stream {stream}, and the store {store.name} "
+            f"holds it only to seq {last}: records {last + 1}..{first_seq - 1} are missing"
+        )
+    if first_seq == last + 1 and records[0].get("prev") != last_hash:
+        raise spooling.SpoolError(
+            f"the spool {spool.path} seq {first_seq} does not link to seq {last} of stream {stream} in the "
+            f"store {store.name}: a fork"
+        )
+    held = {
+        int(s): str(h)
+        for s, h in conn.execute(
+            "SELECT seq, hash FROM agw.record WHERE stream = %s AND seq >= %s", (stream, first_seq)
+        )
+    }
+    for record in records:
+        if record["seq"] in held and held[record["seq"]] != record["hash"]:
+            raise spooling.SpoolError(
+                f"the store {store.name} holds another record at seq {record['seq']} of stream {stream} than "
+                f"the spool {spool.path}: a fork"
+            )
+    new = [(r["seq"], r["hash"], line) for r, line in zip(records, checked.lines, strict=True) if r["seq"] > last]
+    try:
+        for at in range(0, len(new), _CHUNK):
+            part = new[at : at + _CHUNK]
+            sql = _INSERT + ", (%s, %s, %s, %s)" * (len(part) - 1)
+            conn.execute(sql, [x for seq, hash_, body in part for x in (stream, seq, hash_, body)])
+    except psycopg.errors.UniqueViolation as exc:
+        raise spooling.SpoolError(
+            f"another writer put records in stream {stream} while the spool {spool.path} was forwarded: a fork"
+        ) from exc
+    except psycopg.errors.IntegrityError as exc:
+        raise spooling.SpoolError(f"the store {store.name} refused the spool {spool.path}: {exc}") from exc
     return len(new)
 
 
