@@ -174,7 +174,8 @@ def _bubblewrap() -> Item:
 
 def _own_proc() -> Item:
     """bwrap names processes by their pid in the gateway's pid namespace, through /proc."""
-    from gateway.sandbox import launch  # lazy, as in _bubblewrap
+    # lazy: startup (`gateway check` imports NETWORK_TRUE_WARNING from here, not the launcher)
+    from gateway.sandbox import launch
 
     foreign = launch.foreign_proc()
     if foreign is not None:
