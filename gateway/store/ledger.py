@@ -141,7 +141,11 @@ class StoreLedger:
                 self._forward_orphans(Path(spool))
             self._start()
         except db.StoreError as exc:
+            self._watch.close()
             raise AuditUnavailable(str(exc)) from exc
+        except BaseException:
+            self._watch.close()
+            raise
         if self.spool is not None:
             threading.Thread(target=self._forwarder, name="agw-spool", daemon=True).start()
         self.sequencer: sequencer.Sequencer | None = None
@@ -151,28 +155,48 @@ class StoreLedger:
 
     # --- the stream's start ----------------------------------------------------------------
     def _start(self) -> None:
-        with self.store.connection() as conn, conn.transaction():
-            conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_HOST_LOCK, self.host))
-            row = conn.execute(
-                "SELECT s.stream, r.seq, r.hash FROM agw.stream s LEFT JOIN LATERAL "
-                "(SELECT seq, hash FROM agw.record WHERE stream = s.stream ORDER BY seq DESC LIMIT 1) r ON true "
-                "WHERE s.host = %s ORDER BY s.n DESC LIMIT 1",
-                (self.host,),
-            ).fetchone()
-            previous = {"stream": row[0], "seq": row[1] or 0, "hash": row[2] or ""} if row else None
-            dead = _dead_streams(conn, self.host)
-            conn.execute("INSERT INTO agw.stream (stream, host, pid) VALUES (%s, %s, %s)",
-                         (self.stream, self.host, os.getpid()))  # fmt: skip
-            data: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "previous": previous}
-            if self.key is not None:
-                data["key"] = self.key.public.line().strip()
-            if dead:
-                data["closed"] = [stream for stream, _ in dead]
-            marks = [m for stream, pid in dead for m in _interrupted(conn, stream, pid)]
-            made = self._made([_Pending(STREAM_STARTED, {"data": data}), *marks])
-            for seq, hash_, body in made:
-                conn.execute(_INSERT, (self.stream, seq, hash_, body))
+        """Open this process's stream (its first record names the host's previous one), in one
+        transaction, bounded as every commit is: unanswered past the bound, the gateway does not
+        start, and says why."""
+        cut: Cut | None = None
+        backend = 0
+        try:
+            with self.store.connection() as conn, self._watch.watching(conn) as cut, conn.transaction():
+                backend = conn.info.backend_pid
+                made = self._open_stream(conn)
+        except db.StoreUnavailable as exc:
+            if cut is not None and cut.cut:
+                self._end_quietly(backend)
+                raise db.StoreUnavailable(
+                    f"the store {self.store.name} did not answer the start of this gateway's stream within "
+                    f"{self._watch.bound_s:g} s (--store-commit-timeout; a synchronous standby that stopped "
+                    "answering holds every commit)"
+                ) from exc
+            raise
         self._advance(made)
+
+    def _open_stream(self, conn: psycopg.Connection[Any]) -> list[tuple[int, str, str]]:
+        conn.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_HOST_LOCK, self.host))
+        row = conn.execute(
+            "SELECT s.stream, r.seq, r.hash FROM agw.stream s LEFT JOIN LATERAL "
+            "(SELECT seq, hash FROM agw.record WHERE stream = s.stream ORDER BY seq DESC LIMIT 1) r ON true "
+            "WHERE s.host = %s ORDER BY s.n DESC LIMIT 1",
+            (self.host,),
+        ).fetchone()
+        previous = {"stream": row[0], "seq": row[1] or 0, "hash": row[2] or ""} if row else None
+        dead = _dead_streams(conn, self.host)
+        conn.execute("INSERT INTO agw.stream (stream, host, pid) VALUES (%s, %s, %s)",
+                     (self.stream, self.host, os.getpid()))  # fmt: skip
+        data: dict[str, Any] = {"host": self.host, "pid": os.getpid(), "previous": previous}
+        if self.key is not None:
+            data["key"] = self.key.public.line().strip()
+        if dead:
+            data["closed"] = [stream for stream, _ in dead]
+        marks = [m for stream, pid in dead for m in _interrupted(conn, stream, pid)]
+        made = self._made([_Pending(STREAM_STARTED, {"data": data}), *marks])
+        for seq, hash_, body in made:
+            conn.execute(_INSERT, (self.stream, seq, hash_, body))
+        return made
 
     # --- appending --------------------------------------------------------------------------
     def append(self, event: str, **fields: Any) -> dict[str, Any]:
@@ -325,6 +349,11 @@ class StoreLedger:
             "why": "committed, but the gateway did not hear the commit: their calls were refused and did not run",
         }}))  # fmt: skip
 
+    def _end_quietly(self, pid: int) -> None:
+        """End a cut commit's backend on the way out (the gateway is not starting: best effort)."""
+        with contextlib.suppress(db.StoreError, psycopg.Error), self.store.connection() as conn:
+            self._end_stuck(conn, pid)
+
     def _end_stuck(self, conn: psycopg.Connection[Any], pid: int) -> None:
         """End the server's side of a commit the watch cut (commitwatch.py), and wait until it
         has ended. Until then its records are neither visible nor gone: the stream's end read
@@ -382,7 +411,10 @@ class StoreLedger:
         try:
             for orphan in found:
                 try:
-                    sent = forward(self.store, orphan, None)
+                    sent = forward(self.store, orphan, None, watch=self._watch)
+                except CommitCut as exc:  # the spool stays: the next start forwards what did not land
+                    self._end_quietly(exc.backend)
+                    raise AuditUnavailable(str(exc)) from exc
                 except spooling.SpoolError as exc:
                     raise AuditUnavailable(
                         f"{exc}; nothing of it was inserted. Keep it for whoever investigates, move it out of "

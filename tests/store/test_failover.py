@@ -13,6 +13,7 @@ import psycopg
 import pytest
 
 from gateway.audit.keys import SigningKey
+from gateway.audit.records import AuditUnavailable
 from gateway.calls import RunCall
 from gateway.pipeline import Gateway
 from gateway.policy.compile import CompiledPolicy
@@ -188,3 +189,36 @@ def test_a_spooling_gateway_is_not_held_for_ever_by_a_standby_that_stops_answeri
     with db.Store(primary.dsn()) as store:
         checked = verify_store(store)
     assert checked.ok, checked.lines()
+
+
+def test_a_gateway_starting_while_its_standby_is_away_says_so_within_the_bound(
+    pair: tuple[Postgres, Postgres], tmp_path: Path
+) -> None:
+    """The stream's start is a commit too: with the synchronous standby gone, a gateway starting
+    waited for it for ever, saying nothing. It is refused within the commit bound, naming it, and
+    the backend it left waiting is ended (it held the host's start lock: the next start on this
+    host would have waited behind it)."""
+    primary, standby = pair
+    standby.stop("immediate")
+    made: list[object] = []
+
+    def start() -> None:
+        try:
+            made.append(StoreLedger(db.Store(primary.dsn(), timeout=3), tmp_path / "audit",
+                                    key=SigningKey.load_or_create(tmp_path / "k"), commit_timeout=2))  # fmt: skip
+        except AuditUnavailable as exc:
+            made.append(exc)
+
+    starting = threading.Thread(target=start, daemon=True)
+    starting.start()
+    starting.join(120)
+    try:
+        assert not starting.is_alive(), "the gateway still waits for a standby that is gone"
+        (got,) = made
+        assert isinstance(got, AuditUnavailable), got
+        assert "did not answer the start of this gateway's stream within 2 s" in str(got), got
+        with psycopg.connect(primary.dsn(), autocommit=True) as conn:
+            waiting = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'SyncRep'").fetchone()
+        assert waiting == (0,), "a backend still waits for the standby"
+    finally:
+        standby.start()  # what is still waiting (on the old code) ends with the standby's return
