@@ -117,3 +117,14 @@ def test_a_reader_that_stops_early_gets_no_traceback() -> None:
     _, err = proc.communicate(timeout=60)
     assert "Traceback" not in err and "BrokenPipeError" not in err
     assert proc.returncode == 141
+
+
+def test_a_bad_store_commit_timeout_is_named_before_the_store_is_tried(tmp_path: object) -> None:
+    store = ("--store", "postgresql://nobody@/none?host=/nonexistent")
+    policy = ("--policy", os.path.join(os.path.dirname(__file__), "..", "policies", "default.yaml"))
+    bad = gateway("run", *store, "--store-commit-timeout", "abc", *policy, "echo hi")
+    assert bad.returncode == 2 and "--store-commit-timeout: 'abc' is not a number of seconds" in bad.stderr, bad.stderr
+    env = {**os.environ, "AGW_STORE_COMMIT_TIMEOUT": "0"}
+    zero = subprocess.run([sys.executable, "-m", "gateway", "run", *store, *policy, "echo hi"], capture_output=True,
+                          text=True, env=env, timeout=120)  # fmt: skip
+    assert zero.returncode == 2 and "AGW_STORE_COMMIT_TIMEOUT: '0': expected more than 0" in zero.stderr, zero.stderr
