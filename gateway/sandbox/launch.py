@@ -105,6 +105,13 @@ class Launch:
     pid: int | None = None
     """The pid Popen gave it (`started(pid)`): its process group, stopped when its principal
     passes its disk budget and there is no cgroup to kill."""
+    _pidfd: int | None = None
+    """A pidfd of that process while the sandbox runs: a stop signals that very process (or
+    checks it still runs before its group is signalled), never another that took its pid after
+    it was reaped."""
+    _pid_lock: threading.Lock = field(default_factory=threading.Lock)
+    _ended: bool = False
+    """`finished()` has run: a stop comes too late, and signals nothing."""
     _disk: disk.Ticket | None = None
     """The watch of its principal's disk budget (disk.py), while it runs."""
     disk_stopped: str | None = None
@@ -161,6 +168,9 @@ class Launch:
         command never runs (`network_error` says why)."""
         if pid is not None:
             self.pid = pid
+            if self._disk is not None and self.cgroup is None:  # its only use: _stop
+                with self._pid_lock, contextlib.suppress(OSError):  # not reaped yet: Popen's wait has not run
+                    self._pidfd = os.pidfd_open(pid)
         if self._disk is not None and self._disk.tripped is not None:
             self._stop()  # over its budget before it started (the watch could not stop it yet)
         for fd in self._fds:
@@ -226,12 +236,22 @@ class Launch:
         group = self.cgroup
         if group is not None:
             group.kill()
-        elif self.pid is not None:  # no cgroup: the process group; the PID namespace ends with bwrap
+            return
+        with self._pid_lock:  # no cgroup: the process group; the PID namespace ends with bwrap
+            if self.pid is None or self._ended:
+                return  # never started, or ended: nothing of it to stop (its pid may be another's)
             # a guarded sandbox's guard kills bwrap on SIGTERM and reaps it (SIGKILL would end the
             # guard too, and leave bwrap to the gateway, which never reaps its own namespace's orphans)
-            sig = signal.SIGTERM if self._lifeline is not None else signal.SIGKILL
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.pid, sig)
+            guarded = self._lifeline is not None
+            try:
+                if self._pidfd is not None and guarded:  # that very process, whatever took its pid since
+                    signal.pidfd_send_signal(self._pidfd, signal.SIGTERM)
+                    return
+                if self._pidfd is not None:  # the group's leader, bwrap, not reaped yet: its group is its own
+                    signal.pidfd_send_signal(self._pidfd, 0)
+                os.killpg(self.pid, signal.SIGTERM if guarded else signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
 
     def finished(self) -> dict[str, bool]:
         """The sandbox has ended: what the quotas stopped, and the cgroup removed. Its init ends
@@ -239,6 +259,11 @@ class Launch:
         principal's disk budget failed it."""
         self.started()
         self.withhold()
+        with self._pid_lock:
+            self._ended = True
+            pidfd, self._pidfd = self._pidfd, None
+            if pidfd is not None:
+                os.close(pidfd)
         lifeline, self._lifeline = self._lifeline, None
         if lifeline is not None:
             os.close(lifeline)

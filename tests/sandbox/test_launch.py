@@ -7,14 +7,16 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from gateway import sandbox
 from gateway.executors import shell
-from gateway.sandbox import landlock
+from gateway.sandbox import disk, landlock
 from gateway.sandbox.identity import hand_over
+from gateway.sandbox.launch import Launch
 from gateway.sandbox.quotas import Quotas
 from tests import clonestop
 from tests.conftest import eventually
@@ -128,3 +130,44 @@ def test_a_self_check_given_up_on_leaves_no_bwrap_waiting() -> None:
             clonestop.release(held.monitor)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(held.first, signal.SIGKILL)
+
+
+def _same_pid_leader(pid: int, attempts: int = 200) -> subprocess.Popen[bytes] | None:
+    """A new session leader (its own process group) with exactly `pid`, by setting the kernel's
+    last pid just below it (root); other processes forking meanwhile may take it: tried again."""
+    last = Path("/proc/sys/kernel/ns_last_pid")
+    for _ in range(attempts):
+        last.write_text(str(pid - 1))
+        proc = subprocess.Popen(["sleep", "300"], start_new_session=True)
+        if proc.pid == pid:
+            return proc
+        proc.kill()
+        proc.wait()
+    return None
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sets the kernel's next pid (root)")
+def test_a_stop_that_comes_after_the_sandbox_ended_signals_nothing(tmp_path: Path) -> None:
+    """Without a cgroup a sandbox over its disk budget is stopped through its process group, by
+    pid. A stop that came after the sandbox's process was reaped and its pid taken by another
+    process group sent SIGKILL (as root) to that group. The stop now signals only the process
+    it started (through a pidfd), and nothing once the sandbox has ended."""
+    root = tmp_path / "ws"
+    root.mkdir()
+    launch = Launch(argv=[], pass_fds=(), cgroup=None, fallback="rlimits")
+    launch._disk = disk.watch().start((str(root),), 1 << 30, "test", launch.stop_for_disk)
+    first = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    launch.started(first.pid)
+    first.kill()
+    first.wait()  # reaped: its pid is free
+    launch.finished()
+    other = _same_pid_leader(first.pid)
+    if other is None:
+        pytest.skip("the machine's other processes kept taking the pid")
+    try:
+        launch._stop()  # as the disk watch's late stop would
+        time.sleep(0.5)  # a settle, not a measure: a SIGKILL lands at once
+        assert other.poll() is None, "the stop killed another process group that took the sandbox's pid"
+    finally:
+        other.kill()
+        other.wait()
