@@ -21,9 +21,13 @@ import contextlib
 import ctypes
 import os
 import signal
+import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from tests.conftest import eventually
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ctypes.c_long
@@ -180,3 +184,42 @@ def release(pid: int) -> None:
     """Let a held process go on (a test that ends without it killed)."""
     with contextlib.suppress(OSError):
         _ptrace(PTRACE_DETACH, pid)
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` runs (a zombie has ended: it waits only to be collected)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+def held_until_given_up(script: str, marker: str, bound_s: float = 120.0) -> tuple[str, bool]:
+    """Run `python -c script`, which reads a line from stdin and then starts a bwrap whose
+    command line holds `marker` and gives up on it after a time limit of its own. That bwrap's
+    monitor is held at its clone until the script gives up on it. Returns what the script
+    printed, and whether bwrap's first process had ended 10 s later (a settle, not a measure: it
+    ends as a group's SIGKILL lands). Raises AssertionError naming what never happened."""
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    held = None
+    try:
+        tracer = Tracer(proc.pid)
+        assert proc.stdin is not None
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        held = hold = tracer.hold_monitor_at_clone(marker, bound_s)
+        # its end goes to us first (we trace it): the script's wait for it returns only after this
+        assert wait_gone(hold.monitor, bound_s), "the script never gave up on the held bwrap"
+        try:
+            out = proc.communicate(timeout=bound_s)[0]
+        except subprocess.TimeoutExpired:  # a bound: the script reads bwrap's output to its end
+            raise AssertionError("the script never returned after giving up on its bwrap") from None
+        return out, bool(eventually(lambda: not running(hold.first), seconds=10.0))
+    finally:
+        proc.kill()
+        proc.wait(30)
+        if held is not None:
+            release(held.monitor)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(held.first, signal.SIGKILL)

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -16,7 +14,6 @@ import pytest
 
 from gateway.sandbox import landlock
 from tests import clonestop
-from tests.conftest import eventually
 
 GATEWAY = Path(sys.executable).parent / "gateway"
 ITEMS = {"own_proc", "bubblewrap", "user_namespaces", "sandbox_uid", "landlock", "cgroups", "helper", "seccomp",
@@ -195,37 +192,6 @@ def test_a_user_namespace_probe_given_up_on_leaves_no_bwrap_waiting() -> None:
     process, until doctor gives up on it: killing bwrap's monitor alone left that process
     waiting for its go for ever, holding doctor's pipes (doctor never answered). Doctor kills
     the probe's process group, of its own, which that process shares."""
-    proc = subprocess.Popen([sys.executable, "-c", USERNS_PROBE], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)  # fmt: skip
-    held = None
-    try:
-        tracer = clonestop.Tracer(proc.pid)
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        held = tracer.hold_monitor_at_clone("--disable-userns")
-        assert clonestop.wait_gone(held.monitor), "doctor never gave up on the held bwrap"
-        try:
-            out = proc.communicate(timeout=120)[0]
-        except subprocess.TimeoutExpired:
-            pytest.fail("doctor never answered after giving up on its bwrap")
-        assert out.startswith("False ") and "bwrap fails" in out, out
-        first = held.first
-        assert eventually(lambda: not Path(f"/proc/{first}").exists() or _zombie(first), seconds=10.0), (
-            "bwrap's first process waits on"
-        )
-    finally:
-        proc.kill()
-        proc.wait(30)
-        if held is not None:
-            clonestop.release(held.monitor)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(held.first, signal.SIGKILL)
-
-
-def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rindex(")") + 2] == "Z"
+    out, ended = clonestop.held_until_given_up(USERNS_PROBE, "--disable-userns")
+    assert out.startswith("False ") and "bwrap fails" in out, out
+    assert ended, "bwrap's first process waits on"

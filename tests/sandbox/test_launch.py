@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,7 +16,6 @@ from gateway.sandbox.identity import hand_over
 from gateway.sandbox.launch import Launch
 from gateway.sandbox.quotas import Quotas
 from tests import clonestop
-from tests.conftest import eventually
 
 Q = Quotas(memory_bytes=1 << 30, pids=256, cpu_seconds=60, file_bytes=1 << 30, open_files=256, tmpfs_bytes=64 << 20)
 
@@ -90,46 +86,15 @@ except launch.SandboxUnavailable as exc:
 """
 
 
-def _running(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rindex(")") + 2] != "Z"
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="traces the self-check's bwrap (root)")
 def test_a_self_check_given_up_on_leaves_no_bwrap_waiting() -> None:
     """The self-check's bwrap held (traced) right after it cloned its first process, until the
     check gives up on it (its time limit): killing the monitor alone left that process, forked
     and not yet let go, waiting for its go for ever, as root, in the gateway's own process group.
     The check kills the probe's whole process group, of its own, which that process shares."""
-    proc = subprocess.Popen(
-        [sys.executable, "-c", SELF_CHECK], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
-    )
-    held = None
-    try:
-        tracer = clonestop.Tracer(proc.pid)
-        assert proc.stdin is not None
-        proc.stdin.write("go\n")
-        proc.stdin.flush()
-        held = tracer.hold_monitor_at_clone("/usr/bin/true")
-        # its end goes to us first (we trace it): the check's wait for it returns only after this
-        assert clonestop.wait_gone(held.monitor), "the check never gave up on the held bwrap"
-        try:
-            out = proc.communicate(timeout=120)[0]
-        except subprocess.TimeoutExpired:  # a bound: the check reads bwrap's output to its end
-            pytest.fail("the self-check never returned after giving up on its bwrap")
-        assert out.startswith("refused: bubblewrap does not start"), out
-        # a settle, not a measure: the first process ends as the group's SIGKILL lands
-        assert eventually(lambda: not _running(held.first), seconds=10.0), "bwrap's first process waits on"
-    finally:
-        proc.kill()
-        proc.wait(30)
-        if held is not None:
-            clonestop.release(held.monitor)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(held.first, signal.SIGKILL)
+    out, ended = clonestop.held_until_given_up(SELF_CHECK, "/usr/bin/true")
+    assert out.startswith("refused: bubblewrap does not start"), out
+    assert ended, "bwrap's first process waits on"
 
 
 def _same_pid_leader(pid: int, attempts: int = 200) -> subprocess.Popen[bytes] | None:
