@@ -61,6 +61,14 @@ class CommitWatch:
                 self._watched = None
                 cut.done = True
 
+    def progressed(self, cut: Cut) -> None:
+        """The block watched with `cut` got an answer (one of its statements): the bound starts
+        again for what follows. A block of many statements (a spool's forward) is bounded per
+        answer, not as a whole: a large one on a slow store is never cut for its size alone."""
+        with self._cond:
+            if self._watched is not None and self._watched[0] is cut:
+                self._watched = (cut, self._watched[1], time.monotonic() + self.bound_s)
+
     def close(self) -> None:
         with self._cond:
             self._closed = True

@@ -486,7 +486,8 @@ def forward(
     try:
         with store.connection() as conn, _watching(watch, conn) as cut, conn.transaction():
             backend = conn.info.backend_pid
-            sent = _forward_in(conn, store, spool, text, keys, end)
+            answered = (lambda: watch.progressed(cut)) if watch is not None and cut is not None else (lambda: None)
+            sent = _forward_in(conn, store, spool, text, keys, end, answered)
     except db.StoreUnavailable as exc:
         if watch is not None and cut is not None and cut.cut:  # its outcome is settled by its writer (_stuck)
             raise CommitCut(
@@ -512,8 +513,11 @@ def _forward_in(
     text: str,
     keys: list[VerifyKey] | None,
     end: tuple[int, str] | None,
+    answered: Callable[[], None],
 ) -> int:
-    """`forward`'s checks and inserts, in the caller's transaction; the records inserted."""
+    """`forward`'s checks and inserts, in the caller's transaction; the records inserted.
+    `answered` is called after the check and after each statement: the commit bound holds for
+    each of them and for the commit, not for the whole forward."""
     stream = spool.stream
     if keys is None:  # an earlier gateway's: the file names its stream; the store names its key
         first = text.split("\n", 1)[0]
@@ -521,6 +525,7 @@ def _forward_in(
             stream = str(json.loads(first).get("stream"))
         keys = _stream_keys(conn, stream)
     checked = spooling.check(text, spool.path, stream, keys)
+    answered()
     records = checked.records
     got = (int(records[-1]["seq"]), str(records[-1]["hash"])) if records else None
     if end is not None and got != end:
@@ -561,6 +566,7 @@ def _forward_in(
             part = new[at : at + _CHUNK]
             sql = _INSERT + ", (%s, %s, %s, %s)" * (len(part) - 1)
             conn.execute(sql, [x for seq, hash_, body in part for x in (stream, seq, hash_, body)])
+            answered()
     except psycopg.errors.UniqueViolation as exc:
         raise spooling.SpoolError(
             f"another writer put records in stream {stream} while the spool {spool.path} was forwarded: a fork"
