@@ -12,12 +12,18 @@ shared: the ratios are what count):
 - latency, 1 process x 1 thread for 3 s: each append's time, local and store (p50, p99).
 
 Every store run is checked afterwards with `verify_store` (streams, links, checkpoints).
+
+`--database-cpu N` plays the fleet's layout on one machine: the database on a core of its own
+(PostgreSQL started pinned to CPU N), every writer, local and store alike, on the others, so a
+gateway host's writers have the same cores in both modes and the store's server is not theirs.
+Without it everything shares every core (the database competes with the writers it serves).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -109,7 +115,16 @@ def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--store", help="an admin connection string to a PostgreSQL to use (default: one of its own)")
     ap.add_argument("--reps", type=int, default=REPS)
+    ap.add_argument("--database-cpu", type=int, help="pin the database to this CPU, the writers to the others")
     args = ap.parse_args()
+    every = os.sched_getaffinity(0)
+    writers = every
+    if args.database_cpu is not None:
+        if args.store is not None or args.database_cpu not in every or len(every) < 2:
+            print("--database-cpu: a CPU of this process's, with another left, for a database of its own",
+                  file=sys.stderr)  # fmt: skip
+            return 2
+        writers = every - {args.database_cpu}
     server = None
     admin = args.store
     if admin is None:
@@ -118,7 +133,12 @@ def main() -> int:
             print("no PostgreSQL server binaries: apt-get install postgresql", file=sys.stderr)
             return 2
         server = Postgres(found, {"shared_buffers": "256MB", "max_wal_size": "2GB"})
-        server.start()
+        if args.database_cpu is not None:  # the server and every backend it forks inherit this
+            os.sched_setaffinity(0, {args.database_cpu})
+        try:
+            server.start()
+        finally:
+            os.sched_setaffinity(0, writers)  # and the writers this
         admin = server.dsn()
     try:
         rates: dict[str, list[float]] = {"local": [], "store": [], "store+sequencer": []}
@@ -141,7 +161,10 @@ def main() -> int:
             for mode in latency:
                 n += 1
                 latency[mode] += run(mode, fresh_database(admin, n), 1, 1, 3.0)[1]
-        print(f"\n{PROCESSES} processes x {THREADS} threads, {SECONDS:.0f} s, {args.reps} interleaved repetitions:")
+        where = (f"writers on CPU {sorted(writers)}, the database on CPU {args.database_cpu}"
+                 if args.database_cpu is not None else f"everything on CPUs {sorted(every)}")  # fmt: skip
+        print(f"\n{PROCESSES} processes x {THREADS} threads, {SECONDS:.0f} s, {args.reps} interleaved repetitions, "
+              f"{where}:")  # fmt: skip
         base = statistics.median(rates["local"])
         for mode, xs in rates.items():
             med = statistics.median(xs)
