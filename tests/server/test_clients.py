@@ -538,6 +538,49 @@ def test_codex_hook_as_documented_is_trusted_checked_and_holds(hooked: Setup, mo
     assert verify(setup.audit).ok
 
 
+CODEX_SKIPS = {
+    "no hook": "Codex finds no agent-gateway PreToolUse hook",
+    "disabled": "disabled in Codex's configuration (hooks.state: enabled = false)",
+    "matcher": "its matcher '^Bash$' does not match apply_patch: Codex would not ask it",
+    "timeout": "timeout 10 s; the gate may take up to 30 s",
+    "feature off": "Codex's `hooks` feature is off (features.hooks = false): no hook runs",
+}
+
+
+@pytest.mark.parametrize("how", list(CODEX_SKIPS))
+def test_codex_hook_check_names_each_way_codex_would_skip_the_hook(hooked: Setup, how: str) -> None:
+    """Trusted or not, a hook Codex will not run (or not for every shell and patch call, or not
+    long enough to answer) leaves the agent as free as no hook at all, without a word from
+    `codex exec`. `gateway hook codex --check` asks the real Codex and names each such way, with
+    what to change, and exits 1; `--trust` fixes only what trust fixes."""
+    setup = hooked
+    subprocess.run(["git", "init", "-q", str(setup.workspace)], check=True, timeout=60)
+    home = setup.root / "codex-home"
+    home.mkdir()
+    config = codex_hook_config(setup, "http://127.0.0.1:9")  # (no model is asked anything)
+    if how == "no hook":
+        config = 'model = "gpt-5.5"\n'
+    elif how == "matcher":
+        config = config.replace('matcher = "^(Bash|apply_patch)$"', 'matcher = "^Bash$"')
+    elif how == "timeout":
+        config = config.replace("\ntimeout = 60\n", "\ntimeout = 10\n")
+    elif how == "feature off":
+        config += "\n[features]\nhooks = false\n"
+    assert config != codex_hook_config(setup, "http://127.0.0.1:9") or how == "disabled"
+    (home / "config.toml").write_text(config)
+    trusted = gateway_hook_codex(setup, "--trust")
+    if how == "disabled":  # trusted by Codex, then switched off in its own configuration
+        assert trusted.returncode == 0, trusted.stdout + trusted.stderr
+        text, n = re.subn(r'^(\[hooks\.state\."[^\n]*"\]\n)', r"\1enabled = false\n",
+                          (home / "config.toml").read_text(), count=1, flags=re.M)  # fmt: skip
+        assert n == 1, text
+        (home / "config.toml").write_text(text)
+    checked = gateway_hook_codex(setup, "--check")
+    out = checked.stdout + checked.stderr
+    assert checked.returncode == 1, out
+    assert CODEX_SKIPS[how] in out and "Codex will NOT run the gateway's hook as configured" in out, out
+
+
 def claude_hook_settings(setup: Setup, timeout: int | None = None, *extra: str) -> Path:
     """docs/hooks.md's settings.json for Claude Code, with the test's gateway arguments."""
     settings = json.loads(hooks_doc_block("claude-hook"))
