@@ -11,7 +11,10 @@ calls a web API). Three targets, each its own process(es), started and stopped h
 2. `gateway, stdio upstream`: `gateway serve --http` (a bearer token, an allow rule on the tool
    with an argument condition, the signed and fsynced decision and result records), the
    upstream as the gateway runs it by default: over stdio, in its sandbox;
-3. `gateway, HTTP upstream`: the same gateway in front of the upstream of 1 over HTTP.
+3. `gateway, HTTP upstream`: the same gateway in front of the upstream of 1 over HTTP;
+4. `bare SDK proxy, stdio upstream`: bench/sdk_proxy.py, an SDK server whose tools call the
+   upstream over stdio through an SDK client and do nothing else: what any pass-through built on
+   the official SDK costs on this machine, the ceiling for the gateway's ratio.
 
 Each client is its own SDK `Client` connection (asyncio, in this process). For each repeat, each
 concurrency and each tool, every target in turn (the order rotates per repeat), `--calls` calls
@@ -56,7 +59,8 @@ DOCS = ROOT / "docs" / "performance.md"
 BEGIN, END = "<!-- bench/upstream.py: begin -->", "<!-- bench/upstream.py: end -->"
 READY_S = 60.0
 TICK = os.sysconf("SC_CLK_TCK")
-NAMES = ("direct", "gateway, stdio upstream", "gateway, HTTP upstream")
+NAMES = ("direct", "bare SDK proxy, stdio upstream", "gateway, stdio upstream", "gateway, HTTP upstream")
+PROXY = ROOT / "bench" / "sdk_proxy.py"
 
 
 def policy(upstream_url: str | None) -> dict[str, Any]:
@@ -132,7 +136,12 @@ def cpu_s(pid: int | None) -> float:
 
 def sandboxed_upstream() -> int | None:
     """The gateway's sandboxed upstream (the fake server over stdio), once it runs."""
-    wanted = [b"/usr/bin/python3", str(FAKE).encode(), b"stdio"]
+    return upstream_of(b"/usr/bin/python3")
+
+
+def upstream_of(python: bytes) -> int | None:
+    """The fake server over stdio run by `python`, once it runs."""
+    wanted = [python, str(FAKE).encode(), b"stdio"]
     for entry in os.listdir("/proc"):
         with contextlib.suppress(OSError):
             if entry.isdigit() and Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")[:3] == wanted:
@@ -208,18 +217,24 @@ def main() -> int:
                                     re.compile(r"listening on (\d+)"))  # fmt: skip
             procs.append(upstream)
             direct_url = f"http://127.0.0.1:{found.group(1)}/mcp"
+            proxy, found = start([sys.executable, str(PROXY), str(FAKE)], tmp / "proxy.log",
+                                 re.compile(r"listening on (\d+)"))  # fmt: skip
+            procs.append(proxy)
+            proxy_url = f"http://127.0.0.1:{found.group(1)}/mcp"
             s_url, s_token, s_pid = start_gateway(tmp, "gw-stdio", None, procs)
             h_url, h_token, h_pid = start_gateway(tmp, "gw-http", direct_url, procs)
             targets: list[tuple[str, str, str | None, str, Callable[[], tuple[int | None, int | None]]]] = [
                 (NAMES[0], direct_url, None, "", lambda: (upstream.pid, None)),
-                (NAMES[1], s_url, s_token, "bench__", lambda: (s_pid, sandboxed_upstream())),
-                (NAMES[2], h_url, h_token, "bench__", lambda: (h_pid, upstream.pid)),
+                (NAMES[1], proxy_url, None, "", lambda: (proxy.pid, upstream_of(sys.executable.encode()))),
+                (NAMES[2], s_url, s_token, "bench__", lambda: (s_pid, sandboxed_upstream())),
+                (NAMES[3], h_url, h_token, "bench__", lambda: (h_pid, upstream.pid)),
             ]
             for repeat in range(args.repeats):
                 for work in works:
                     tool, call = ("echo", {"text": "hello"}) if work == 0 else ("slow", {"seconds": work / 1000})
                     for clients in counts:
-                        order = targets[repeat % 3 :] + targets[: repeat % 3]
+                        turn = repeat % len(targets)
+                        order = targets[turn:] + targets[:turn]
                         got = {
                             name: asyncio.run(
                                 drive(url, token, prefix + tool, call, clients, args.calls, args.warmup, pids)
