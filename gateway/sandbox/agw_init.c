@@ -418,6 +418,24 @@ static size_t children_of_self(pid_t *out, size_t room) {
     return n;
 }
 
+/* Every signal at its default action and none blocked, as a freshly started program expects,
+ * whatever the gateway inherited: started from a script's `cmd &` or under nohup, the gateway
+ * ignores SIGINT and SIGQUIT (SIGHUP), and an ignored signal stays ignored across fork and exec,
+ * so every command in every sandbox ignored them too: a session's ^C, sent to the program, was
+ * lost and the program ran on. Called just before the command is exec'd. */
+static void default_signals(void) {
+    sigset_t none;
+    for (int sig = 1; sig < NSIG; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP) {
+            signal(sig, SIG_DFL); /* (the C library's own real-time signals refuse: EINVAL, fine) */
+        }
+    }
+    sigemptyset(&none);
+    if (sigprocmask(SIG_SETMASK, &none, NULL) != 0) {
+        fail_errno(errno, "unblock every signal for the command");
+    }
+}
+
 /* Die by `sig` (with no core of ours). */
 static _Noreturn void die_by(int sig) {
     struct rlimit none = {0, 0};
@@ -1106,7 +1124,7 @@ static void wait_for_go(int fd, const char *mode) {
  * command killed by signal N, as bwrap reports it). */
 
 static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep, int lifeline) {
-    sigset_t chld, old;
+    sigset_t chld;
     pid_t command;
     int sfd;
 
@@ -1126,7 +1144,7 @@ static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep,
     }
     sigemptyset(&chld);
     sigaddset(&chld, SIGCHLD);
-    if (sigprocmask(SIG_BLOCK, &chld, &old) != 0) {
+    if (sigprocmask(SIG_BLOCK, &chld, NULL) != 0) {
         fail_errno(errno, "block SIGCHLD");
     }
     command = fork();
@@ -1134,9 +1152,7 @@ static _Noreturn void run_as_init(char **program, const int *keep, size_t nkeep,
         fail_errno(errno, "fork the command");
     }
     if (command == 0) {
-        if (sigprocmask(SIG_SETMASK, &old, NULL) != 0) {
-            fail_errno(errno, "restore the signal mask");
-        }
+        default_signals();
         close_inherited(keep, nkeep);
         execvp(program[0], program);
         fail_errno(errno, "exec %s", program[0]);
@@ -1294,6 +1310,7 @@ static int run_inner(int argc, char **argv) {
     if (init) {
         run_as_init(program, keep, nkeep, lifeline);
     }
+    default_signals();
     close_inherited(keep, nkeep);
     execvp(program[0], program);
     fail_errno(errno, "exec %s", program[0]);

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -136,3 +139,36 @@ def test_a_stop_that_comes_after_the_sandbox_ended_signals_nothing(tmp_path: Pat
     finally:
         other.kill()
         other.wait()
+
+
+INHERITED = """
+import json, signal, sys
+from pathlib import Path
+from gateway.executors import shell
+from tests.sandbox.test_launch import profile
+ws = Path(sys.argv[1])
+print(json.dumps(shell.run("grep -E '^Sig(Ign|Blk):' /proc/self/status", ws, profile(ws))))
+"""
+
+
+def test_a_gateway_started_ignoring_signals_gives_its_commands_the_default_ones(ws: Path) -> None:
+    """A gateway started from a script's `gateway serve &` or under nohup ignores SIGINT and
+    SIGQUIT (SIGHUP), and one started from a thread that blocks signals blocks them: an ignored
+    signal stays ignored across fork and exec, a blocked one blocked. Every command in every
+    sandbox inherited both, so a session's ^C never stopped its program (it ran on, for ever,
+    while the reply said it was interrupted). Commands start with every signal at its default
+    and none blocked, however the gateway was started."""
+
+    def as_nohup_in_the_background() -> None:
+        for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM):
+            signal.signal(sig, signal.SIG_IGN)
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1, signal.SIGINT})
+
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.run([sys.executable, "-c", INHERITED, str(ws)], capture_output=True, text=True, timeout=120,
+                          cwd=root, preexec_fn=as_nohup_in_the_background)  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["exit_code"] == 0, out
+    got = dict(line.split(":\t") for line in out["stdout"].splitlines())
+    assert got == {"SigIgn": "0000000000000000", "SigBlk": "0000000000000000"}, got
