@@ -137,10 +137,15 @@ def _keyed(path: str) -> dict[str, int]:
 
 
 def _pids_in(path: str) -> set[int]:
+    """The processes of the group at `path`; none for a group that is gone, whether its file
+    was not there to open (ENOENT) or the kernel let go of it between the open and the read
+    (ENODEV)."""
     try:
         return {int(p) for p in _read(os.path.join(path, "cgroup.procs")).split()}
-    except FileNotFoundError:
-        return set()
+    except OSError as exc:
+        if exc.errno in (errno.ENOENT, errno.ENODEV):
+            return set()
+        raise
 
 
 def _unescape(field: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -9,6 +10,7 @@ import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -242,6 +244,38 @@ def test_kill_of_an_empty_group_returns_at_once(make_group: MakeGroup) -> None:
     started = time.monotonic()
     group.kill(timeout=3600)  # a kill that waited for its timeout would take an hour
     assert time.monotonic() - started < 600  # a bound so the old kill fails, not a measure of speed
+
+
+@root_only
+def test_kill_goes_on_while_the_groups_below_are_being_removed(make_group: MakeGroup) -> None:
+    """A group removed while kill() lists its members answers ENODEV on a read of a
+    cgroup.procs opened a moment before (the kernel has let go of it): that escaped kill()
+    and ended the thread that stops a sandbox past its disk budget (seen in a CI run). A
+    group that is gone has no members: kill() goes on."""
+    group = make_group()
+    below = [os.path.join(d, "below") for d in dirs(group)]
+    stop = threading.Event()
+
+    def churn() -> None:  # a sub-group made and removed as fast as the kernel lets
+        while not stop.is_set():
+            for d in below:
+                with contextlib.suppress(FileExistsError, FileNotFoundError):
+                    os.mkdir(d)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(d)
+
+    churner = threading.Thread(target=churn, daemon=True)
+    churner.start()
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            group.kill(timeout=1)
+    finally:
+        stop.set()
+        churner.join(10)
+        for d in below:
+            with contextlib.suppress(FileNotFoundError):
+                os.rmdir(d)
 
 
 @root_only
