@@ -422,12 +422,17 @@ static size_t children_of_self(pid_t *out, size_t room) {
  * whatever the gateway inherited: started from a script's `cmd &` or under nohup, the gateway
  * ignores SIGINT and SIGQUIT (SIGHUP), and an ignored signal stays ignored across fork and exec,
  * so every command in every sandbox ignored them too: a session's ^C, sent to the program, was
- * lost and the program ran on. Called just before the command is exec'd. */
+ * lost and the program ran on. Called just before the command is exec'd.
+ * Through the system call itself: the C library refuses to touch the two signals it keeps for
+ * its threads (32 and 33), which a process can still have inherited as ignored (a CI run's
+ * test process had 32 so). An all-zero kernel sigaction is SIG_DFL with no flags and an empty
+ * mask on every architecture, whatever its layout; the kernel's signal set is 64 bits here. */
 static void default_signals(void) {
+    unsigned long dfl[8] = {0};
     sigset_t none;
-    for (int sig = 1; sig < NSIG; sig++) {
-        if (sig != SIGKILL && sig != SIGSTOP) {
-            signal(sig, SIG_DFL); /* (the C library's own real-time signals refuse: EINVAL, fine) */
+    for (int sig = 1; sig <= 64; sig++) {
+        if (sig != SIGKILL && sig != SIGSTOP && syscall(SYS_rt_sigaction, sig, dfl, NULL, 8) != 0) {
+            fail_errno(errno, "give the command signal %d at its default", sig);
         }
     }
     sigemptyset(&none);
