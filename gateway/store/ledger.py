@@ -411,7 +411,10 @@ class StoreLedger:
         try:
             for orphan in found:
                 try:
-                    sent = forward(self.store, orphan, None, watch=self._watch)
+                    # bounded per answer: no call waits on a start, and a large spool on a slow
+                    # store would otherwise be cut every time (a running gateway's own forward
+                    # holds every call while it runs, so it stays bounded as a whole)
+                    sent = forward(self.store, orphan, None, watch=self._watch, per_answer=True)
                 except CommitCut as exc:  # the spool stays: the next start forwards what did not land
                     self._end_quietly(exc.backend)
                     raise AuditUnavailable(str(exc)) from exc
@@ -473,6 +476,7 @@ def forward(
     end: tuple[int, str] | None = None,
     *,
     watch: CommitWatch | None = None,
+    per_answer: bool = False,
 ) -> int:
     """Insert the spool's records into the store, in order, in one transaction, then remove
     the spool; the records inserted. `keys`: what its signatures must verify with (None: the key
@@ -486,7 +490,7 @@ def forward(
     try:
         with store.connection() as conn, _watching(watch, conn) as cut, conn.transaction():
             backend = conn.info.backend_pid
-            answered = (lambda: watch.progressed(cut)) if watch is not None and cut is not None else (lambda: None)
+            answered = _renewer(watch, cut) if per_answer else (lambda: None)
             sent = _forward_in(conn, store, spool, text, keys, end, answered)
     except db.StoreUnavailable as exc:
         if watch is not None and cut is not None and cut.cut:  # its outcome is settled by its writer (_stuck)
@@ -498,6 +502,13 @@ def forward(
         raise
     spool.clear()  # (a crash before this: the next forward finds them there, the same, and skips them)
     return sent
+
+
+def _renewer(watch: CommitWatch | None, cut: Cut | None) -> Callable[[], None]:
+    """What renews `watch`'s bound for the block `cut` names once a statement is answered."""
+    if watch is None or cut is None:
+        return lambda: None
+    return lambda: watch.progressed(cut)
 
 
 def _watching(
