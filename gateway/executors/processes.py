@@ -50,6 +50,7 @@ from typing import Any
 
 from gateway.log import log
 from gateway.sandbox import helper, identity, proctree, quotas, reaper
+from gateway.sandbox.launch import DiskBudgetRefused
 
 GRACE_SECONDS = 2.0
 KILL_WAIT_SECONDS = 5.0
@@ -412,13 +413,16 @@ class ProcessManager:
 
     def _spawn(self, rec: ProcessRecord) -> str | None:
         """Start `rec`'s command; fill pid, start_ticks, boot_id, started_at. Returns an error
-        message when it cannot start.
+        message when it cannot start; raises DiskBudgetRefused when its principal's write roots
+        hold too much to start anything in.
 
         The process is held (`agw-init hold`) until its record, with its pid, is on disk: a
         gateway killed in between leaves a process that reads end-of-file and never runs its
         command, never one that runs with no record naming it."""
         try:
             spawn = self._build(rec)
+        except DiskBudgetRefused:
+            raise
         except Exception as exc:  # e.g. the sandbox is unavailable: no start, and say why
             return f"cannot build the sandbox: {exc}"
         try:  # what it is launched with, on disk before it runs (a start or restart without it does not run)
@@ -542,7 +546,11 @@ class ProcessManager:
                 os.chmod(folder, 0o700)
             except OSError as exc:
                 return _error("SPAWN_FAILED", f"cannot create the process folder: {exc}")
-            failure = self._spawn(rec)
+            try:
+                failure = self._spawn(rec)
+            except DiskBudgetRefused as exc:
+                shutil.rmtree(folder, ignore_errors=True)
+                return _error("DISK_BUDGET", f"the process was refused: {exc}")
             if failure is not None:
                 shutil.rmtree(folder, ignore_errors=True)
                 return _error("SPAWN_FAILED", failure)
@@ -808,7 +816,10 @@ class ProcessManager:
                     rec.next_restart_at = None
                     events.append(("process_restart_denied", replace(rec), {"message": denial}))
                 else:
-                    failure = self._spawn(rec)
+                    try:
+                        failure = self._spawn(rec)
+                    except DiskBudgetRefused as exc:
+                        failure = f"its principal's disk budget refused it: {exc}"
                     if failure is None:
                         rec.restarts += 1
                         held = self._sandboxes.get(rec.id, {})

@@ -636,6 +636,11 @@ class SessionManager:
             os.close(control_r)
             os.close(control_w)
             raise
+        if launch.disk_refusal is not None:  # its write roots are too full to start anything in
+            launch.abandon()
+            os.close(control_r)
+            os.close(control_w)
+            raise SessionError("DISK_BUDGET", f"the session was refused: {launch.disk_refusal}")
         argv, full_env = launch.argv, plan.env
         pass_fds = (control_r, *launch.pass_fds)
         opened: list[int] = []

@@ -240,6 +240,7 @@ def run(
         result["status"] = "error"
         result["exit_code"] = None if stopped.get("disk_stopped") else result["exit_code"]
         how = "the command was stopped" if stopped.get("disk_stopped") else "the command ended"
+        how = "the command was refused" if launch.refused else how  # (it never ran)
         result["error"] = {"code": "DISK_BUDGET", "message": f"{how}: {launch.disk_stopped}"}
         return result
     if never_ran and (timed_out or cancelled) and not ended_itself:  # killed while its sandbox was being set up

@@ -30,7 +30,7 @@ from typing import Any, Literal
 
 from gateway.log import log
 from gateway.sandbox import git, identity, masks, nested
-from gateway.sandbox.launch import Launch, SandboxUnavailable, check, is_setup_failure, prepare
+from gateway.sandbox.launch import DiskBudgetRefused, Launch, SandboxUnavailable, check, is_setup_failure, prepare
 from gateway.sandbox.plan import HOME, LOOP_SHELL, LOOP_ZSH, RUNTIME, Profile, SandboxPlan, build, host_facts, unseen
 from gateway.sandbox.quotas import Quotas
 
@@ -38,6 +38,7 @@ __all__ = [
     "HOME",
     "LOOP_SHELL",
     "LOOP_ZSH",
+    "DiskBudgetRefused",
     "Launch",
     "Profile",
     "Quotas",

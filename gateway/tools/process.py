@@ -63,6 +63,9 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
         gw.profile(policy, rec.principal), shell_argv(rec.command), Path(rec.cwd), scrubbed_env(rec.env),
         git_write=git_write, die_with_parent=False,
     )  # fmt: skip
+    if launch.disk_refusal is not None:  # its write roots are too full to start anything in
+        launch.abandon()
+        raise sandbox.DiskBudgetRefused(launch.disk_refusal)
     summary = launch.summary(plan)
     config = {
         "command": shell_argv(rec.command),

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -175,6 +176,87 @@ def test_over_the_budget_nothing_may_be_added_but_rm_works(gw: Gateway, ws: Path
     assert run(gw, "ls")["status"] == "ok"  # reading is fine
     assert run(gw, "rm log another")["status"] == "ok"
     assert run(gw, "head -c 1048576 /dev/zero > small")["status"] == "ok"
+
+
+def test_roots_over_twice_the_budget_refuse_a_command_before_it_runs(gw: Gateway, ws: Path) -> None:
+    """A command refused at its start was stopped as soon as it had a process: the stop killed
+    its cgroup before the sandbox's processes had joined it, and the command ran (a file it
+    made was there every time). It is held, and never let go."""
+    (ws / "big").write_bytes(b"x" * (3 * BUDGET))  # (written by the human, not through a call)
+    for i in range(5):
+        out = run(gw, f"echo more > another{i}")
+        assert out["error"] == {
+            "code": "DISK_BUDGET",
+            "message": "the command was refused: the write roots hold more than twice the disk budget of 32.0 MiB "
+            "(limits.disk_bytes of role dev): free space in them, or ask for a larger one",
+        }, out
+    assert not list(ws.glob("another*"))
+    (ws / "big").unlink()
+    assert run(gw, "echo more > another")["status"] == "ok"  # room again
+
+
+def test_roots_over_twice_the_budget_refuse_a_session_and_a_background_process(tmp_path: Path, ws: Path) -> None:
+    """Before, a session started there, and a background process ran and wrote its file."""
+    (ws / "big").write_bytes(b"x" * (3 * BUDGET))
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=tmp_path / "state")
+    why = "the write roots hold more than twice the disk budget of 32.0 MiB (limits.disk_bytes of role dev)"
+    try:
+        session = gateway.handle(SessionCall(principal="agent", action="start"))
+        assert session["error"]["code"] == "DISK_BUDGET", session
+        assert session["error"]["message"].startswith(f"the session was refused: {why}"), session
+        process = gateway.handle(ProcessCall(principal="agent", action="start", command="echo x > mine; sleep 600"))
+        assert process["error"]["code"] == "DISK_BUDGET", process
+        assert process["error"]["message"].startswith(f"the process was refused: {why}"), process
+        time.sleep(1)  # (what a started one would have written by now)
+        assert sorted(os.listdir(ws)) == ["big"]
+    finally:
+        gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        gateway.close()
+
+
+@pytest.fixture
+def beside(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
+    """A workspace on a tmpfs of its own, and a directory outside it on the same tmpfs."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting the workspace's tmpfs needs root (CI runs as root)")
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={DISK},mode=0755", "tmpfs", str(mnt)], check=True)
+    try:
+        (mnt / "ws").mkdir()
+        (mnt / "outside").mkdir()
+        hand_over(mnt / "ws")
+        yield mnt / "ws", mnt / "outside"
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_sandbox_caught_far_past_the_budget_is_told_what_its_roots_hold(
+    tmp_path: Path, beside: tuple[Path, Path]
+) -> None:
+    """A writer that got more than twice the budget onto the disk before the watch caught it
+    (a sparse file filled 64 MiB at a time, beside a CPU burner: a clean-clone run) was told
+    its roots held "more than twice" the budget: the words for a command refused at its start,
+    whose count stops there. A running sandbox is told what its roots held. Played without the
+    race: 100 MiB moved into the roots at once while a command runs (a rename on their
+    filesystem takes no space, so only the watch's next count sees it)."""
+    ws, outside = beside
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"))
+    try:
+        (outside / "big").write_bytes(b"x" * (100 * MiB))
+        got: dict[str, Any] = {}
+        call = threading.Thread(target=lambda: got.update(run(gateway, "touch started && sleep 600")))
+        call.start()
+        assert eventually(lambda: (ws / "started").exists()), "the command never started"
+        os.rename(outside / "big", ws / "big")
+        call.join(timeout=120)
+        assert not call.is_alive(), "the command was never stopped"
+    finally:
+        gateway.close()
+    assert_stopped(got)
+    assert "hold more than 100.0 MiB, past" in got["error"]["message"], got
 
 
 def test_a_session_command_past_the_budget_stops_the_session(gw: Gateway, ws: Path) -> None:
