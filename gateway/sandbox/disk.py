@@ -67,6 +67,10 @@ RESCAN_S = 5.0
 COUNTER_READY_S = 30.0
 """How long the first budgeted sandbox of a gateway process waits for the counting process to be
 ready (once; about 0.4 s). Only a bound: past it, counts are made in the gateway meanwhile."""
+RESTOP_BYTES = 1 << 20
+"""A stopped sandbox is stopped again whenever its roots' filesystems take this much more after
+its stop: a stop that came before the sandbox's processes joined the cgroup it kills missed
+them, and they would otherwise run on unwatched (a stopped ticket is not looked at again)."""
 SCAN_SHARE = 0.2
 """At most this share of one core goes to the counts made besides (every RESCAN_S): a count that
 took t waits t / SCAN_SHARE. A count the free space calls for is made at once (it stops at the
@@ -351,6 +355,9 @@ class Ticket:
         self.tripped: str | None = None
         self.stopped = False
         """The watch stopped the sandbox (else it ended on its own, over the budget)."""
+        self.used_at_stop: dict[int, int] = {}
+        """What its roots' filesystems held when it was (last) stopped: growth past that by
+        RESTOP_BYTES means something of it may still write, and it is stopped again."""
         self.since = time.monotonic()
 
     def trip(self, found: int, stop: bool = True, starting: bool = False) -> None:
@@ -372,8 +379,16 @@ class Ticket:
                 self.tripped += f" (they held {_size(self.limit)} when it started: nothing more may be added)"
         if stop:
             self.stopped = True
-            with contextlib.suppress(Exception):  # stopping must not kill the watch
-                self.stop()
+            self.stop_again(self.tree.used_now())
+
+    def stop_again(self, used: dict[int, int]) -> None:
+        self.used_at_stop = used
+        with contextlib.suppress(Exception):  # stopping must not kill the watch
+            self.stop()
+
+    def still_writing(self, used: dict[int, int]) -> bool:
+        """Stopped, and its roots' filesystems took RESTOP_BYTES more since."""
+        return self.stopped and any(n - self.used_at_stop.get(dev, n) >= RESTOP_BYTES for dev, n in used.items())
 
 
 def _size(n: int) -> str:
@@ -497,11 +512,15 @@ class Watch:
 
     @staticmethod
     def _look(tree: _Tree, away: _Counter) -> None:
+        now = tree.used_now()
+        for ticket in tree.tickets:
+            if ticket.still_writing(now):  # its stop missed something: a process not in its cgroup yet
+                ticket.stop_again(now)
         running = [t for t in tree.tickets if t.tripped is None]
         if not running:
             return
         since = time.monotonic() - tree.counted_at
-        bound = tree.at_most(tree.used_now())
+        bound = tree.at_most(now)
         if bound is not None and bound <= min(t.limit for t in running):
             # their filesystems did not take enough to put them past any limit. Counted again,
             # besides, every RESCAN_S while a sandbox runs that long (deletions elsewhere on the

@@ -134,6 +134,10 @@ class Launch:
         open until the sandbox ends, so `never_ran()` can take the byte back if it was not taken."""
         if self.network_error is not None or self.refused:
             return  # withheld: its network could not be attached, or its disk budget refused it
+        if self._disk is not None and self._disk.tripped is not None and self._hold is not None:
+            self.refused = True  # its budget tripped while it was held: its command never runs
+            self.withhold()
+            return
         fd, self._hold = self._hold, None
         if fd is None:
             raise ValueError("this launch is not held, or was already released or withheld")

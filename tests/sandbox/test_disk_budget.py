@@ -215,6 +215,23 @@ def test_roots_over_twice_the_budget_refuse_a_session_and_a_background_process(t
         gateway.close()
 
 
+def test_a_stop_that_missed_its_sandbox_is_made_again_while_the_roots_grow(ws: Path) -> None:
+    """A stop kills the sandbox's cgroup. One made before the sandbox's processes had joined it
+    (a trip between its start and the join: another sandbox of the same principal wrote past
+    the limit just then) missed them, and the watch never looked at a stopped sandbox again:
+    it ran on, and wrote, unwatched. Played at the watch, with a stop that misses: it is made
+    again as long as the roots' filesystem takes more."""
+    stops: list[int] = []
+    ticket = disk.watch().start((str(ws),), BUDGET, "a test's budget", lambda: stops.append(held(ws)))
+    try:
+        (ws / "a").write_bytes(b"x" * (BUDGET + MiB))
+        assert eventually(lambda: stops), "never stopped"
+        (ws / "b").write_bytes(b"x" * (4 * MiB))  # what the sandbox the stop missed writes on
+        assert eventually(lambda: len(stops) >= 2), f"stopped once only, at {stops}"
+    finally:
+        assert disk.watch().end(ticket) is not None
+
+
 @pytest.fixture
 def beside(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A workspace on a tmpfs of its own, and a directory outside it on the same tmpfs."""
