@@ -684,6 +684,8 @@ class SessionManager:
         if not session.wait_idle(10.0):
             session.kill()
             output, _ = session.take_output()
+            if launch.refused:  # its disk budget stopped it before its shell ran
+                raise SessionError("DISK_BUDGET", f"the session was refused: {launch.disk_tripped}")
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.python = python
         session.zsh = zsh and not python

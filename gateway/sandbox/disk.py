@@ -347,6 +347,9 @@ class Ticket:
         self.tree = tree
         self.alive = alive
         """For a sandbox nobody ends the watch of (a durable process's): whether it still runs."""
+        self.ended: Callable[[], None] | None = None
+        """Called once the watch found, through `alive`, that it ended (its launch lets go of
+        what it held for it)."""
         self.budget = budget
         self.source = source
         self.limit = limit
@@ -387,8 +390,14 @@ class Ticket:
             self.stop()
 
     def still_writing(self, used: dict[int, int]) -> bool:
-        """Stopped, and its roots' filesystems took RESTOP_BYTES more since."""
-        return self.stopped and any(n - self.used_at_stop.get(dev, n) >= RESTOP_BYTES for dev, n in used.items())
+        """Stopped, and its roots' filesystems took RESTOP_BYTES more since (than at the stop,
+        or than the least they held since: what others freed does not hide what it writes)."""
+        if not self.stopped:
+            return False
+        for dev, n in used.items():
+            if n < self.used_at_stop.get(dev, n):
+                self.used_at_stop[dev] = n
+        return any(n - self.used_at_stop.get(dev, n) >= RESTOP_BYTES for dev, n in used.items())
 
 
 def _size(n: int) -> str:
@@ -507,6 +516,9 @@ class Watch:
     def _drop_ended(tree: _Tree) -> None:
         for ticket in [t for t in tree.tickets if t.alive is not None and not t.alive()]:
             tree.tickets.remove(ticket)
+            if ticket.ended is not None:
+                with contextlib.suppress(Exception):
+                    ticket.ended()
         if not tree.tickets:
             tree.close()
 

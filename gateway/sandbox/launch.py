@@ -116,6 +116,11 @@ class Launch:
     checks it still runs before its group is signalled), never another that took its pid after
     it was reaped."""
     _pid_lock: threading.Lock = field(default_factory=threading.Lock)
+    _go_lock: threading.RLock = field(default_factory=threading.RLock)
+    """Holds the go byte still: `go()`, `withhold()` and a disk stop's taking it back (on the
+    stop's thread) are one at a time."""
+    _stopping: threading.Thread | None = None
+    """A disk stop's thread, while it runs: one at a time (a stop of a stuck sandbox waits)."""
     _ended: bool = False
     """`finished()` has run: a stop comes too late, and signals nothing."""
     _disk: disk.Ticket | None = None
@@ -127,22 +132,23 @@ class Launch:
     budget when it was prepared): a caller that can refuse before starting it does; started
     anyway, it is withheld (`refused`)."""
     refused: bool = False
-    """Its disk budget tripped before its command was let go: withheld, its command never runs."""
+    """Its disk budget stopped it before its command ran (the go byte was not sent, or taken
+    back): withheld, its command never runs."""
 
     def go(self) -> None:
         """Let a held command run (the sandbox's inner helper waits for this byte). The pipe stays
         open until the sandbox ends, so `never_ran()` can take the byte back if it was not taken."""
-        if self.network_error is not None or self.refused:
-            return  # withheld: its network could not be attached, or its disk budget refused it
-        if self._disk is not None and self._disk.tripped is not None and self._hold is not None:
-            self.refused = True  # its budget tripped while it was held: its command never runs
-            self.withhold()
-            return
-        fd, self._hold = self._hold, None
-        if fd is None:
-            raise ValueError("this launch is not held, or was already released or withheld")
-        self._sent = fd
-        os.write(fd, b"g")  # never EPIPE: our own read end (`_take`) stays open until the end
+        with self._go_lock:
+            if self.network_error is not None or self.refused:
+                return  # withheld: its network could not be attached, or its disk budget stopped it
+            if self._disk is not None and self._disk.tripped is not None:
+                self._hold_back()  # its budget tripped while it was held: its command never runs
+                return
+            fd, self._hold = self._hold, None
+            if fd is None:
+                raise ValueError("this launch is not held, or was already released or withheld")
+            self._sent = fd
+            os.write(fd, b"g")  # never EPIPE: our own read end (`_take`) stays open until the end
 
     def never_ran(self) -> bool:
         """After a held launch has ended (or been killed): whether its command never started,
@@ -170,12 +176,26 @@ class Launch:
 
     def withhold(self) -> None:
         """The command must never run: the inner helper reads end-of-file and exits (status 125)."""
-        self.never_ran()  # a go byte still in the pipe is taken back: nobody can take it later
-        for name in ("_hold", "_sent", "_take"):
-            fd = getattr(self, name)
-            setattr(self, name, None)
-            if fd is not None:
-                os.close(fd)
+        with self._go_lock:
+            self.never_ran()  # a go byte still in the pipe is taken back: nobody can take it later
+            for name in ("_hold", "_sent", "_take"):
+                fd = getattr(self, name)
+                setattr(self, name, None)
+                if fd is not None:
+                    os.close(fd)
+
+    def _hold_back(self) -> None:
+        """Its disk budget stops it: a command not let go never is, and a go byte its inner
+        helper has not taken yet is taken back (then it never runs either). A command whose
+        helper took the byte runs inside its cgroup already (the helper joins it before bwrap
+        starts), where the stop's kill reaches it."""
+        with self._go_lock:
+            if self._hold is not None:
+                self.refused = True
+                self.withhold()
+            elif self._sent is not None:
+                self.withhold()
+                self.refused = bool(self._never_ran)
 
     def started(self, pid: int | None = None) -> None:
         """Popen has forked (`pid`: its pid, for a stop over the disk budget where there is no
@@ -188,16 +208,16 @@ class Launch:
                 with self._pid_lock, contextlib.suppress(OSError):  # not reaped yet: Popen's wait has not run
                     self._pidfd = os.pidfd_open(pid)
         if self._disk is not None and self._disk.tripped is not None:
-            if self._hold is not None:  # its command has not been let go: it never will be
-                self.refused = True
-                self.withhold()
-            self._stop()  # over its budget before it started (the watch could not stop it yet)
+            self._stop()  # over its budget before it started (the watch's stop came too early)
         for fd in self._fds:
             with contextlib.suppress(OSError):
                 os.close(fd)
         self._fds.clear()
         info, self._info = self._info, None
         if info is None:
+            if self._auto_go:
+                self._auto_go = False
+                self.go()
             return
         if self.refused:
             os.close(info)
@@ -211,6 +231,7 @@ class Launch:
         finally:
             os.close(info)
         if self._auto_go:
+            self._auto_go = False
             self.go()
 
     def _attach(self, info_fd: int) -> None:
@@ -251,10 +272,16 @@ class Launch:
 
     def stop_for_disk(self) -> None:
         """Its principal passed the disk budget (called on the watch's thread): stop the
-        sandbox, off that thread (killing a cgroup waits until it is empty)."""
-        threading.Thread(target=self._stop, name="disk-budget-stop", daemon=True).start()
+        sandbox, off that thread (killing a cgroup waits until it is empty). One stop at a time:
+        the watch stops it again while its roots grow."""
+        with self._pid_lock:
+            if self._stopping is not None and self._stopping.is_alive():
+                return
+            self._stopping = threading.Thread(target=self._stop, name="disk-budget-stop", daemon=True)
+            self._stopping.start()
 
     def _stop(self) -> None:
+        self._hold_back()  # first: what has not taken its go byte never runs
         group = self.cgroup
         if group is not None:
             group.kill()
@@ -414,8 +441,10 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         budget, source = plan.quotas.disk_bytes, plan.quotas.disk_source
         ticket = disk.watch().start(writable, budget, source, _no_stop)  # (the launch's stop, once it exists)
     refusal = ticket.tripped if ticket is not None else None
-    auto_go = plan.egress is not None and not hold
-    hold = hold or plan.egress is not None or refusal is not None
+    # held: the network is attached before the command may run, and a disk stop that comes
+    # before the sandbox's processes joined the cgroup it kills takes the go byte back instead
+    auto_go = not hold and (plan.egress is not None or ticket is not None)
+    hold = hold or plan.egress is not None or ticket is not None
     # every pipe's ends are close-on-exec: only this launch's child gets the ends in pass_fds
     hold_r = hold_w = take = info_r = info_w = life_r = life_w = None
     try:
@@ -438,8 +467,9 @@ def prepare(plan: SandboxPlan, bwrap: str, *, hold: bool = False) -> Launch:
         if ticket is not None:
             launch.disk_refusal = refusal
             ticket.stop = launch.stop_for_disk
-            if not plan.die_with_parent:
-                ticket.alive = launch.still_running  # nobody calls finished() for a durable one
+            if not plan.die_with_parent:  # nobody calls finished() for a durable one
+                ticket.alive = launch.still_running
+                ticket.ended = launch.withhold  # (the hold pipe's ends it kept)
             launch._disk = ticket
         launch._hold = hold_w
         launch._take = take

@@ -23,8 +23,10 @@ import pytest
 import yaml
 from mcp import Client, StdioServerParameters
 
+from gateway import sandbox
 from gateway.audit import AuditLog, records, verify
 from gateway.calls import FilesCall, ProcessCall, RunCall, SessionCall
+from gateway.executors import shell
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
@@ -220,16 +222,61 @@ def test_a_stop_that_missed_its_sandbox_is_made_again_while_the_roots_grow(ws: P
     (a trip between its start and the join: another sandbox of the same principal wrote past
     the limit just then) missed them, and the watch never looked at a stopped sandbox again:
     it ran on, and wrote, unwatched. Played at the watch, with a stop that misses: it is made
-    again as long as the roots' filesystem takes more."""
+    again as long as the roots' filesystem takes more, counted from the least it held since
+    the stop (space freed meanwhile, by anyone, does not hide what is written after it)."""
+    (ws / "old").write_bytes(b"x" * (8 * MiB))
     stops: list[int] = []
     ticket = disk.watch().start((str(ws),), BUDGET, "a test's budget", lambda: stops.append(held(ws)))
     try:
-        (ws / "a").write_bytes(b"x" * (BUDGET + MiB))
+        (ws / "a").write_bytes(b"x" * BUDGET)
         assert eventually(lambda: stops), "never stopped"
+        time.sleep(0.2)  # (the watch's looks at what it held at the stop)
+        (ws / "old").unlink()  # 8 MiB freed
+        time.sleep(0.2)
+        stopped = len(stops)
         (ws / "b").write_bytes(b"x" * (4 * MiB))  # what the sandbox the stop missed writes on
-        assert eventually(lambda: len(stops) >= 2), f"stopped once only, at {stops}"
+        assert eventually(lambda: len(stops) > stopped), f"not stopped again: {stops}"
     finally:
         assert disk.watch().end(ticket) is not None
+
+
+@pytest.mark.parametrize("path", ["run-unreleased", "session", "process"])
+def test_a_budget_tripped_before_the_sandboxs_processes_start_is_never_escaped(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """Another writer of the same principal passes the budget just after a sandbox was prepared,
+    before its processes start (and join the cgroup a stop kills): the stop killed an empty
+    cgroup and the command ran, and was then looked at no more. A review found it for the calls
+    the gateway does not hold itself (a hooked agent's exec, a session, a background process):
+    the command made its file every time, and a session started and ran what it was sent."""
+    real = sandbox.start
+
+    def start(*args: Any, **kwargs: Any) -> tuple[Any, Any]:
+        plan, launch = real(*args, **kwargs)
+        (ws / "filler").write_bytes(b"x" * (BUDGET + 4 * MiB))  # (the other writer)
+        assert eventually(lambda: launch.disk_tripped), "the watch never tripped"
+        return plan, launch
+
+    monkeypatch.setattr(sandbox, "start", start)
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=tmp_path / "state")
+    try:
+        if path == "run-unreleased":  # what a hooked agent's exec runs (hooks/service.py)
+            out = shell.run("touch ran", ws, gateway.profile(policy, "agent"), timeout_ms=30_000)
+        elif path == "session":
+            out = gateway.handle(SessionCall(principal="agent", action="start"))
+            if out["status"] == "ok":  # (the old code: it started, and ran what it was sent)
+                gateway.handle(SessionCall(principal="agent", action="exec", session_id=out["session_id"],
+                                           command="touch ran"))  # fmt: skip
+        else:
+            out = gateway.handle(ProcessCall(principal="agent", action="start", command="touch ran; sleep 600"))
+        time.sleep(1)  # (what a command that got through would have done by now)
+        assert not (ws / "ran").exists(), out
+        if path != "process":  # (a background process refused this way has exited: 125, never ran)
+            assert out["status"] == "error" and out["error"]["code"] == "DISK_BUDGET", out
+    finally:
+        gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        gateway.close()
 
 
 @pytest.fixture
