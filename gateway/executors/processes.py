@@ -80,7 +80,10 @@ class Spawnable:
     argv: list[str]
     env: dict[str, str]
     pass_fds: tuple[int, ...] = ()
-    started: Callable[[], None] = lambda: None
+    started: Callable[[int | None], None] = lambda pid: None
+    """Called once it has been forked (with the pid Popen gave it), or when it never was (None)."""
+    abandon: Callable[[], None] = lambda: None
+    """Called when it was never started after all: what `build` made for it is let go of."""
     cwd: str = "/"
     """Where Popen starts it (the sandbox changes into the call's cwd itself, by its own view)."""
     summary: dict[str, Any] = field(default_factory=dict)
@@ -428,7 +431,7 @@ class ProcessManager:
         try:  # what it is launched with, on disk before it runs (a start or restart without it does not run)
             self._write_json(rec.id, SANDBOX, {"launched_at": _now_iso(), **spawn.config})
         except OSError as exc:
-            spawn.started()
+            spawn.abandon()
             return f"cannot write the sandbox configuration: {exc}"
         try:
             holder = helper.helper_path()
@@ -438,7 +441,7 @@ class ProcessManager:
                 0o600,
             )
         except (OSError, helper.HelperUnavailable) as exc:
-            spawn.started()
+            spawn.abandon()
             return f"cannot open the log: {exc}" if isinstance(exc, OSError) else str(exc)
         hold_r, hold_w = os.pipe()  # both close-on-exec: only this child gets the read end
         try:
@@ -455,11 +458,13 @@ class ProcessManager:
             )
         except OSError as exc:
             os.close(hold_w)
-            return str(exc)
-        finally:
             os.close(logfd)
             os.close(hold_r)
-            spawn.started()
+            spawn.abandon()
+            return str(exc)
+        os.close(logfd)
+        os.close(hold_r)
+        spawn.started(proc.pid)  # (its pid: a disk stop where there is no cgroup signals its group)
         st = _stat(proc.pid)
         before = replace(rec)
         rec.pid = proc.pid

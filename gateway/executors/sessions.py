@@ -644,6 +644,7 @@ class SessionManager:
         argv, full_env = launch.argv, plan.env
         pass_fds = (control_r, *launch.pass_fds)
         opened: list[int] = []
+        proc: subprocess.Popen[bytes] | None = None
         with self._spawn_lock:
             try:
                 if pty:
@@ -675,7 +676,7 @@ class SessionManager:
                 raise
             finally:
                 os.close(control_r)
-                launch.started()
+                launch.started(proc.pid if proc is not None else None)
         with contextlib.suppress(OSError):  # a shell already gone fails to start below
             os.write(control_w, first.encode() + b"\0")  # well under a pipe's capacity: never blocks
         session = Session(secrets.token_hex(6), principal, proc, out_fd, in_fd, control_w, pty, nonce, buffer_bytes)
@@ -684,8 +685,9 @@ class SessionManager:
         if not session.wait_idle(10.0):
             session.kill()
             output, _ = session.take_output()
-            if launch.refused:  # its disk budget stopped it before its shell ran
-                raise SessionError("DISK_BUDGET", f"the session was refused: {launch.disk_tripped}")
+            if launch.disk_tripped is not None:  # its disk budget stopped it before its shell was ready
+                how = "refused" if launch.refused else "stopped"
+                raise SessionError("DISK_BUDGET", f"the session was {how}: {launch.disk_tripped}")
             raise SessionError("SANDBOX_UNAVAILABLE", f"the session's shell did not start: {output.strip()[-300:]}")
         session.python = python
         session.zsh = zsh and not python

@@ -158,9 +158,10 @@ class Launch:
         still setting up (bwrap killed before it armed its parent-death signal) can no longer
         take it and run the command after this said it never did. False for a launch that was
         not held, or whose helper took the byte (the command may have run)."""
-        if self._never_ran is None:
-            self._never_ran = self._take_back()
-        return self._never_ran
+        with self._go_lock:  # (a disk stop's thread may be taking the byte back)
+            if self._never_ran is None:
+                self._never_ran = self._take_back()
+            return self._never_ran
 
     def _take_back(self) -> bool:
         if self.network_error is not None or self.refused:
@@ -325,7 +326,8 @@ class Launch:
             self.disk_stopped = disk.watch().end(ticket)
             if self.disk_stopped is not None:
                 stopped["disk_stopped"] = ticket.stopped
-                metrics.QUOTA_KILLS.labels("disk").inc()
+                if not self.refused:  # (one it never ran was not killed)
+                    metrics.QUOTA_KILLS.labels("disk").inc()
         if self.cgroup is None:
             return stopped
         out = {**stopped, "oom_killed": self.cgroup.oom_killed(), "pids_refused": self.cgroup.pids_refused()}

@@ -79,7 +79,14 @@ def _build(gw: Gateway, rec: ProcessRecord) -> Spawnable:
     }
     group = launch.cgroup.name if launch.cgroup is not None else None
     return Spawnable(
-        launch.argv, plan.env, launch.pass_fds, launch.started, summary=summary, config=config, cgroup=group
+        launch.argv,
+        plan.env,
+        launch.pass_fds,
+        launch.started,
+        launch.abandon,
+        summary=summary,
+        config=config,
+        cgroup=group,
     )
 
 

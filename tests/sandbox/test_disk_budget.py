@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import json
 import os
 import subprocess
@@ -30,7 +31,7 @@ from gateway.executors import shell
 from gateway.pipeline import Gateway
 from gateway.policy.compile import compile_policy
 from gateway.policy.schema import Policy
-from gateway.sandbox import disk
+from gateway.sandbox import disk, quotas
 from gateway.sandbox.identity import hand_over
 from tests.conftest import eventually
 from tests.server.conftest import GATEWAY, envelope_of
@@ -276,6 +277,29 @@ def test_a_budget_tripped_before_the_sandboxs_processes_start_is_never_escaped(
             assert out["status"] == "error" and out["error"]["code"] == "DISK_BUDGET", out
     finally:
         gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        gateway.close()
+
+
+def test_without_cgroups_a_session_past_the_budget_is_stopped(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where there are no cgroups the stop signals the sandbox's process group, by the pid Popen
+    gave it: a session never passed its own, so nothing was stopped (a review's session wrote
+    300 MiB past a 32 MiB budget, and was told it had been stopped)."""
+    support = quotas.cgroup_support()
+    monkeypatch.setattr(quotas, "cgroup_support", lambda: dataclasses.replace(support, version=None))
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"))
+    try:
+        started = gateway.handle(SessionCall(principal="agent", action="start"))
+        assert started["status"] == "ok" and started["sandbox"]["quotas"] == "rlimits", started
+        writer = "while true; do head -c 1048576 /dev/zero >> log; done"
+        out = gateway.handle(
+            SessionCall(principal="agent", action="exec", session_id=started["session_id"], command=writer)
+        )
+        assert out["error"]["code"] == "DISK_BUDGET", out
+        assert held(ws) < DISK // 2, held(ws)
+    finally:
         gateway.close()
 
 
