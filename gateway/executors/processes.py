@@ -80,8 +80,7 @@ class Spawnable:
     argv: list[str]
     env: dict[str, str]
     pass_fds: tuple[int, ...] = ()
-    started: Callable[[int | None], None] = lambda pid: None
-    """Called once it has been forked (with the pid Popen gave it), or when it never was (None)."""
+    started: Callable[[], None] = lambda: None
     abandon: Callable[[], None] = lambda: None
     """Called when it was never started after all: what `build` made for it is let go of."""
     cwd: str = "/"
@@ -464,7 +463,10 @@ class ProcessManager:
             return str(exc)
         os.close(logfd)
         os.close(hold_r)
-        spawn.started(proc.pid)  # (its pid: a disk stop where there is no cgroup signals its group)
+        # (not its pid: a disk stop with no cgroup would signal that group, which is the hold and
+        # bwrap only, while the sandbox's init and command run on in a session of their own,
+        # then untracked; the stop of a background process is its cgroup's kill)
+        spawn.started()
         st = _stat(proc.pid)
         before = replace(rec)
         rec.pid = proc.pid
@@ -482,6 +484,7 @@ class ProcessManager:
             os.close(hold_w)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(KILL_WAIT_SECONDS)
+            spawn.abandon()
             for f in fields(ProcessRecord):
                 setattr(rec, f.name, getattr(before, f.name))
             return f"cannot write the process record: {exc}"

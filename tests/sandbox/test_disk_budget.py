@@ -303,6 +303,34 @@ def test_without_cgroups_a_session_past_the_budget_is_stopped(
         gateway.close()
 
 
+def test_without_cgroups_a_background_process_past_the_budget_is_never_lost(
+    tmp_path: Path, ws: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without cgroups a background process cannot be stopped by its budget (the sandbox's init
+    and command run in a session of their own, out of the reach of a process group). A stop by
+    the launch's process group killed its hold and bwrap only: its record said it had exited,
+    `stop` no longer reached it, and it wrote on. It stays on record and stoppable."""
+    support = quotas.cgroup_support()
+    monkeypatch.setattr(quotas, "cgroup_support", lambda: dataclasses.replace(support, version=None))
+    policy = compile_policy(Policy.model_validate(budget_policy()), tmp_path / "p.yaml", ws, sha256="test")
+    gateway = Gateway(policy, AuditLog(tmp_path / "audit"), state_dir=tmp_path / "state")
+    try:
+        writer = "while true; do head -c 1048576 /dev/zero >> log; sleep 0.05; done"
+        started = gateway.handle(ProcessCall(principal="agent", action="start", command=writer))
+        assert started["status"] == "ok" and started["sandbox"]["quotas"] == "rlimits", started
+        assert eventually(lambda: held(ws) > BUDGET + 8 * MiB), "it never got past the budget"
+        time.sleep(1)  # (the watch's stop, such as it is)
+        stopped = gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        assert stopped["status"] == "ok", stopped
+        time.sleep(0.5)
+        before = held(ws)
+        time.sleep(1)
+        assert held(ws) == before, "a process no record names still writes"
+    finally:
+        gateway.handle(ProcessCall(principal="agent", action="stop_all"))
+        gateway.close()
+
+
 @pytest.fixture
 def beside(tmp_path: Path) -> Iterator[tuple[Path, Path]]:
     """A workspace on a tmpfs of its own, and a directory outside it on the same tmpfs."""
