@@ -455,11 +455,13 @@ class ProcessManager:
                 close_fds=True,
                 pass_fds=(*spawn.pass_fds, hold_r),
             )
-        except OSError as exc:
+        except BaseException as exc:  # whatever ends the start, nothing made for it is left open
             os.close(hold_w)
             os.close(logfd)
             os.close(hold_r)
             spawn.abandon()
+            if not isinstance(exc, OSError):
+                raise
             return str(exc)
         os.close(logfd)
         os.close(hold_r)

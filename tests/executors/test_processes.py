@@ -236,6 +236,26 @@ def test_spawn_failure(h: Harness) -> None:
     assert [p.name for p in h.state_dir.iterdir()] == [NUMBERS]  # its number is not given again
 
 
+def test_a_start_that_fails_unexpectedly_leaves_no_descriptor_and_lets_go_of_its_launch(h: Harness) -> None:
+    """Popen can fail with other than OSError (here a NUL byte in an argument: ValueError):
+    the log, both ends of the hold pipe and what `build` made (a sandbox's ticket, cgroup and
+    hold) are let go of all the same, and the error is not swallowed."""
+    abandoned: list[str] = []
+
+    def build(rec: ProcessRecord) -> Spawnable:
+        env = {"PATH": os.environ["PATH"]}
+        return Spawnable(["bash", "-c", "true\0"], env, abandon=lambda: abandoned.append(rec.id))
+
+    mgr = ProcessManager(h.state_dir, build=build, gate=h.gate, event=h.event)
+    h.managers.append(mgr)
+    before = sorted(os.listdir("/proc/self/fd"))
+    for _ in range(3):
+        with pytest.raises(ValueError):
+            h.start(mgr, "true")
+    assert sorted(os.listdir("/proc/self/fd")) == before
+    assert len(abandoned) == 3
+
+
 # --- logs ------------------------------------------------------------------------------------------
 
 
